@@ -1,0 +1,173 @@
+"""Vocabulary of the embedding layer: tables, optimizers, sharding plans.
+
+Plans are plain data (frozen dataclasses) with JSON round-trips, so a plan
+written by ``neocomm plan`` can be read by ``neocomm train`` and stored in a
+checkpoint manifest.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig", "ShardingType",
+           "Shard", "TablePlan", "ShardingPlan"]
+
+
+class Pooling(enum.Enum):
+    """How the rows of one bag are combined."""
+
+    SUM = "sum"
+    MEAN = "mean"
+
+
+class OptimizerKind(enum.Enum):
+    """Sparse optimizers of the fused backward."""
+
+    SGD = "sgd"
+    ROWWISE_ADAGRAD = "rowwise_adagrad"
+    ADAM = "adam"
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Hyper-parameters of a sparse optimizer (learning rate is per step, unitless)."""
+
+    kind: OptimizerKind = OptimizerKind.SGD
+    lr: float = 0.01
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+    def __post_init__(self):
+        if not isinstance(self.kind, OptimizerKind):
+            object.__setattr__(self, "kind", OptimizerKind(self.kind))
+        if not self.lr > 0:
+            raise ValueError(f"lr: expected a positive learning rate, got {self.lr}")
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One embedding table: ``num_rows`` × ``dim`` of ``dtype``, read by ``features``."""
+
+    name: str
+    num_rows: int
+    dim: int
+    pooling: Pooling = Pooling.SUM
+    features: tuple[str, ...] = ()
+    dtype: str = "float32"
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+    def __post_init__(self):
+        if not self.name:
+            raise ValueError("name: a table needs a non-empty name")
+        if int(self.num_rows) <= 0:
+            raise ValueError(f"num_rows of table {self.name!r}: expected > 0, got {self.num_rows}")
+        if int(self.dim) <= 0:
+            raise ValueError(f"dim of table {self.name!r}: expected > 0, got {self.dim}")
+        if not isinstance(self.pooling, Pooling):
+            object.__setattr__(self, "pooling", Pooling(self.pooling))
+        if not self.features:
+            object.__setattr__(self, "features", (self.name,))
+        else:
+            object.__setattr__(self, "features", tuple(self.features))
+        if isinstance(self.optimizer, dict):
+            object.__setattr__(self, "optimizer", OptimizerConfig(**self.optimizer))
+
+    @property
+    def bytes_per_element(self) -> int:
+        import numpy as np
+
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights alone (no optimizer state)."""
+        return self.num_rows * self.dim * self.bytes_per_element
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["pooling"] = self.pooling.value
+        d["features"] = list(self.features)
+        d["optimizer"]["kind"] = self.optimizer.kind.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TableConfig":
+        d = dict(d)
+        opt = dict(d.pop("optimizer", {}) or {})
+        return cls(optimizer=OptimizerConfig(**opt), **d)
+
+
+class ShardingType(enum.Enum):
+    """How one table is split across ranks."""
+
+    TABLE_WISE = "table_wise"            # whole table on one rank
+    ROW_WISE = "row_wise"                # row blocks on every rank of the group
+    COLUMN_WISE = "column_wise"          # column slices, each on one rank
+    DATA_PARALLEL = "data_parallel"      # replicated on every rank
+    TABLE_ROW_WISE = "table_row_wise"    # one node, row-wise within the node
+    TABLE_COLUMN_WISE = "table_column_wise"  # column slices on the ranks of one node
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows ``[row_offset, row_offset + num_rows)`` × columns ``[col_offset, col_offset + num_cols)`` on ``rank``."""
+
+    rank: int
+    row_offset: int
+    num_rows: int
+    col_offset: int
+    num_cols: int
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """Where the shards of one table live."""
+
+    table: str
+    sharding: ShardingType
+    shards: tuple[Shard, ...]
+
+    def __post_init__(self):
+        if not isinstance(self.sharding, ShardingType):
+            object.__setattr__(self, "sharding", ShardingType(self.sharding))
+        object.__setattr__(self, "shards", tuple(
+            s if isinstance(s, Shard) else Shard(**s) for s in self.shards))
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(sorted({s.rank for s in self.shards}))
+
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    """A sharding of every table onto ``world_size`` ranks in nodes of ``ranks_per_node``."""
+
+    world_size: int
+    ranks_per_node: int
+    tables: tuple[TablePlan, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "tables", tuple(
+            t if isinstance(t, TablePlan) else TablePlan(**t) for t in self.tables))
+
+    def table(self, name: str) -> TablePlan:
+        for t in self.tables:
+            if t.table == name:
+                return t
+        raise KeyError(f"table {name!r} is not in the plan")
+
+    def to_json(self) -> str:
+        def enc(o):
+            if isinstance(o, enum.Enum):
+                return o.value
+            raise TypeError(type(o))
+
+        return json.dumps(asdict(self), default=enc, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ShardingPlan":
+        d = json.loads(text)
+        return cls(world_size=d["world_size"], ranks_per_node=d["ranks_per_node"],
+                   tables=tuple(TablePlan(**t) for t in d["tables"]))

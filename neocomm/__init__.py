@@ -1,0 +1,30 @@
+"""neocomm: communication and topology runtime for recommendation-model training.
+
+``neocomm.init()`` bootstraps from MPI and returns the :class:`World`: this
+rank's place in the job and its process groups (world, intra-node, rail).
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from neocomm.errors import (BackendUnavailableError, CollectiveArgumentError, NeocommError,
+                            RankFailureError, StallError)
+from neocomm.types import BackendKind, GroupKind, ReduceOp
+
+__all__ = [
+    "__version__", "init", "World", "ProcessGroup", "ReduceOp", "BackendKind", "GroupKind",
+    "NeocommError", "CollectiveArgumentError", "BackendUnavailableError", "StallError",
+    "RankFailureError",
+]
+
+
+def __getattr__(name):  # lazy: importing neocomm must not initialise MPI
+    if name in ("init", "World", "current_world"):
+        from neocomm import world
+
+        return getattr(world, name)
+    if name == "ProcessGroup":
+        from neocomm.group import ProcessGroup
+
+        return ProcessGroup
+    raise AttributeError(f"module 'neocomm' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from neocomm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,80 @@
+"""Vocabulary of the runtime core: reduce ops, backend kinds, dtypes."""
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+__all__ = ["ReduceOp", "BackendKind", "GroupKind", "DTYPE_CODES", "dtype_code",
+           "dtype_from_code", "bfloat16", "SUPPORTED_DTYPES"]
+
+
+class ReduceOp(enum.Enum):
+    """Element-wise reduction of a collective."""
+
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+    PROD = "prod"
+
+    @classmethod
+    def parse(cls, value: "ReduceOp | str") -> "ReduceOp":
+        """Accept a ReduceOp or its name (case-insensitive); ValueError otherwise."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls(value.lower())
+            except ValueError:
+                pass
+        raise ValueError(f"op: expected one of {[o.value for o in cls]}, got {value!r}")
+
+
+class BackendKind(enum.Enum):
+    """Which transport moves the bytes."""
+
+    MPI = "mpi"        # host buffers through mpi4py
+    NCCL = "nccl"      # device buffers through cupy.cuda.nccl
+    STAGED = "staged"  # device buffers through pinned host buffers and MPI
+
+
+class GroupKind(enum.Enum):
+    """What a process group spans."""
+
+    WORLD = "world"
+    INTRA_NODE = "intra_node"
+    RAIL = "rail"
+    SUB = "sub"
+
+
+try:  # bfloat16 for host buffers comes from ml_dtypes when installed
+    from ml_dtypes import bfloat16 as _bf16
+
+    bfloat16 = np.dtype(_bf16)
+except ImportError:  # pragma: no cover - depends on the environment
+    bfloat16 = None
+
+#: dtypes every backend moves and reduces. Codes are stable across ranks
+#: and versions: they travel in argument-agreement messages.
+DTYPE_CODES: dict[str, int] = {
+    "float16": 1, "bfloat16": 2, "float32": 3, "float64": 4,
+    "int8": 5, "uint8": 6, "int32": 7, "int64": 8, "uint32": 9, "uint64": 10,
+    "int16": 11, "uint16": 12, "bool": 13,
+}
+_CODE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
+
+SUPPORTED_DTYPES: tuple[str, ...] = tuple(DTYPE_CODES)
+
+
+def dtype_code(dtype) -> int:
+    """The stable wire code of ``dtype``; TypeError for unsupported dtypes."""
+    name = np.dtype(dtype).name
+    try:
+        return DTYPE_CODES[name]
+    except KeyError:
+        raise TypeError(f"dtype: expected one of {list(DTYPE_CODES)}, got {name}") from None
+
+
+def dtype_from_code(code: int) -> str:
+    """Name of the dtype with wire code ``code``."""
+    return _CODE_NAMES.get(int(code), f"<unknown dtype code {code}>")
