@@ -1,0 +1,101 @@
+"""Fail together: agree on argument validity before anyone blocks.
+
+A collective whose arguments are wrong on one rank must raise on *every*
+rank, naming what was wrong where; otherwise the healthy ranks wait forever
+for a peer that already raised. :func:`agree` does this with one small
+``Allreduce`` (MAX over ``[flag, signature, -signature]``): if any rank
+reported a problem or the signatures (op, dtype, counts, root …) differ, a
+second, error-path-only ``allgather`` collects the details and every rank
+raises the same :class:`~neocomm.errors.CollectiveArgumentError` — in the
+spirit of nccl-tests reducing its error count across ranks.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from neocomm import watchdog
+from neocomm.errors import CollectiveArgumentError
+from neocomm.types import dtype_from_code
+
+__all__ = ["agree", "Problem"]
+
+#: Fixed number of signature slots, so ranks calling different ops still agree on the layout.
+SIGNATURE_SLOTS = 8
+
+
+class Problem(ValueError):
+    """A local validation failure: ``field`` names the argument."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def agree(comm, op: str, problem: "Problem | str | None" = None,
+          signature: Sequence[tuple[str, int]] = ()) -> None:
+    """Raise :class:`CollectiveArgumentError` on every rank if any rank has a problem.
+
+    ``comm`` is an mpi4py communicator (or a ProcessGroup); ``problem`` this
+    rank's validation failure (None when fine); ``signature`` up to
+    :data:`SIGNATURE_SLOTS` named integers that must be equal on every rank
+    (op code, dtype code, count, root, …).
+    """
+    comm = getattr(comm, "comm", comm)
+    if len(signature) > SIGNATURE_SLOTS:
+        raise ValueError(f"signature: at most {SIGNATURE_SLOTS} fields, got {len(signature)}")
+    sig = np.zeros(SIGNATURE_SLOTS, np.int64)
+    for i, (_, value) in enumerate(signature):
+        sig[i] = value
+    vec = np.empty(1 + 2 * SIGNATURE_SLOTS, np.int64)
+    vec[0] = 1 if problem is not None else 0
+    vec[1:1 + SIGNATURE_SLOTS] = sig
+    vec[1 + SIGNATURE_SLOTS:] = -sig
+    out = np.empty_like(vec)
+    from mpi4py import MPI
+
+    with watchdog.guard(f"argument agreement of {op}"):
+        comm.Allreduce(vec, out, op=MPI.MAX)
+    mismatch = not np.array_equal(out[1:1 + SIGNATURE_SLOTS], -out[1 + SIGNATURE_SLOTS:])
+    if out[0] == 0 and not mismatch:
+        return
+    _raise_together(comm, op, problem, signature, sig)
+
+
+def _raise_together(comm, op, problem, signature, sig) -> None:
+    if isinstance(problem, Problem):
+        mine = (problem.field, problem.message)
+    elif problem is not None:
+        mine = ("", str(problem))
+    else:
+        mine = None
+    names = [name for name, _ in signature]
+    with watchdog.guard(f"error report of {op}"):
+        everyone = comm.allgather((mine, names, sig.tolist()))
+    per_rank = {r: m[1] for r, (m, _, _) in enumerate(everyone) if m is not None}
+    if per_rank:
+        first = min(per_rank)
+        field = everyone[first][0][0]
+        ranks = tuple(sorted(per_rank))
+        where = "rank " + str(ranks[0]) if len(ranks) == 1 else f"ranks {list(ranks)}"
+        msg = f"{op}: {per_rank[first]} (on {where})"
+        if len(per_rank) > 1:
+            others = "; ".join(f"rank {r}: {m}" for r, m in per_rank.items() if r != first)
+            msg += f"; also {others}"
+        raise CollectiveArgumentError(msg, op=op, field=field, ranks=ranks, per_rank=per_rank)
+    # No local problem anywhere: the signatures differ. Name the first field that does.
+    sigs = [s for _, _, s in everyone]
+    opnames = [n for _, n, _ in everyone]
+    for i in range(SIGNATURE_SLOTS):
+        values = [s[i] for s in sigs]
+        if len(set(values)) > 1:
+            field = opnames[0][i] if i < len(opnames[0]) else f"slot{i}"
+            shown = [dtype_from_code(v) if field == "dtype" else v for v in values]
+            by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown))
+            ranks = tuple(r for r, v in enumerate(values) if v != values[0]) or (0,)
+            raise CollectiveArgumentError(
+                f"{op}: {field} differs across ranks ({by_rank})", op=op, field=field,
+                ranks=ranks, per_rank={r: f"{field}={v}" for r, v in enumerate(shown)})
+    raise CollectiveArgumentError(f"{op}: arguments differ across ranks", op=op)  # pragma: no cover

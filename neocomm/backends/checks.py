@@ -1,0 +1,102 @@
+"""Argument checks shared by every backend.
+
+Each ``check_<op>`` returns ``(problem, signature)``: this rank's
+:class:`~neocomm.agree.Problem` (None when its arguments are fine) and the
+named integers that must agree across ranks. The backend passes both to
+:func:`neocomm.agree.agree`, so a bad argument anywhere raises everywhere.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Sequence
+
+import numpy as np
+
+from neocomm.agree import Problem
+from neocomm.types import DTYPE_CODES, ReduceOp
+
+__all__ = ["OP_CODES", "REDUCE_CODES", "check_buffer", "check_same_dtype", "check_counts", "check_peer", "first",
+           "counts_digest"]
+
+#: Stable op codes carried in signatures (a rank calling another op is a mismatch).
+OP_CODES = {"all_to_all": 1, "all_to_all_v": 2, "all_reduce": 3, "reduce_scatter": 4,
+            "all_gather": 5, "broadcast": 6, "barrier": 7}
+REDUCE_CODES = {op: i for i, op in enumerate(ReduceOp, start=1)}
+_REDUCIBLE = {"float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16",
+              "uint16", "int32", "int64", "uint32", "uint64"}
+
+
+def check_buffer(name: str, buf, *, device: bool, writable: bool = False,
+                 reducible: bool = False) -> Problem | None:
+    """The array kind, contiguity, dtype and writability of one buffer."""
+    is_device = hasattr(buf, "__cuda_array_interface__")
+    if device and not is_device:
+        return Problem(name, f"{name}: expected a CuPy (device) array for this backend, "
+                             f"got {type(buf).__module__}.{type(buf).__name__}")
+    if not device and not isinstance(buf, np.ndarray):
+        kind = "a CuPy array; use the NCCL or staged backend" if is_device else \
+            f"{type(buf).__module__}.{type(buf).__name__}"
+        return Problem(name, f"{name}: expected a NumPy (host) array for the MPI backend, got {kind}")
+    if not buf.flags.c_contiguous:
+        return Problem(name, f"{name}: must be C-contiguous, got strides {buf.strides} for "
+                             f"shape {buf.shape}")
+    dt = buf.dtype.name
+    if dt not in DTYPE_CODES:
+        return Problem(name, f"{name}: dtype {dt} is not supported; expected one of "
+                             f"{sorted(DTYPE_CODES)}")
+    if reducible and dt not in _REDUCIBLE:
+        return Problem(name, f"{name}: dtype {dt} cannot be reduced; expected one of "
+                             f"{sorted(_REDUCIBLE)}")
+    if writable and not buf.flags.writeable:
+        return Problem(name, f"{name}: is read-only, but the operation writes into it")
+    return None
+
+
+def check_same_dtype(a_name: str, a, b_name: str, b) -> Problem | None:
+    if a.dtype != b.dtype:
+        return Problem(b_name, f"{b_name}: dtype {b.dtype.name} differs from {a_name}'s "
+                               f"{a.dtype.name}")
+    return None
+
+
+def check_counts(name: str, counts, size: int, total: int, buf_name: str) -> tuple[Problem | None, np.ndarray]:
+    """Per-peer counts: ``size`` non-negative integers summing to ``total``."""
+    try:
+        arr = np.asarray(counts)
+    except Exception:  # noqa: BLE001 - anything unconvertible is a bad argument
+        return Problem(name, f"{name}: expected {size} integers, got {counts!r}"), np.zeros(size, np.int64)
+    if arr.ndim != 1 or arr.shape[0] != size:
+        return Problem(name, f"{name}: expected one count per rank ({size}), got shape "
+                             f"{arr.shape}"), np.zeros(size, np.int64)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if not np.all(np.mod(arr, 1) == 0):
+            return Problem(name, f"{name}: counts must be integers, got {arr.tolist()}"), \
+                np.zeros(size, np.int64)
+    arr = arr.astype(np.int64)
+    if (arr < 0).any():
+        return Problem(name, f"{name}: counts must be >= 0, got {arr.tolist()}"), arr
+    if int(arr.sum()) != total:
+        return Problem(name, f"{name}: counts sum to {int(arr.sum())} but {buf_name} holds "
+                             f"{total} elements"), arr
+    return None, arr
+
+
+def check_peer(name: str, peer, size: int) -> Problem | None:
+    if not isinstance(peer, (int, np.integer)) or not 0 <= int(peer) < size:
+        return Problem(name, f"{name}: expected a group rank in [0, {size}), got {peer!r}")
+    return None
+
+
+def first(*problems: Problem | None) -> Problem | None:
+    """The first real problem among ``problems``."""
+    for p in problems:
+        if p is not None:
+            return p
+    return None
+
+
+def counts_digest(counts: Sequence[int] | None) -> int:
+    """A 31-bit digest of a count vector, for signatures that must agree."""
+    if counts is None:
+        return 0
+    return zlib.crc32(np.asarray(counts, np.int64).tobytes()) & 0x7FFFFFFF

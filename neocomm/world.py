@@ -1,0 +1,150 @@
+"""Bootstrap from MPI: who am I, where am I, and which groups do I belong to."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+
+from neocomm import config, watchdog
+from neocomm.types import GroupKind
+
+__all__ = ["init", "World", "current_world"]
+
+_log = logging.getLogger(__name__)
+_WORLD: "World | None" = None
+
+
+class World:
+    """This rank's place in the job.
+
+    ``node``/``num_nodes`` come from MPI's shared-memory split, or from
+    ``NEOCOMM_RANKS_PER_NODE=K`` (emulated nodes of K consecutive ranks).
+    Groups: ``world``; ``intra_node`` (the ranks of this node); ``rail`` (the
+    ranks with this local rank on every node — the ranks that share a NIC
+    rail on ZionEX). ``device`` is the CUDA device bound to this rank, or None.
+    """
+
+    def __init__(self, comm, ranks_per_node: int = 0):
+        from mpi4py import MPI
+
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.emulated = ranks_per_node > 0
+        if self.emulated:
+            nodes = [r // ranks_per_node for r in range(self.size)]
+        else:
+            shm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            leader = comm.allgather(shm.allreduce(self.rank, op=MPI.MIN))
+            shm.Free()
+            order = sorted(set(leader))
+            nodes = [order.index(x) for x in leader]
+        self._node_of = tuple(nodes)
+        self.node = nodes[self.rank]
+        self.num_nodes = max(nodes) + 1
+        self.node_ranks = tuple(r for r in range(self.size) if nodes[r] == self.node)
+        self.local_rank = self.node_ranks.index(self.rank)
+        self.local_size = len(self.node_ranks)
+        from neocomm.group import ProcessGroup
+
+        self.world = ProcessGroup(self, comm, GroupKind.WORLD, "world")
+        self.intra_node = ProcessGroup(self, comm.Split(self.node, self.rank),
+                                       GroupKind.INTRA_NODE, f"node{self.node}")
+        self.rail = ProcessGroup(self, comm.Split(self.local_rank, self.rank),
+                                 GroupKind.RAIL, f"rail{self.local_rank}")
+        self.device = _bind_device(self.local_rank)
+
+    def node_of(self, rank: int) -> int:
+        """Node index of world rank ``rank``."""
+        return self._node_of[rank]
+
+    def ranks_of_node(self, node: int) -> tuple[int, ...]:
+        """World ranks on node ``node``."""
+        return tuple(r for r, n in enumerate(self._node_of) if n == node)
+
+    @property
+    def uniform(self) -> bool:
+        """True when every node has the same number of ranks (rails span every node)."""
+        return len({len(self.ranks_of_node(n)) for n in range(self.num_nodes)}) == 1
+
+    def __repr__(self) -> str:
+        return (f"World(rank={self.rank}, size={self.size}, node={self.node}/{self.num_nodes}, "
+                f"local_rank={self.local_rank}/{self.local_size}"
+                f"{', emulated' if self.emulated else ''})")
+
+
+def _bind_device(local_rank: int) -> int | None:
+    try:
+        import cupy
+    except ImportError:
+        return None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no driver, no device
+        return None
+    if count == 0:
+        return None
+    device = local_rank % count
+    cupy.cuda.Device(device).use()
+    return device
+
+
+def init(comm=None, *, ranks_per_node: int | None = None) -> World:
+    """Bootstrap neocomm from MPI and return the :class:`World` (idempotent).
+
+    ``comm`` defaults to a duplicate of ``MPI.COMM_WORLD`` (neocomm's traffic
+    never mixes with the application's). ``ranks_per_node`` overrides
+    ``NEOCOMM_RANKS_PER_NODE``. Installs the stall watchdog and, unless
+    ``NEOCOMM_ABORT_ON_EXCEPTION=0``, a hook that aborts the whole job when
+    any rank dies of an unhandled exception.
+    """
+    global _WORLD
+    if _WORLD is not None and comm is None and ranks_per_node is None:
+        return _WORLD
+    from mpi4py import MPI
+
+    settings = config.settings()
+    base = (comm or MPI.COMM_WORLD).Dup()
+    k = settings["RANKS_PER_NODE"] if ranks_per_node is None else int(ranks_per_node)
+    from neocomm.agree import Problem, agree
+
+    problem = None
+    if k < 0:
+        problem = Problem("ranks_per_node", f"ranks_per_node: expected >= 0, got {k}")
+    elif k > 0 and base.Get_size() % k:
+        problem = Problem("ranks_per_node", f"ranks_per_node: world size {base.Get_size()} is "
+                          f"not a multiple of NEOCOMM_RANKS_PER_NODE={k}")
+    agree(base, "init", problem, [("ranks_per_node", k)])
+    world = World(base, k)
+    if settings["ABORT_ON_EXCEPTION"]:
+        install_abort_hook(world.rank)
+    watchdog.configure(settings["TIMEOUT"], world.rank)
+    _log.debug("initialised %r", world)
+    _WORLD = world
+    return world
+
+
+def current_world() -> World:
+    """The World of the last :func:`init` (initialising on first use)."""
+    return _WORLD if _WORLD is not None else init()
+
+
+def install_abort_hook(rank: int) -> None:
+    """An unhandled exception prints its traceback with the rank and aborts the job.
+
+    Without this, the other ranks would wait forever in their next collective.
+    """
+    def hook(etype, value, tb):
+        text = "".join(traceback.format_exception(etype, value, tb))
+        sys.stderr.write(f"neocomm: rank {rank} failed with an unhandled exception; "
+                         f"aborting the job.\n{text}")
+        sys.stderr.flush()
+        try:
+            from mpi4py import MPI
+
+            MPI.COMM_WORLD.Abort(1)
+        finally:
+            os._exit(1)
+
+    sys.excepthook = hook
