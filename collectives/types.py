@@ -1,0 +1,191 @@
+"""Vocabulary of the collectives layer: operations, links, fabric models, requests.
+
+Everything here is plain data (frozen dataclasses and Enums). Sizes are in
+bytes, times in seconds, bandwidths in bytes per second.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+__all__ = ["CollectiveOp", "Link", "FabricModel", "Request", "DEFAULT_INTRA_LINK",
+           "DEFAULT_INTER_LINK", "DEFAULT_COPY_BANDWIDTH", "DEFAULT_REDUCE_BANDWIDTH",
+           "DEFAULT_STEP_OVERHEAD", "ROCE_MTU"]
+
+#: RoCE / InfiniBand MTU in bytes; chunk sizes are multiples of it.
+ROCE_MTU = 4096
+
+
+class CollectiveOp(enum.Enum):
+    """The collective operations of :mod:`collectives`."""
+
+    ALL_TO_ALL = "all_to_all"
+    ALL_TO_ALL_V = "all_to_all_v"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    BROADCAST = "broadcast"
+    ONE_TO_MANY = "one_to_many"
+    MANY_TO_MANY = "many_to_many"
+
+    @classmethod
+    def parse(cls, value: "CollectiveOp | str") -> "CollectiveOp":
+        """Accept a CollectiveOp or its name (``"all_reduce"``, ``"ALL_REDUCE"``,
+        ``"allreduce"``); ValueError otherwise."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            key = value.strip().lower().replace("-", "_")
+            for op in cls:
+                if key in (op.value, op.value.replace("_", "")):
+                    return op
+        raise ValueError(f"op: expected one of {[o.value for o in cls]}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One class of link seen by one rank: ``latency`` (seconds, the alpha of the
+    alpha-beta model), ``bandwidth`` (bytes/s, 1/beta) and the chunk size
+    (bytes) that large messages over it are cut into."""
+
+    latency: float
+    bandwidth: float
+    chunk_bytes: int = 1 << 20
+
+    def __post_init__(self):
+        if not self.latency >= 0:
+            raise ValueError(f"latency: expected seconds >= 0, got {self.latency}")
+        if not self.bandwidth > 0:
+            raise ValueError(f"bandwidth: expected bytes/s > 0, got {self.bandwidth}")
+        if int(self.chunk_bytes) <= 0:
+            raise ValueError(f"chunk_bytes: expected bytes > 0, got {self.chunk_bytes}")
+
+    def time(self, nbytes: float) -> float:
+        """Seconds to move one message of ``nbytes`` over this link."""
+        return self.latency + nbytes / self.bandwidth
+
+
+# Defaults for a host we know nothing about: shared-memory-class numbers,
+# since every rank of such a job (emulated nodes included) talks through
+# shared memory. Sources:
+# - Open MPI's shared-memory transport has a small-message latency of the
+#   order of a microsecond (osu_latency on one host: 0.3-1 us).
+# - Bandwidth: DESIGN.md section 7 quotes native Open MPI AlltoAll of 64 MiB
+#   per rank on 2 ranks at about 8 ms on this machine class: 32 MiB each way
+#   in 8 ms is about 4.2e9 bytes/s per rank and direction.
+# - Local copies: one-core np.copyto of 256 MiB at 13-17 GB/s (same section);
+#   the lower end is taken because ranks share the memory bus.
+# - Reductions: an in-place add streams three arrays where a copy streams
+#   two, so two thirds of the copy rate.
+#: Intra-node link of an unknown host (shared memory), 1 us, 4.2e9 B/s, 1 MiB chunks.
+DEFAULT_INTRA_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=1 << 20)
+#: Inter-node link of an unknown host: emulated nodes also use shared memory.
+DEFAULT_INTER_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=1 << 20)
+#: Local copy throughput per rank, bytes/s (np.copyto, see above).
+DEFAULT_COPY_BANDWIDTH = 13.0e9
+#: Local element-wise reduction throughput per rank, bytes/s of output.
+DEFAULT_REDUCE_BANDWIDTH = DEFAULT_COPY_BANDWIDTH * 2.0 / 3.0
+#: Software cost of one point-to-point step issued from Python (post, test,
+#: wait through mpi4py), seconds; an order-of-magnitude figure, calibrated
+#: from measurements by ``neocomm bench --calibrate``.
+DEFAULT_STEP_OVERHEAD = 5.0e-6
+
+
+@dataclass(frozen=True)
+class FabricModel:
+    """The shape and links of one process group, as the cost model sees it.
+
+    ``nodes`` nodes of ``ranks_per_node`` ranks each (a group whose nodes hold
+    different numbers of ranks is described by its largest node). ``intra``
+    is the link between two ranks of a node (per rank), ``inter`` the link of
+    one NIC between nodes, ``nics_per_node`` how many NICs a node's ranks
+    share for inter-node traffic. ``algorithm_factors`` holds calibration
+    multipliers keyed ``"<op>/<algorithm>"`` (measured time over modelled
+    time), applied by :func:`collectives.cost.algorithm_cost`.
+    """
+
+    ranks_per_node: int = 1
+    nodes: int = 1
+    intra: Link = DEFAULT_INTRA_LINK
+    inter: Link = DEFAULT_INTER_LINK
+    nics_per_node: int = 1
+    copy_bandwidth: float = DEFAULT_COPY_BANDWIDTH
+    reduce_bandwidth: float = DEFAULT_REDUCE_BANDWIDTH
+    step_overhead: float = DEFAULT_STEP_OVERHEAD
+    algorithm_factors: tuple[tuple[str, float], ...] = ()
+    source: str = "defaults for an unknown host (shared memory)"
+
+    def __post_init__(self):
+        for name in ("ranks_per_node", "nodes", "nics_per_node"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        for name in ("copy_bandwidth", "reduce_bandwidth"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: expected bytes/s > 0, got {getattr(self, name)}")
+        if not self.step_overhead >= 0:
+            raise ValueError(f"step_overhead: expected seconds >= 0, got {self.step_overhead}")
+        if isinstance(self.algorithm_factors, dict):
+            object.__setattr__(self, "algorithm_factors",
+                               tuple(sorted(self.algorithm_factors.items())))
+
+    @property
+    def size(self) -> int:
+        """Number of ranks the model describes."""
+        return self.ranks_per_node * self.nodes
+
+    def factor(self, op: CollectiveOp, algorithm: str) -> float:
+        """Calibration multiplier of ``algorithm`` for ``op`` (1.0 when uncalibrated)."""
+        key = f"{op.value}/{algorithm}"
+        for name, value in self.algorithm_factors:
+            if name == key:
+                return float(value)
+        return 1.0
+
+    def inter_share(self, flows_per_node: int) -> float:
+        """Bandwidth (bytes/s) one of ``flows_per_node`` concurrent inter-node
+        flows of a node gets: the NICs are shared evenly, one flow never gets
+        more than one NIC."""
+        flows = max(1, int(flows_per_node))
+        return self.inter.bandwidth * min(1.0, self.nics_per_node / flows)
+
+    def with_shape(self, ranks_per_node: int, nodes: int) -> "FabricModel":
+        """The same links for a group of another shape."""
+        return replace(self, ranks_per_node=int(ranks_per_node), nodes=int(nodes))
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the selector knows about one collective call, identical on every rank.
+
+    ``nbytes`` follows nccl-tests' "size": the send buffer of AlltoAll(v)
+    (bytes one rank sends in total), the input of ReduceScatter, the buffer
+    of AllReduce and Broadcast, the output of AllGather, the payload per
+    receiver of OneToMany, the bytes one rank sends in total in ManyToMany.
+    ``max_block`` is the largest per-peer block in bytes (equal to
+    ``nbytes / group_size`` for uniform operations). ``peers`` is the number
+    of receivers of OneToMany or the largest number of peers of a rank in
+    ManyToMany; ``identical`` says whether OneToMany sends one payload to all.
+    """
+
+    op: CollectiveOp
+    nbytes: int
+    itemsize: int = 4
+    group_size: int = 1
+    max_block: int = 0
+    root: int = 0
+    peers: int = 0
+    identical: bool = True
+    uniform: bool = True
+    device: bool = False
+    in_place: bool = False
+    reduce_op: str = "sum"
+    extra: tuple[tuple[str, object], ...] = field(default=())
+
+    def __post_init__(self):
+        if self.nbytes < 0:
+            raise ValueError(f"nbytes: expected bytes >= 0, got {self.nbytes}")
+        if self.itemsize < 1:
+            raise ValueError(f"itemsize: expected bytes >= 1, got {self.itemsize}")
+        if self.group_size < 1:
+            raise ValueError(f"group_size: expected ranks >= 1, got {self.group_size}")
