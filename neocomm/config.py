@@ -108,6 +108,8 @@ declare("STAGING_BYTES", int, 64 << 20, "Pinned host staging pool of the staged 
         unit="bytes", minimum=4096)
 declare("LOG_LEVEL", str, "WARNING", "Logging level of the rank-aware log format",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+declare("LAUNCHER", str, "", "MPI launcher for `neocomm run` (default: mpirun or mpiexec next to "
+        "this Python, else on PATH)")
 declare("ABORT_ON_EXCEPTION", bool, True, "An unhandled exception on any rank aborts the job")
 
 
