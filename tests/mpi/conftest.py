@@ -1,0 +1,36 @@
+"""Shared fixtures for tests that run under mpirun (``--with-mpi``)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="session")
+def world():
+    """The World of this job (NEOCOMM_RANKS_PER_NODE picks emulated nodes)."""
+    import neocomm
+
+    return neocomm.init()
+
+
+def agreed(world, ok: bool) -> bool:
+    """True only when ``ok`` holds on every rank (so all ranks fail together)."""
+    from mpi4py import MPI
+
+    return bool(world.comm.allreduce(bool(ok), op=MPI.LAND))
+
+
+@pytest.fixture
+def all_ranks(world):
+    """``all_ranks(ok, msg)`` asserts ``ok`` on every rank at once, never leaving a rank behind."""
+
+    def check(ok, msg=""):
+        assert agreed(world, ok), msg or "failed on at least one rank"
+
+    return check
+
+
+@pytest.fixture
+def rng(world) -> np.random.Generator:
+    """A generator that differs per rank but is reproducible."""
+    return np.random.default_rng(12345 + world.rank)

@@ -1,0 +1,71 @@
+"""World bootstrap and process groups, on real and emulated node layouts."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from neocomm import CollectiveArgumentError
+from neocomm.types import GroupKind
+
+
+def test_world_layout_matches_setting(world, all_ranks):
+    k = int(os.environ.get("NEOCOMM_RANKS_PER_NODE", "0") or 0)
+    if k:
+        all_ranks(world.node == world.rank // k and world.local_rank == world.rank % k
+                  and world.local_size == k and world.num_nodes == world.size // k)
+    else:  # one host: the shared-memory split finds one node
+        all_ranks(world.num_nodes == 1 and world.local_rank == world.rank)
+    assert world.ranks_of_node(world.node) == world.node_ranks
+    assert world.uniform
+
+
+def test_groups_hold_the_right_ranks(world, all_ranks):
+    intra, rail = world.intra_node, world.rail
+    assert intra.kind is GroupKind.INTRA_NODE and rail.kind is GroupKind.RAIL
+    all_ranks(intra.ranks == world.node_ranks)
+    all_ranks(rail.ranks == tuple(world.ranks_of_node(n)[world.local_rank]
+                                  for n in range(world.num_nodes)))
+    all_ranks(intra.size == world.local_size and rail.size == world.num_nodes)
+    assert world.world.nodes == tuple(world.ranks_of_node(n) for n in range(world.num_nodes))
+    assert world.world.ranks_per_node == world.local_size
+    assert all(world.world.node_of(r) == world.node_of(r) for r in range(world.size))
+
+
+def test_collectives_on_every_group(world, all_ranks):
+    for group in (world.world, world.intra_node, world.rail):
+        x = np.full(3, world.rank, np.int64)
+        group.backend().all_reduce(x)
+        all_ranks(np.array_equal(x, np.full(3, sum(group.ranks))))
+
+
+def test_split_subgroup(world, all_ranks):
+    members = list(range(0, world.size, 2))
+    sub = world.world.split(members, name="even")
+    if world.rank % 2:
+        assert sub is None
+    else:
+        assert sub.ranks == tuple(members) and sub.name == "even"
+        x = np.ones(2)
+        sub.backend().all_reduce(x)
+        assert x[0] == len(members)
+
+
+def test_split_rejects_bad_ranks_everywhere(world):
+    with pytest.raises(CollectiveArgumentError, match="split: ranks must lie in"):
+        world.world.split([0, world.size])
+    with pytest.raises(CollectiveArgumentError, match="duplicates"):
+        world.world.split([0, 0])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_split_disagreeing_ranks_raise_everywhere(world):
+    with pytest.raises(CollectiveArgumentError, match="ranks differs across ranks"):
+        world.world.split([0] if world.rank == 0 else [0, 1])
+
+
+def test_init_is_idempotent(world):
+    import neocomm
+
+    assert neocomm.init() is world and neocomm.current_world() is world
