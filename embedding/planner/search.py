@@ -1,0 +1,260 @@
+"""The planner: enumerate candidates, choose one per table, place, score.
+
+Choice starts from each table's cheapest candidate (least time summed over
+ranks). If the shards do not fit, the table with the largest shard moves to a
+more spread candidate until they do. Then a local search lowers the step time:
+it looks at the tables on the slowest rank, heaviest first, and tries each of
+their candidates (the same one included: a move to another rank), keeping a
+change that lowers the slowest rank's time (or, at equal time, evens the
+ranks out). Last, the chosen candidates are placed from scratch by every
+partitioner asked for, and the best of those and the search's own placement
+is returned.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from embedding.planner.enumerate import enumerate_candidates
+from embedding.planner.estimate import CostModel
+from embedding.planner.placement import capacity, place, score
+from embedding.planner.types import (Candidate, Hardware, PartitionMethod, PlacementKind,
+                                     PlanDoesNotFitError, PlanReport, TableConstraints,
+                                     Workload)
+from embedding.types import ShardingType, TableConfig
+
+__all__ = ["plan_sharding", "baseline_plan", "candidates_of"]
+
+_log = logging.getLogger(__name__)
+_GIB = float(1 << 30)
+_TOL = 1e-9
+
+
+def candidates_of(tables: Sequence[TableConfig], hardware: Hardware, workload: Workload,
+                  constraints: Mapping[str, TableConstraints] | None = None,
+                  cost: CostModel | None = None) -> list[list[Candidate]]:
+    """The candidates of every table (stage one); checks the table names."""
+    if not tables:
+        raise ValueError("tables: expected at least one table, got none")
+    names = [t.name for t in tables]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"tables: names must be unique, repeated: {dup}")
+    constraints = dict(constraints or {})
+    unknown = sorted(set(constraints) - set(names))
+    if unknown:
+        raise ValueError(f"constraints: tables {unknown} are not in the table list")
+    cost = cost or CostModel(hardware)
+    return [enumerate_candidates(t, hardware, workload, cost, constraints.get(t.name))
+            for t in tables]
+
+
+def _total(c: Candidate, world: int) -> float:
+    return c.seconds + c.spread_seconds * world
+
+
+class _State:
+    """An incremental placement: per-rank time and memory, one candidate per table."""
+
+    def __init__(self, cands: list[list[Candidate]], hw: Hardware):
+        self.cands, self.hw = cands, hw
+        W = hw.world_size
+        self.load = np.zeros(W)
+        self.used = np.zeros(W)
+        self.choice = [0] * len(cands)
+        self.ranks: list[tuple[int, ...]] = [()] * len(cands)
+        self.spread_s = 0.0
+        self.spread_m = 0
+
+    def cap(self) -> float:
+        return self.hw.usable_memory - self.spread_m
+
+    def candidate(self, t: int) -> Candidate:
+        return self.cands[t][self.choice[t]]
+
+    def _apply(self, c: Candidate, ranks, sign: float) -> None:
+        for s, r in zip(c.shards, ranks):
+            self.load[r] += sign * s.seconds
+            self.used[r] += sign * s.memory.total
+        self.spread_s += sign * c.spread_seconds
+        self.spread_m += int(sign) * c.spread_memory
+
+    def set(self, t: int, k: int, ranks) -> None:
+        self.choice[t], self.ranks[t] = k, tuple(ranks)
+        self._apply(self.cands[t][k], ranks, +1.0)
+
+    def remove(self, t: int) -> None:
+        self._apply(self.candidate(t), self.ranks[t], -1.0)
+
+    def fit(self, c: Candidate):
+        """Ranks for ``c`` on top of the current loads, or None when it does not fit."""
+        cap = self.cap() - c.spread_memory
+        if self.used.max(initial=0.0) > cap:
+            return None
+        if c.placement is PlacementKind.EVERY_RANK:
+            mem = np.array([s.memory.total for s in c.shards])
+            return tuple(range(len(c.shards))) if np.all(self.used + mem <= cap) else None
+        order = sorted(range(len(c.shards)), key=lambda j: -c.shards[j].seconds)
+        if c.placement is PlacementKind.FREE:
+            taken = np.zeros(len(self.load), dtype=bool)
+            out = [0] * len(c.shards)
+            load, used = self.load.copy(), self.used.copy()
+            for j in order:
+                s = c.shards[j]
+                ok = (used + s.memory.total <= cap) & ~taken
+                if not ok.any():
+                    return None
+                r = int(np.argmin(np.where(ok, load, np.inf)))
+                out[j], taken[r] = r, True
+                load[r] += s.seconds
+                used[r] += s.memory.total
+            return tuple(out)
+        R = self.hw.ranks_per_node
+        k = len(order)
+        by_load = np.argsort(self.load.reshape(-1, R), axis=1, kind="stable")[:, :k]
+        base = np.arange(0, len(self.load), R)[:, None] + by_load
+        secs = np.array([c.shards[j].seconds for j in order])
+        mem = np.array([c.shards[j].memory.total for j in order])
+        ok = np.all(self.used[base] + mem <= cap, axis=1)
+        if not ok.any():
+            return None
+        peak = np.where(ok, (self.load[base] + secs).max(axis=1), np.inf)
+        n = int(np.argmin(peak))
+        out = [0] * k
+        for pos, j in enumerate(order):
+            out[j] = int(base[n, pos])
+        return tuple(out)
+
+    def objective(self) -> tuple[float, float]:
+        v = self.load + self.spread_s
+        return float(v.max()), float(np.dot(v, v))
+
+
+def _better(new: tuple[float, float], old: tuple[float, float]) -> bool:
+    if new[0] < old[0] * (1 - _TOL):
+        return True
+    return new[0] <= old[0] * (1 + _TOL) and new[1] < old[1] * (1 - _TOL)
+
+
+def _fit_memory(cands, choice, hw) -> list[tuple[int, ...]]:
+    """Spread the tables with the largest shards until a greedy placement fits."""
+    while True:
+        chosen = [cs[k] for cs, k in zip(cands, choice)]
+        try:
+            return place(chosen, hw, PartitionMethod.GREEDY)
+        except PlanDoesNotFitError as exc:
+            error = exc
+        best = None
+        for t, (cs, k) in enumerate(zip(cands, choice)):
+            current = cs[k].max_shard_memory
+            smaller = [j for j, c in enumerate(cs) if c.max_shard_memory < current]
+            if smaller and (best is None or current > best[0]):
+                j = min(smaller, key=lambda j: (_total(cs[j], hw.world_size), j))
+                best = (current, t, j)
+        if best is None:
+            need = sum(c.max_shard_memory * len(c.shards) + c.spread_memory * hw.world_size
+                       for c in chosen)
+            have = hw.usable_memory * hw.world_size
+            total = (f"; in all the tables need at least {need / _GIB:.2f} GiB, "
+                     f"{hw.world_size} ranks have {have / _GIB:.2f} GiB usable"
+                     if need > have else "")
+            raise PlanDoesNotFitError(error.message + total, table=error.table,
+                                      needed=error.needed, available=error.available) from None
+        choice[best[1]] = best[2]
+
+
+def _search(state: _State, max_rounds: int) -> int:
+    """Local search on the slowest rank; returns the number of changes made."""
+    changes = 0
+    for _ in range(max_rounds):
+        old = state.objective()
+        r = int(np.argmax(state.load))
+        on_r = []
+        for t, ranks in enumerate(state.ranks):
+            c = state.candidate(t)
+            share = sum(s.seconds for s, x in zip(c.shards, ranks) if x == r)
+            if share > 0:
+                on_r.append((share, t))
+        on_r.sort(reverse=True)
+        moved = False
+        for _, t in on_r[:8]:
+            k0, ranks0 = state.choice[t], state.ranks[t]
+            state.remove(t)
+            best = None
+            for k, c in enumerate(state.cands[t]):
+                ranks = state.fit(c)
+                if ranks is None:
+                    continue
+                state.set(t, k, ranks)
+                obj = state.objective()
+                if _better(obj, old) and (best is None or _better(obj, best[0])):
+                    best = (obj, k, ranks)
+                state.remove(t)
+            if best is not None:
+                state.set(t, best[1], best[2])
+                changes += 1
+                moved = True
+                break
+            state.set(t, k0, ranks0)
+        if not moved:
+            break
+    return changes
+
+
+def plan_sharding(tables: Sequence[TableConfig], hardware: Hardware,
+                  workload: Workload | None = None, *,
+                  constraints: Mapping[str, TableConstraints] | None = None,
+                  methods: Sequence[PartitionMethod | str] = (PartitionMethod.GREEDY,
+                                                              PartitionMethod.KARMARKAR_KARP),
+                  search: bool = True) -> PlanReport:
+    """Plan the sharding of ``tables`` on ``hardware`` for ``workload``.
+
+    ``methods`` are the partitioners tried for the final placement; with
+    ``search`` False the planner stops after fitting memory (no local search).
+    Raises :class:`PlanDoesNotFitError` naming a table and how much it is
+    short by when no placement fits, ValueError on bad arguments.
+    """
+    workload = workload or Workload()
+    methods = [PartitionMethod.parse(m) for m in methods]
+    if not methods:
+        raise ValueError("methods: expected at least one partition method, got none")
+    cost = CostModel(hardware)
+    cands = candidates_of(tables, hardware, workload, constraints, cost)
+    W = hardware.world_size
+    choice = [min(range(len(cs)), key=lambda k: (_total(cs[k], W), len(cs[k].shards), k))
+              for cs in cands]
+    ranks = _fit_memory(cands, choice, hardware)
+    state = _State(cands, hardware)
+    for t, (k, rs) in enumerate(zip(choice, ranks)):
+        state.set(t, k, rs)
+    changes = _search(state, 4 * len(tables) + 16) if search else 0
+    _log.info("local search made %d changes", changes)
+    chosen = [state.candidate(t) for t in range(len(tables))]
+    results = [(PartitionMethod.GREEDY, "search", list(state.ranks))]
+    alternatives = []
+    for method in methods:
+        try:
+            results.append((method, method.value, place(chosen, hardware, method)))
+        except PlanDoesNotFitError as exc:
+            _log.info("%s placement does not fit: %s", method.value, exc)
+            alternatives.append((method.value, None))
+    scored = [(score(chosen, rs, hardware, cost, m), label) for m, label, rs in results]
+    alternatives = tuple([(label, rep.step_seconds) for rep, label in scored] + alternatives)
+    best, _ = min(scored, key=lambda x: (x[0].step_seconds, x[0].max_memory))
+    return dataclasses.replace(best, alternatives=alternatives)
+
+
+def baseline_plan(tables: Sequence[TableConfig], hardware: Hardware,
+                  workload: Workload | None = None) -> PlanReport:
+    """Every table whole on one rank, placed by plain greedy (largest time first
+    onto the least-loaded rank with room): the reference the planner is compared to."""
+    workload = workload or Workload()
+    cost = CostModel(hardware)
+    only_tw = {t.name: TableConstraints(shardings=(ShardingType.TABLE_WISE,)) for t in tables}
+    cands = candidates_of(tables, hardware, workload, only_tw, cost)
+    chosen = [cs[0] for cs in cands]
+    return score(chosen, place(chosen, hardware, PartitionMethod.GREEDY), hardware, cost,
+                 PartitionMethod.GREEDY)
