@@ -1,0 +1,66 @@
+"""The settings table and the error family."""
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import pytest
+
+from neocomm import config
+from neocomm.errors import BackendUnavailableError, CollectiveArgumentError, StallError
+
+
+def test_defaults_and_typed_parsing():
+    s = config.settings({})
+    assert s["TIMEOUT"] == 300.0 and s["CHECK_ARGS"] is True and s["RANKS_PER_NODE"] == 0
+    env = {"NEOCOMM_TIMEOUT": "2.5", "NEOCOMM_CHECK_ARGS": "off",
+           "NEOCOMM_STAGING_BYTES": "4MiB", "NEOCOMM_RANKS_PER_NODE": "2"}
+    s = config.settings(env)
+    assert s["TIMEOUT"] == 2.5 and s["CHECK_ARGS"] is False
+    assert s["STAGING_BYTES"] == 4 << 20 and s["RANKS_PER_NODE"] == 2
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"NEOCOMM_TIMEOUT": "soon"}, "NEOCOMM_TIMEOUT='soon': expected float"),
+    ({"NEOCOMM_CHECK_ARGS": "maybe"}, "NEOCOMM_CHECK_ARGS='maybe': expected bool"),
+    ({"NEOCOMM_BACKEND": "gloo"}, "expected one of"),
+    ({"NEOCOMM_RANKS_PER_NODE": "-1"}, "must be >= 0"),
+    ({"NEOCOMM_STAGING_BYTES": "12"}, "must be >= 4096"),
+])
+def test_bad_values_name_the_variable(env, match):
+    with pytest.raises(config.SettingsError, match=match):
+        config.settings(env)
+
+
+def test_unknown_names_are_warned_about_with_a_suggestion():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config.settings({"NEOCOMM_TIMOUT": "3"})
+    assert any("NEOCOMM_TIMOUT" in str(w.message) and "did you mean" in str(w.message)
+               for w in caught)
+
+
+def test_prefixed_family():
+    config.declare("TESTFAMILY_", str, "", "a test family", prefix=True)
+    assert config.prefixed("TESTFAMILY_", "all_reduce", {"NEOCOMM_TESTFAMILY_ALL_REDUCE": "ring"}) == "ring"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config.settings({"NEOCOMM_TESTFAMILY_X": "y"})
+    assert not caught
+
+
+def test_redeclaring_differently_is_an_error():
+    with pytest.raises(ValueError, match="declared twice"):
+        config.declare("TIMEOUT", int, 1, "other")
+
+
+def test_errors_survive_pickling():
+    err = CollectiveArgumentError("m", op="all_reduce", field="dtype", ranks=(1, 2),
+                                  per_rank={1: "a", 2: "b"})
+    back = pickle.loads(pickle.dumps(err))
+    assert isinstance(back, ValueError) and back.field == "dtype" and back.ranks == (1, 2)
+    assert back.per_rank == {1: "a", 2: "b"} and str(back) == "m"
+    stall = pickle.loads(pickle.dumps(StallError("s", op="x", seconds=3.0, ranks=(4,))))
+    assert stall.seconds == 3.0 and stall.ranks == (4,)
+    unavailable = pickle.loads(pickle.dumps(BackendUnavailableError("nccl", "no GPU")))
+    assert unavailable.reason == "no GPU" and "not available: no GPU" in str(unavailable)
