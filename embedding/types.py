@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig", "ShardingType",
-           "Shard", "TablePlan", "ShardingPlan"]
+           "Shard", "TablePlan", "ShardingPlan", "IdPolicy"]
 
 
 class Pooling(enum.Enum):
@@ -171,3 +171,19 @@ class ShardingPlan:
         d = json.loads(text)
         return cls(world_size=d["world_size"], ranks_per_node=d["ranks_per_node"],
                    tables=tuple(TablePlan(**t) for t in d["tables"]))
+
+
+class IdPolicy(enum.Enum):
+    """What a table does with ids outside ``[0, num_rows)``.
+
+    ``ERROR`` rejects them (the error names the feature and the id);
+    ``MODULO`` maps id to ``id mod num_rows`` (floored, so negative ids land in
+    range too); ``HASH`` maps id to ``splitmix64(id) mod num_rows`` — for raw
+    64-bit categorical ids, where a plain modulo would alias neighbouring ids.
+    The mapping is applied to every id, in range or not, so it is a pure
+    function of the id.
+    """
+
+    ERROR = "error"
+    MODULO = "modulo"
+    HASH = "hash"

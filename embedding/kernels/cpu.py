@@ -1,0 +1,174 @@
+"""NumPy kernels: the reference semantics and the CPU path.
+
+All three functions take a :class:`~embedding.kernels.layout.TableLayout`,
+the flat weights (and state) buffers and :class:`~embedding.kernels.layout.Bags`.
+They loop in Python over slots and tables only — never over ids.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from embedding.kernels.layout import Bags, TableLayout
+from embedding.kernels.segments import jagged_sum, segments_of_sorted, stable_argsort
+from embedding.optim import sparse_update
+from embedding.types import OptimizerConfig
+
+__all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update",
+           "aggregate_rows", "table_view"]
+
+
+def table_view(layout: TableLayout, flat: np.ndarray, t: int, per_row: bool = False):
+    """Table ``t``'s ``[rows, dim]`` view of a flat weights buffer (``[rows]`` when ``per_row``)."""
+    if per_row:
+        base = layout.row_base[t]
+        return flat[base:base + layout.rows[t]]
+    off = layout.weight_offsets[t]
+    return flat[off:off + layout.rows[t] * layout.dims[t]].reshape(layout.rows[t],
+                                                                  layout.dims[t])
+
+
+def _weights_of(bags: Bags, dtype):
+    if bags.weights is None:
+        return None
+    return np.asarray(bags.weights, dtype=dtype)
+
+
+def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
+                  out: np.ndarray | None = None) -> np.ndarray:
+    """Pool every bag of every slot into ``out`` (``[G * B, out_dim]``, see layout doc).
+
+    Sum pooling adds the (weighted) rows in bag order; mean pooling then
+    multiplies by ``1 / length`` (empty bags give zeros). Columns of ``out``
+    that no slot covers are set to zero.
+    """
+    bags.check(layout)
+    b, s_count, g_count = bags.batch_size, bags.num_slots, bags.num_groups
+    if out is None:
+        out = np.empty((bags.out_rows, bags.out_dim), weights.dtype)
+    covered = sum(layout.dims[t] for t in bags.slot_table)
+    if covered != bags.out_dim or len(set(bags.slot_col)) != s_count:
+        out[...] = 0
+    if b == 0 or s_count == 0 or g_count == 0:
+        return out
+    offsets = np.asarray(bags.offsets, np.int64)
+    lengths = np.diff(offsets)
+    w = _weights_of(bags, weights.dtype)
+    idx = np.asarray(bags.indices, np.int64)
+    for g in range(g_count):
+        rows_out = out[g * b:(g + 1) * b]
+        for s in range(s_count):
+            t = bags.slot_table[s]
+            d = layout.dims[t]
+            first = (g * s_count + s) * b
+            dst = rows_out[:, bags.slot_col[s]:bags.slot_col[s] + d]
+            ln = lengths[first:first + b]
+            jagged_sum(table_view(layout, weights, t), idx, offsets[first:first + b], ln, w,
+                       out=dst)
+            if bags.slot_mean[s]:
+                dst *= _inverse_lengths(ln, weights.dtype)[:, None]
+    return out
+
+
+def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray
+                    ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per table, ``(rows, grads)``: the unique rows the bags read and their summed gradients.
+
+    ``grad_out`` is the gradient of :func:`pooled_lookup`'s output. Each id
+    occurrence contributes ``grad_out[bag row, slot columns] * scale * w``
+    (``scale = 1/length`` for mean slots, ``w`` its per-id weight); the
+    contributions of one row are summed in occurrence order (stable sort by
+    row). ``rows`` come out sorted ascending.
+    """
+    bags.check(layout)
+    dtype = grad_out.dtype
+    b, s_count = bags.batch_size, bags.num_slots
+    offsets = np.asarray(bags.offsets, np.int64)
+    lengths = np.diff(offsets)
+    idx = np.asarray(bags.indices, np.int64)
+    w = _weights_of(bags, dtype)
+    result = []
+    for t in range(layout.num_tables):
+        d = layout.dims[t]
+        blocks = [(g, s) for g in range(bags.num_groups) for s in range(s_count)
+                  if bags.slot_table[s] == t]
+        if not blocks or b == 0:
+            result.append((np.zeros(0, np.int64), np.zeros((0, d), dtype)))
+            continue
+        gsrc = np.empty((len(blocks) * b, d), dtype)
+        ids_parts, row_parts, w_parts = [], [], []
+        for k, (g, s) in enumerate(blocks):
+            first = (g * s_count + s) * b
+            col = bags.slot_col[s]
+            ln = lengths[first:first + b]
+            dst = gsrc[k * b:(k + 1) * b]
+            dst[...] = grad_out[g * b:(g + 1) * b, col:col + d]
+            if bags.slot_mean[s]:
+                dst *= _inverse_lengths(ln, dtype)[:, None]
+            lo, hi = offsets[first], offsets[first + b]
+            ids_parts.append(idx[lo:hi])
+            row_parts.append(np.repeat(np.arange(k * b, (k + 1) * b, dtype=np.int64), ln))
+            if w is not None:
+                w_parts.append(w[lo:hi])
+        ids = _cat(ids_parts)
+        if ids.size == 0:
+            result.append((np.zeros(0, np.int64), np.zeros((0, d), dtype)))
+            continue
+        occ_row = _cat(row_parts)
+        order = stable_argsort(ids, layout.rows[t] - 1)
+        uniq, starts, lens = segments_of_sorted(ids[order])
+        ws = _cat(w_parts)[order] if w is not None else None
+        grads = jagged_sum(gsrc, occ_row[order], starts, lens, ws)
+        result.append((uniq, grads))
+    return result
+
+
+def aggregate_rows(rows: np.ndarray, grads: np.ndarray, num_rows: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Sum the gradient rows of duplicate ``rows`` (stable: in the given order)."""
+    rows = np.asarray(rows, np.int64)
+    if rows.size == 0:
+        return rows, grads
+    order = stable_argsort(rows, num_rows - 1)
+    uniq, starts, lens = segments_of_sorted(rows[order])
+    if uniq.size == rows.size:
+        return uniq, grads[order]
+    return uniq, jagged_sum(grads, order, starts, lens)
+
+
+def apply_updates(layout: TableLayout, config: OptimizerConfig, weights: np.ndarray,
+                  state: dict, sparse: list[tuple[np.ndarray, np.ndarray]],
+                  unique: bool = True) -> None:
+    """Apply the optimizer to each table's ``(rows, grads)``.
+
+    With ``unique=False`` duplicate rows are summed first (e.g. gradients
+    gathered from several ranks).
+    """
+    from embedding.optim import state_specs
+
+    specs = state_specs(config.kind)
+    if len(sparse) != layout.num_tables:
+        raise ValueError(f"sparse: expected {layout.num_tables} (rows, grads) pairs, got "
+                         f"{len(sparse)}")
+    for t, (rows, grads) in enumerate(sparse):
+        if len(rows) == 0:
+            continue
+        if not unique:
+            rows, grads = aggregate_rows(rows, grads, layout.rows[t])
+        views = {sp.name: table_view(layout, state[sp.name], t, sp.per_row) for sp in specs}
+        sparse_update(config, table_view(layout, weights, t), views, rows, grads)
+
+
+def backward_update(layout: TableLayout, config: OptimizerConfig, weights: np.ndarray,
+                    state: dict, bags: Bags, grad_out: np.ndarray) -> None:
+    """Fused backward + optimizer: aggregate per row, then update the touched rows."""
+    apply_updates(layout, config, weights, state, aggregate_grads(layout, bags, grad_out))
+
+
+def _cat(parts):
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _inverse_lengths(lengths, dtype):
+    """``1 / max(length, 1)`` rounded once in ``dtype`` (as the device kernels compute it)."""
+    dt = np.dtype(dtype)
+    return dt.type(1) / np.maximum(lengths, 1).astype(dt)

@@ -1,0 +1,266 @@
+"""CuPy twins of :mod:`embedding.kernels.cpu` (same signatures, CuPy arrays).
+
+Sources come from :mod:`embedding.kernels.cuda_src` and are compiled once per
+(dtype, device) with ``cupy.RawModule``. The backward sorts occurrences by
+global row key with ``cupy.argsort`` (stable), finds the segments of equal
+keys and runs ``segment_update``: one warp per unique row sums the row's
+gradient contributions in sorted order and applies the optimizer in
+registers — the per-occurrence gradients are never materialised.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from embedding.kernels.cuda_src import MAX_DIM, OPTIMIZER_CODES, source_for
+from embedding.kernels.layout import Bags, TableLayout
+from embedding.types import OptimizerConfig
+
+__all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update", "available"]
+
+_THREADS = 128          # 4 warps per block
+_WARPS_PER_BLOCK = _THREADS // 32
+_MAX_BLOCKS = 1 << 20   # grid-stride loops cover the rest
+_MODULES: dict = {}
+_LAYOUTS: dict = {}
+
+
+def available() -> tuple[bool, str | None]:
+    """``(True, None)`` when CuPy and a CUDA device are usable, else ``(False, reason)``."""
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        return False, f"CuPy is not installed ({exc})"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return False, "no CUDA device"
+    except Exception as exc:  # pragma: no cover - depends on the environment
+        return False, f"CUDA runtime unusable: {exc}"
+    return True, None
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def _function(dtype, name: str):
+    cp = _cp()
+    key = (np.dtype(dtype).name, cp.cuda.Device().id)
+    mod = _MODULES.get(key)
+    if mod is None:
+        mod = cp.RawModule(code=source_for(np.dtype(dtype).name))
+        _MODULES[key] = mod
+    return mod.get_function(name)
+
+
+def _blocks(warps: int) -> tuple[int]:
+    return (max(1, min((int(warps) + _WARPS_PER_BLOCK - 1) // _WARPS_PER_BLOCK, _MAX_BLOCKS)),)
+
+
+def _layout_arrays(layout: TableLayout):
+    cp = _cp()
+    key = (layout, cp.cuda.Device().id)
+    arrs = _LAYOUTS.get(key)
+    if arrs is None:
+        arrs = (cp.asarray(np.asarray(layout.weight_offsets, np.int64)),
+                cp.asarray(np.asarray(layout.dims, np.int32)),
+                cp.asarray(np.asarray(layout.row_base, np.int64)))
+        _LAYOUTS[key] = arrs
+    return arrs
+
+
+def _slot_arrays(bags: Bags):
+    cp = _cp()
+    return (cp.asarray(np.asarray(bags.slot_table, np.int32)),
+            cp.asarray(np.asarray(bags.slot_col, np.int64)),
+            cp.asarray(np.asarray(bags.slot_mean, np.int32)))
+
+
+def _per_id(bags: Bags, dtype):
+    cp = _cp()
+    if bags.weights is None:
+        return cp.zeros(1, dtype), np.int32(0)
+    return cp.ascontiguousarray(cp.asarray(bags.weights, dtype)), np.int32(1)
+
+
+def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None):
+    """Device twin of :func:`embedding.kernels.cpu.pooled_lookup` (one launch)."""
+    cp = _cp()
+    bags.check(layout)
+    dtype = weights.dtype
+    if out is None:
+        out = cp.empty((bags.out_rows, bags.out_dim), dtype)
+    if not out.flags.c_contiguous:
+        raise ValueError("out: expected a C-contiguous array")
+    covered = sum(layout.dims[t] for t in bags.slot_table)
+    if covered != bags.out_dim or len(set(bags.slot_col)) != bags.num_slots:
+        out.fill(0)
+    n = bags.num_bags
+    if n == 0:
+        return out
+    woff, dims, _ = _layout_arrays(layout)
+    st, sc, sm = _slot_arrays(bags)
+    idx = cp.ascontiguousarray(cp.asarray(bags.indices, cp.int64))
+    off = cp.ascontiguousarray(cp.asarray(bags.offsets, cp.int64))
+    pw, has_w = _per_id(bags, dtype)
+    _function(dtype, "pooled_lookup")(
+        _blocks(n), (_THREADS,),
+        (weights, woff, dims, st, sc, sm, idx, off, pw, has_w, np.int64(n),
+         np.int32(bags.num_slots), np.int32(bags.batch_size), np.int64(bags.out_dim), out))
+    return out
+
+
+def _check_dims(layout: TableLayout) -> None:
+    wide = [d for d in layout.dims if d > MAX_DIM]
+    if wide:
+        raise ValueError(f"dims: the device backward supports dims up to {MAX_DIM}, got {wide}")
+
+
+def _segments(keys, row_base):
+    """Stable sort of ``keys``; returns ``(order, sorted_keys, seg_start[U+1], seg_table)``."""
+    cp = _cp()
+    n = keys.size
+    order = cp.argsort(keys)
+    sk = keys[order]
+    flag = cp.empty(n, cp.bool_)
+    flag[0] = True
+    cp.not_equal(sk[1:], sk[:-1], out=flag[1:])
+    starts = cp.flatnonzero(flag).astype(cp.int64)
+    seg_start = cp.concatenate([starts, cp.asarray([n], cp.int64)])
+    seg_table = (cp.searchsorted(row_base, sk[starts], side="right") - 1).astype(cp.int32)
+    return order.astype(cp.int64), sk, seg_start, seg_table
+
+
+def _opt_args(config: OptimizerConfig | None, dtype, state: dict | None, weights):
+    cp = _cp()
+    dt = np.dtype(dtype).type
+    dummy_t = cp.zeros(1, dtype)
+    dummy_i = cp.zeros(1, cp.int64)
+    if config is None:
+        return (np.int32(0), dt(0), dt(0), dt(0), dt(0), dt(0), dt(0), np.float64(0),
+                np.float64(0), dummy_t, dummy_t, dummy_t, dummy_t, dummy_i)
+    state = state or {}
+    return (np.int32(OPTIMIZER_CODES[config.kind.value]), dt(config.lr), dt(config.eps),
+            dt(config.beta1), dt(1) - dt(config.beta1), dt(config.beta2),
+            dt(1) - dt(config.beta2), np.float64(config.beta1), np.float64(config.beta2),
+            weights, state.get("momentum", dummy_t), state.get("exp_avg", dummy_t),
+            state.get("exp_avg_sq", dummy_t), state.get("step", dummy_i))
+
+
+def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, config=None,
+                  weights=None, state=None):
+    """Launch ``segment_update`` over the segments of ``keys``; returns the segment info."""
+    cp = _cp()
+    woff, dims, row_base = _layout_arrays(layout)
+    order, sk, seg_start, seg_table = _segments(keys, row_base)
+    u = int(seg_start.size - 1)
+    if mode == 0:
+        seg_dims = dims[seg_table].astype(cp.int64)
+        agg_off = cp.zeros(u + 1, cp.int64)
+        cp.cumsum(seg_dims, out=agg_off[1:])
+        agg = cp.empty(int(agg_off[-1]), dtype)
+    else:
+        agg_off = cp.zeros(1, cp.int64)
+        agg = cp.zeros(1, dtype)
+    _function(dtype, "segment_update")(
+        _blocks(u), (_THREADS,),
+        (sk, order, seg_start, seg_table, np.int64(u), row_base, woff, dims) + grad_source
+        + (np.int32(mode), agg, agg_off) + _opt_args(config, dtype, state, weights))
+    return sk, seg_start, seg_table, agg, agg_off
+
+
+def _bag_source(layout, bags: Bags, grad_out):
+    """Occurrence keys and the ``from_bags`` gradient-source arguments."""
+    cp = _cp()
+    dtype = grad_out.dtype
+    _, _, row_base = _layout_arrays(layout)
+    st, sc, sm = _slot_arrays(bags)
+    idx = cp.ascontiguousarray(cp.asarray(bags.indices, cp.int64))
+    off = cp.ascontiguousarray(cp.asarray(bags.offsets, cp.int64))
+    n_occ = int(idx.size)
+    keys = cp.empty(n_occ, cp.int64)
+    occ_bag = cp.empty(n_occ, cp.int64)
+    nb = bags.num_bags
+    if n_occ:
+        _function(dtype, "occurrence_keys")(
+            (max(1, min((nb + _THREADS - 1) // _THREADS, _MAX_BLOCKS)),), (_THREADS,),
+            (row_base, st, idx, off, np.int64(nb), np.int32(bags.num_slots),
+             np.int32(bags.batch_size), keys, occ_bag))
+    pw, has_w = _per_id(bags, dtype)
+    grad_out = cp.ascontiguousarray(grad_out)
+    source = (np.int32(1), grad_out, occ_bag, off, sc, sm, pw, has_w, np.int32(bags.num_slots),
+              np.int32(bags.batch_size), np.int64(bags.out_dim), cp.zeros(1, dtype),
+              cp.zeros(1, cp.int64))
+    return keys, source
+
+
+def _split_tables(layout, sk, seg_start, seg_table, agg, agg_off):
+    cp = _cp()
+    counts = cp.bincount(seg_table, minlength=layout.num_tables).get()
+    first = np.concatenate([[0], np.cumsum(counts)])
+    starts = seg_start[:-1]
+    agg_off_h = agg_off.get()
+    out = []
+    for t in range(layout.num_tables):
+        a, b = int(first[t]), int(first[t + 1])
+        d = layout.dims[t]
+        rows = sk[starts[a:b]] - layout.row_base[t]
+        grads = agg[int(agg_off_h[a]):int(agg_off_h[a]) + (b - a) * d].reshape(b - a, d)
+        out.append((rows, grads))
+    return out
+
+
+def aggregate_grads(layout: TableLayout, bags: Bags, grad_out):
+    """Device twin of :func:`embedding.kernels.cpu.aggregate_grads`."""
+    cp = _cp()
+    bags.check(layout)
+    _check_dims(layout)
+    dtype = grad_out.dtype
+    keys, source = _bag_source(layout, bags, grad_out)
+    if keys.size == 0:
+        return [(cp.zeros(0, cp.int64), cp.zeros((0, d), dtype)) for d in layout.dims]
+    return _split_tables(layout, *_run_segments(layout, keys, dtype, source, 0))
+
+
+def backward_update(layout: TableLayout, config: OptimizerConfig, weights, state: dict,
+                    bags: Bags, grad_out) -> None:
+    """Device twin of :func:`embedding.kernels.cpu.backward_update` (fused: sort + one launch)."""
+    bags.check(layout)
+    _check_dims(layout)
+    keys, source = _bag_source(layout, bags, grad_out.astype(weights.dtype, copy=False))
+    if keys.size == 0:
+        return
+    _run_segments(layout, keys, weights.dtype, source, 1, config, weights, state)
+
+
+def apply_updates(layout: TableLayout, config: OptimizerConfig, weights, state: dict,
+                  sparse, unique: bool = True) -> None:
+    """Device twin of :func:`embedding.kernels.cpu.apply_updates` (duplicates always summed)."""
+    cp = _cp()
+    _check_dims(layout)
+    if len(sparse) != layout.num_tables:
+        raise ValueError(f"sparse: expected {layout.num_tables} (rows, grads) pairs, got "
+                         f"{len(sparse)}")
+    dtype = weights.dtype
+    keys, flats, row_offs = [], [], []
+    base = 0
+    for t, (rows, grads) in enumerate(sparse):
+        n = int(len(rows))
+        if n == 0:
+            continue
+        d = layout.dims[t]
+        keys.append(cp.asarray(rows, cp.int64) + layout.row_base[t])
+        flats.append(cp.asarray(grads, dtype).reshape(-1))
+        row_offs.append(base + cp.arange(n, dtype=cp.int64) * d)
+        base += n * d
+    if not keys:
+        return
+    keys = cp.concatenate(keys)
+    grad_rows = cp.concatenate(flats)
+    grad_row_offsets = cp.concatenate(row_offs)
+    zi = cp.zeros(1, cp.int64)
+    zt = cp.zeros(1, dtype)
+    source = (np.int32(0), zt, zi, zi, zi, cp.zeros(1, cp.int32), zt, np.int32(0), np.int32(1),
+              np.int32(1), np.int64(0), grad_rows, grad_row_offsets)
+    _run_segments(layout, keys, dtype, source, 1, config, weights, state)

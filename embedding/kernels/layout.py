@@ -1,0 +1,128 @@
+"""Layouts shared by the fused kernels: packed tables and bags of ids.
+
+A :class:`TableLayout` packs several tables (each ``rows × dim``, any mix
+of dims) into one flat buffer: table ``t`` occupies elements
+``[weight_offset[t], weight_offset[t] + rows[t] * dim[t])`` in row-major
+order, and its rows are numbered ``row_base[t] + row`` in the global row
+space that per-row optimizer state uses. This is the table-offset scheme
+that lets one kernel launch serve every local table.
+
+:class:`Bags` is the input of a lookup: ``G`` groups (e.g. the source ranks
+of an AlltoAll) × ``S`` slots (a slot is one feature read through one
+table) × ``B`` bags, bag ``i = (g * S + s) * B + b`` holding ids
+``indices[offsets[i]:offsets[i + 1]]``. Its pooled row lands in output row
+``g * B + b`` at columns ``[slot_col[s], slot_col[s] + dim[slot_table[s]])``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["TableLayout", "Bags", "SUPPORTED_DTYPES"]
+
+#: Weight dtypes of the kernels (the CUDA sources are generated for each).
+SUPPORTED_DTYPES = ("float32", "float64")
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Tables of ``rows[t] × dims[t]`` packed in one flat buffer (see module doc)."""
+
+    rows: tuple[int, ...]
+    dims: tuple[int, ...]
+
+    def __post_init__(self):
+        rows = tuple(int(r) for r in self.rows)
+        dims = tuple(int(d) for d in self.dims)
+        if len(rows) != len(dims):
+            raise ValueError(f"dims: expected one dim per table ({len(rows)}), got {len(dims)}")
+        for t, (r, d) in enumerate(zip(rows, dims)):
+            if r <= 0 or d <= 0:
+                raise ValueError(f"rows/dims of table {t}: expected > 0, got {r} x {d}")
+        object.__setattr__(self, "rows", rows)
+        object.__setattr__(self, "dims", dims)
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.rows)
+
+    @property
+    def row_base(self) -> tuple[int, ...]:
+        """First global row of each table."""
+        return tuple(int(x) for x in np.concatenate([[0], np.cumsum(self.rows)[:-1]]))
+
+    @property
+    def weight_offsets(self) -> tuple[int, ...]:
+        """First flat element of each table."""
+        sizes = [r * d for r, d in zip(self.rows, self.dims)]
+        return tuple(int(x) for x in np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+
+    @property
+    def total_rows(self) -> int:
+        return int(sum(self.rows))
+
+    @property
+    def total_elements(self) -> int:
+        return int(sum(r * d for r, d in zip(self.rows, self.dims)))
+
+
+@dataclass(frozen=True, eq=False)
+class Bags:
+    """Bags of ids to pool over a :class:`TableLayout` (see module doc).
+
+    ``weights`` are optional per-id weights (one per index). ``slot_mean[s]``
+    divides slot ``s``'s pooled rows by their bag length (empty bags give
+    zeros). Arrays are NumPy or CuPy, matching the kernels that read them.
+    """
+
+    indices: object
+    offsets: object
+    slot_table: tuple[int, ...]
+    slot_col: tuple[int, ...]
+    slot_mean: tuple[bool, ...]
+    batch_size: int
+    out_dim: int
+    num_groups: int = 1
+    weights: object = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "slot_table", tuple(int(t) for t in self.slot_table))
+        object.__setattr__(self, "slot_col", tuple(int(c) for c in self.slot_col))
+        object.__setattr__(self, "slot_mean", tuple(bool(m) for m in self.slot_mean))
+        s = len(self.slot_table)
+        if len(self.slot_col) != s or len(self.slot_mean) != s:
+            raise ValueError(f"slot_col/slot_mean: expected {s} entries each, got "
+                             f"{len(self.slot_col)} and {len(self.slot_mean)}")
+        if int(self.batch_size) < 0 or int(self.num_groups) < 0:
+            raise ValueError(f"batch_size/num_groups: expected >= 0, got {self.batch_size} and "
+                             f"{self.num_groups}")
+        expected = self.num_bags + 1
+        if len(self.offsets) != expected:
+            raise ValueError(f"offsets: expected num_groups*slots*batch_size + 1 = {expected} "
+                             f"entries, got {len(self.offsets)}")
+        if self.weights is not None and len(self.weights) != len(self.indices):
+            raise ValueError(f"weights: expected one per index ({len(self.indices)}), got "
+                             f"{len(self.weights)}")
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.slot_table)
+
+    @property
+    def num_bags(self) -> int:
+        return int(self.num_groups) * len(self.slot_table) * int(self.batch_size)
+
+    @property
+    def out_rows(self) -> int:
+        return int(self.num_groups) * int(self.batch_size)
+
+    def check(self, layout: TableLayout) -> None:
+        """ValueError when slots name unknown tables or overflow ``out_dim``."""
+        for s, (t, c) in enumerate(zip(self.slot_table, self.slot_col)):
+            if not 0 <= t < layout.num_tables:
+                raise ValueError(f"slot_table[{s}]: expected a table in [0, "
+                                 f"{layout.num_tables}), got {t}")
+            if c < 0 or c + layout.dims[t] > self.out_dim:
+                raise ValueError(f"slot_col[{s}]: columns [{c}, {c + layout.dims[t]}) do not "
+                                 f"fit out_dim {self.out_dim}")

@@ -1,0 +1,49 @@
+"""Straightforward loop implementations: the yardstick of the tests.
+
+Deliberately naive (Python loops over bags and ids, float64 by default):
+slow, small sizes only. They define what the fused kernels must compute.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from embedding.optim import dense_reference_update
+from embedding.types import OptimizerConfig, Pooling
+
+__all__ = ["pool_bags", "bag_grads", "reference_step"]
+
+
+def pool_bags(table: np.ndarray, bags: list[list[int]], pooling: Pooling = Pooling.SUM,
+              weights: list[list[float]] | None = None) -> np.ndarray:
+    """``[len(bags), dim]``: each bag's (weighted) sum, or mean, of ``table`` rows."""
+    out = np.zeros((len(bags), table.shape[1]), table.dtype)
+    for b, ids in enumerate(bags):
+        for j, i in enumerate(ids):
+            w = 1.0 if weights is None else weights[b][j]
+            out[b] += w * table[i]
+        if pooling is Pooling.MEAN and ids:
+            out[b] /= len(ids)
+    return out
+
+
+def bag_grads(num_rows: int, bags: list[list[int]], grad: np.ndarray,
+              pooling: Pooling = Pooling.SUM, weights: list[list[float]] | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Dense ``[num_rows, dim]`` gradient of :func:`pool_bags` and the touched-row mask."""
+    dense = np.zeros((num_rows, grad.shape[1]), grad.dtype)
+    touched = np.zeros(num_rows, bool)
+    for b, ids in enumerate(bags):
+        scale = 1.0 / len(ids) if pooling is Pooling.MEAN and ids else 1.0
+        for j, i in enumerate(ids):
+            w = 1.0 if weights is None else weights[b][j]
+            dense[i] += w * scale * grad[b]
+            touched[i] = True
+    return dense, touched
+
+
+def reference_step(config: OptimizerConfig, table: np.ndarray, state: dict,
+                   bags: list[list[int]], grad: np.ndarray, pooling: Pooling = Pooling.SUM,
+                   weights: list[list[float]] | None = None) -> None:
+    """One dense-reference training step of one table, in place."""
+    dense, touched = bag_grads(table.shape[0], bags, grad, pooling, weights)
+    dense_reference_update(config, table, state, dense, touched)

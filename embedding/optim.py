@@ -1,0 +1,139 @@
+"""Sparse optimizers of the fused backward: state layout and the update rule.
+
+Every optimizer updates only the rows a batch touched, after the gradients
+of duplicate ids have been summed (the non-linear updates below are applied
+once per row per step, to the aggregated gradient ``g`` of that row):
+
+- ``SGD``: ``w -= lr * g``.
+- ``ROWWISE_ADAGRAD`` (FBGEMM's row-wise AdaGrad): one accumulator per row,
+  ``a += mean(g * g)`` over the row's columns, then
+  ``w -= lr * g / (sqrt(a) + eps)``.
+- ``ADAM`` (lazy Adam): per-element moments ``m = b1 m + (1 - b1) g``,
+  ``v = b2 v + (1 - b2) g^2``, and a **per-row step count** ``k`` (the number
+  of steps that touched the row, incremented before use). The bias
+  corrections use the row's own ``k``: ``w -= lr * (m / (1 - b1^k)) /
+  (sqrt(v / (1 - b2^k)) + eps)``. A global step would over-correct rows
+  that are seldom touched; the per-row count makes a row's update the
+  same as dense Adam run over the steps that touched it.
+
+State is laid out like the weights (see :class:`~embedding.kernels.layout.TableLayout`):
+per-row state has one entry per global row, per-element state one per
+weight element, so it shards with its rows. Column-wise shards keep their
+own copy of per-row state; every slice of a row is touched together, so
+the copies stay equal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from embedding.types import OptimizerConfig, OptimizerKind
+
+__all__ = ["StateSpec", "state_specs", "sparse_update", "dense_reference_update"]
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One optimizer state array: ``per_row`` (one per row) or per element; its dtype
+    (``None``: the weights' dtype)."""
+
+    name: str
+    per_row: bool
+    dtype: str | None = None
+
+
+_SPECS = {
+    OptimizerKind.SGD: (),
+    OptimizerKind.ROWWISE_ADAGRAD: (StateSpec("momentum", True),),
+    OptimizerKind.ADAM: (StateSpec("exp_avg", False), StateSpec("exp_avg_sq", False),
+                         StateSpec("step", True, "int64")),
+}
+
+
+def state_specs(kind: OptimizerKind) -> tuple[StateSpec, ...]:
+    """The state arrays optimizer ``kind`` keeps (all start at zero)."""
+    return _SPECS[OptimizerKind(kind)]
+
+
+def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
+                  rows: np.ndarray, grads: np.ndarray) -> None:
+    """Apply one step to ``weight[rows]`` (NumPy, in place).
+
+    ``rows`` must be unique (aggregate duplicates first); ``grads`` is
+    ``[len(rows), dim]`` in the weights' dtype. ``state`` maps each name of
+    :func:`state_specs` to this table's state view (``[rows]`` or
+    ``[rows, dim]``).
+    """
+    if len(rows) == 0:
+        return
+    dt = weight.dtype.type
+    lr = dt(config.lr)
+    kind = config.kind
+    if kind is OptimizerKind.SGD:
+        grads = grads * lr
+        weight[rows] -= grads
+        return
+    eps = dt(config.eps)
+    if kind is OptimizerKind.ROWWISE_ADAGRAD:
+        mom = state["momentum"]
+        m = mom[rows]
+        sq = np.square(grads)
+        m += sq.mean(axis=1, dtype=weight.dtype)
+        mom[rows] = m
+        scale = lr / (np.sqrt(m) + eps)
+        sq = np.multiply(grads, scale[:, None], out=sq)
+        weight[rows] -= sq
+        return
+    if kind is OptimizerKind.ADAM:
+        b1, b2 = dt(config.beta1), dt(config.beta2)
+        one = dt(1)
+        step = state["step"]
+        k = step[rows] + 1
+        step[rows] = k
+        kf = k.astype(np.float64)
+        bc1 = (1.0 - np.power(float(config.beta1), kf)).astype(weight.dtype)
+        bc2 = (1.0 - np.power(float(config.beta2), kf)).astype(weight.dtype)
+        ea = state["exp_avg"]
+        es = state["exp_avg_sq"]
+        m = ea[rows]
+        m *= b1
+        m += (one - b1) * grads
+        v = es[rows]
+        v *= b2
+        v += (one - b2) * np.square(grads)
+        ea[rows] = m
+        es[rows] = v
+        denom = np.sqrt(v / bc2[:, None])
+        denom += eps
+        upd = m / bc1[:, None]
+        upd /= denom
+        upd *= lr
+        weight[rows] -= upd
+        return
+    raise ValueError(f"config.kind: unsupported optimizer {kind}")
+
+
+def dense_reference_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
+                           grad: np.ndarray, touched: np.ndarray) -> None:
+    """Straightforward per-row loop of the same rule on a dense gradient (tests' reference).
+
+    ``grad`` is ``[rows, dim]`` (summed over the batch), ``touched`` a bool
+    mask of the rows the batch read. Slow; for small tables only.
+    """
+    for r in np.flatnonzero(touched):
+        g = grad[r]
+        if config.kind is OptimizerKind.SGD:
+            weight[r] -= config.lr * g
+        elif config.kind is OptimizerKind.ROWWISE_ADAGRAD:
+            state["momentum"][r] += np.mean(g * g)
+            weight[r] -= config.lr * g / (np.sqrt(state["momentum"][r]) + config.eps)
+        else:
+            state["step"][r] += 1
+            k = state["step"][r]
+            state["exp_avg"][r] = config.beta1 * state["exp_avg"][r] + (1 - config.beta1) * g
+            state["exp_avg_sq"][r] = (config.beta2 * state["exp_avg_sq"][r]
+                                      + (1 - config.beta2) * g * g)
+            mhat = state["exp_avg"][r] / (1 - config.beta1 ** k)
+            vhat = state["exp_avg_sq"][r] / (1 - config.beta2 ** k)
+            weight[r] -= config.lr * mhat / (np.sqrt(vhat) + config.eps)
