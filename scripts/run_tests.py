@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Run neocomm's whole test suite: one-process tests, then MPI tests on several layouts.
+
+    python scripts/run_tests.py            # everything (what CI runs)
+    python scripts/run_tests.py --only mpi # just the MPI layouts
+    python scripts/run_tests.py -k all_to_all
+
+Layouts: 1, 2, 3 and 4 ranks on one node, and emulated multi-node layouts
+(NEOCOMM_RANKS_PER_NODE): 2 nodes x 1 rank, 2 nodes x 2 ranks. A run that
+collects no test counts as a failure, and so does a run that hangs past its
+timeout. The last line is the total: ``total: N passed, N failed, N skipped``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: (ranks, emulated ranks per node or None)
+LAYOUTS = [(1, None), (2, None), (3, None), (4, None), (2, 1), (4, 2)]
+TIMEOUT = 1200  # seconds per pytest run; a hang fails the suite instead of blocking CI
+
+
+def _counts(text: str) -> dict[str, int]:
+    lines = [l for l in text.splitlines() if re.search(r"\d+ (passed|failed|error|skipped)", l)]
+    out = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    if lines:
+        for num, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", lines[-1]):
+            word = "error" if word.startswith("error") else word
+            if word in out:
+                out[word] += int(num)
+    return out
+
+
+def _run(label: str, argv: list[str], env: dict, outdir: str | None = None) -> tuple[int, dict]:
+    print(f"\n=== {label}: {' '.join(argv)}", flush=True)
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT)
+        rc, text = proc.returncode, proc.stdout
+    except subprocess.TimeoutExpired as exc:
+        rc, text = 124, (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+            else (exc.stdout or "")
+        text += f"\n{label}: timed out after {TIMEOUT} s\n"
+    print(text, end="" if text.endswith("\n") else "\n")
+    if outdir:  # show the report of any other rank that failed
+        for name in sorted(os.listdir(outdir)):
+            if name.endswith(".rc") and name != "rank0.rc":
+                with open(os.path.join(outdir, name)) as f:
+                    if f.read().strip() not in ("0",):
+                        with open(os.path.join(outdir, name[:-3] + ".log")) as log:
+                            print(f"--- {name[:-3]} report ---\n{log.read()}")
+    counts = _counts(text)
+    if rc == 5:
+        print(f"{label}: no tests were collected; that is a failure")
+    print(f"--- {label}: exit {rc} in {time.monotonic() - start:.0f} s", flush=True)
+    return rc, counts
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", choices=["unit", "mpi"], help="run one part")
+    p.add_argument("-k", default=None, help="pytest -k expression")
+    args, extra = p.parse_known_args()
+    if args.k:
+        extra += ["-k", args.k]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("NEOCOMM_TIMEOUT", "120")
+    results = []
+    if args.only in (None, "unit"):
+        results.append(_run("unit", [sys.executable, "-m", "pytest", "-q", "--color=no",
+                                     "-p", "no:cacheprovider", "tests/unit", "tests/gpu", *extra],
+                            env))
+    if args.only in (None, "mpi"):
+        from neocomm.launcher import build_command, find_launcher
+
+        launcher = find_launcher()
+        for nprocs, rpn in LAYOUTS:
+            label = f"mpi n={nprocs}" + (f" nodes of {rpn}" if rpn else "")
+            lenv = dict(env)
+            if rpn:
+                lenv["NEOCOMM_RANKS_PER_NODE"] = str(rpn)
+            else:
+                lenv.pop("NEOCOMM_RANKS_PER_NODE", None)
+            with tempfile.TemporaryDirectory() as outdir:
+                lenv["MPI_PYTEST_OUTDIR"] = outdir
+                argv = build_command(launcher, nprocs, [sys.executable, "scripts/mpi_pytest.py",
+                                                        "tests/mpi", *extra], ranks_per_node=rpn)
+                results.append(_run(label, argv, lenv, outdir))
+    total = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    for _, counts in results:
+        for k in total:
+            total[k] += counts[k]
+    bad = [rc for rc, _ in results if rc != 0]
+    failed = total["failed"] + total["error"] + (len(bad) if not total["failed"] + total["error"] else 0)
+    print(f"\ntotal: {total['passed']} passed, {failed} failed, {total['skipped']} skipped")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
