@@ -1,0 +1,173 @@
+"""Rank-sliced batch readers: each rank reads its part of every global batch.
+
+A data set is anything with ``num_records`` and ``read(start, stop) ->
+Batch`` (:class:`~embedding.data.binary.BinaryDataset`,
+:class:`~embedding.data.synthetic.SyntheticDataset`). Global batch ``i`` of
+epoch ``e`` is records ``[p(i) B, (p(i) + 1) B)`` where ``p`` is the identity
+or, with ``shuffle``, a permutation drawn from ``(seed, e)``; rank ``r`` of
+``n`` takes rows ``[r B/n, (r + 1) B/n)`` of it. The sequence of global
+batches therefore depends on the seed only, never on the world size.
+
+:class:`BroadcastReader` lets one reader rank read whole global batches and
+send each rank its slice through an injected transport (OneToMany).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterator, Protocol
+
+import numpy as np
+
+from embedding.data.batch import Batch, shard_bounds
+
+__all__ = ["Dataset", "ShardedReader", "BroadcastReader", "Transport"]
+
+_log = logging.getLogger(__name__)
+
+
+class Dataset(Protocol):
+    """What a reader reads: ``num_records`` records, any range as a :class:`Batch`."""
+
+    num_records: int
+
+    def read(self, start: int, stop: int) -> Batch: ...
+
+
+#: ``transport(pieces, root) -> piece``: on ``root``, ``pieces[r]`` is the
+#: uint8 buffer for rank ``r`` (its own included); elsewhere ``pieces`` is
+#: None. Every rank gets back its own buffer. A OneToMany.
+Transport = Callable[[list | None, int], np.ndarray]
+
+
+class ShardedReader:
+    """Iterates this rank's slice of each global batch of ``dataset``, epoch after epoch.
+
+    ``global_batch_size`` must be a multiple of ``world_size``; the last
+    partial global batch of an epoch is dropped. The position
+    (:meth:`state_dict`) is ``(epoch, batch)``: the next global batch to read.
+    """
+
+    def __init__(self, dataset: Dataset, global_batch_size: int, rank: int = 0,
+                 world_size: int = 1, *, shuffle: bool = False, seed: int = 0):
+        self.dataset = dataset
+        self.global_batch_size = int(global_batch_size)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.start, self.stop = shard_bounds(self.global_batch_size, self.rank, self.world_size)
+        self.num_batches = int(dataset.num_records) // self.global_batch_size
+        if self.num_batches == 0:
+            raise ValueError(f"global_batch_size: {global_batch_size} is larger than the data "
+                             f"set ({dataset.num_records} records)")
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.epoch = 0
+        self.batch = 0
+        self._order: np.ndarray | None = None
+        self._order_epoch = -1
+
+    @property
+    def local_batch_size(self) -> int:
+        return self.stop - self.start
+
+    def global_index(self, epoch: int, batch: int) -> int:
+        """Which global batch of the data set is batch ``batch`` of ``epoch``."""
+        if not self.shuffle:
+            return batch
+        if self._order_epoch != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._order = rng.permutation(self.num_batches)
+            self._order_epoch = epoch
+        return int(self._order[batch])
+
+    def read_global(self, epoch: int, batch: int, rank: int | None = None) -> Batch:
+        """Rank ``rank``'s slice (this rank's by default) of batch ``batch`` of ``epoch``."""
+        if not 0 <= batch < self.num_batches:
+            raise ValueError(f"batch: expected 0 <= batch < {self.num_batches}, got {batch}")
+        base = self.global_index(epoch, batch) * self.global_batch_size
+        a, b = ((self.start, self.stop) if rank is None else
+                shard_bounds(self.global_batch_size, rank, self.world_size))
+        return self.dataset.read(base + a, base + b)
+
+    def next(self) -> Batch:
+        """This rank's slice of the next global batch; moves to the next epoch at the end."""
+        out = self.read_global(self.epoch, self.batch)
+        self._advance()
+        return out
+
+    def _advance(self) -> None:
+        self.batch += 1
+        if self.batch == self.num_batches:
+            self.epoch, self.batch = self.epoch + 1, 0
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The rest of the current epoch."""
+        epoch = self.epoch
+        while self.epoch == epoch:
+            yield self.next()
+
+    def state_dict(self) -> dict:
+        """The position as JSON-ready ints: ``{"epoch", "batch", "seed", "global_batch_size"}``."""
+        return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed,
+                "global_batch_size": self.global_batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at a position from :meth:`state_dict` (same seed and global batch size)."""
+        if int(state["seed"]) != self.seed or int(state["global_batch_size"]) != \
+                self.global_batch_size:
+            raise ValueError(f"state: written for seed {state['seed']} and global batch "
+                             f"{state['global_batch_size']}, this reader has seed {self.seed} "
+                             f"and global batch {self.global_batch_size}")
+        batch = int(state["batch"])
+        if not 0 <= batch < self.num_batches:
+            raise ValueError(f"state: batch {batch} is outside [0, {self.num_batches})")
+        self.epoch, self.batch = int(state["epoch"]), batch
+
+
+class BroadcastReader:
+    """One reader rank reads whole global batches and sends each rank its slice.
+
+    Every rank calls :meth:`next` in step; ``transport`` (a OneToMany, see
+    :data:`Transport`) carries the packed slices (:meth:`Batch.pack`). The
+    batches each rank gets are exactly those of a :class:`ShardedReader`
+    with the same data set, batch size and seed. Only ``root`` touches
+    ``dataset``; elsewhere it may be None.
+    """
+
+    def __init__(self, dataset: Dataset | None, global_batch_size: int, rank: int,
+                 world_size: int, transport: Transport, *, root: int = 0,
+                 shuffle: bool = False, seed: int = 0, feature_names=()):
+        if not 0 <= root < world_size:
+            raise ValueError(f"root: expected 0 <= root < {world_size}, got {root}")
+        if not callable(transport):
+            raise TypeError(f"transport: expected a callable, got {type(transport).__name__}")
+        self.global_batch_size = int(global_batch_size)
+        self.rank, self.world_size, self.root = int(rank), int(world_size), int(root)
+        self.start, self.stop = shard_bounds(self.global_batch_size, self.rank, self.world_size)
+        self.transport = transport
+        self.feature_names = tuple(feature_names)
+        self._reader = None
+        if self.rank == self.root:
+            if dataset is None:
+                raise ValueError("dataset: the root rank of a BroadcastReader needs a data set")
+            self._reader = ShardedReader(dataset, global_batch_size, 0, 1, shuffle=shuffle,
+                                         seed=seed)
+            self.feature_names = self.feature_names or getattr(dataset, "feature_names", ())
+
+    def next(self) -> Batch:
+        """This rank's slice of the next global batch (a collective over all ranks)."""
+        if self.rank == self.root:
+            full = self._reader.next()
+            pieces = [full.shard(r, self.world_size).pack() for r in range(self.world_size)]
+            own = self.transport(pieces, self.root)
+        else:
+            own = self.transport(None, self.root)
+        return Batch.unpack(np.asarray(own, np.uint8), self.feature_names)
+
+    def state_dict(self) -> dict:
+        """The root reader's position (meaningful on the root rank)."""
+        return self._reader.state_dict() if self._reader is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume the root reader; other ranks ignore ``state``."""
+        if self._reader is not None:
+            self._reader.load_state_dict(state)
+

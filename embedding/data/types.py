@@ -1,0 +1,78 @@
+"""Vocabulary of the data pipeline: Criteo's shape, encodings and data errors.
+
+The Criteo display-advertising format has one label, ``NUM_DENSE`` integer
+features and ``NUM_SPARSE`` categorical features per record. The table
+cardinalities of MLPerf's DLRM benchmark on Criteo 1TB (ids capped at 40M)
+are kept here as the reference preset.
+"""
+from __future__ import annotations
+
+import enum
+
+from neocomm.errors import NeocommError
+
+__all__ = ["NUM_DENSE", "NUM_SPARSE", "DENSE_NAMES", "SPARSE_NAMES",
+           "CRITEO_1TB_TABLE_SIZES", "CategoricalEncoding", "MissingCategorical",
+           "DataFormatError", "BatchError"]
+
+#: Integer features per Criteo record (I1..I13).
+NUM_DENSE = 13
+#: Categorical features per Criteo record (C1..C26).
+NUM_SPARSE = 26
+DENSE_NAMES: tuple[str, ...] = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
+SPARSE_NAMES: tuple[str, ...] = tuple(f"C{i}" for i in range(1, NUM_SPARSE + 1))
+
+#: Rows of the 26 tables of MLPerf DLRM on Criteo 1TB (ids capped at 40M),
+#: in feature order C1..C26. Source: the MLPerf training reference.
+CRITEO_1TB_TABLE_SIZES: tuple[int, ...] = (
+    39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951,
+    2953546, 403346, 10, 2208, 11938, 155, 4, 976, 14, 39979771,
+    25641295, 39664984, 585935, 12972, 108, 36)
+
+
+class CategoricalEncoding(enum.Enum):
+    """How a categorical value (8 hex digits) becomes a row of its table."""
+
+    HASH = "hash"              # int(hex, 16) modulo the table size
+    VOCABULARY = "vocabulary"  # frequency-ranked vocabulary; 0 is out-of-vocabulary
+
+
+class MissingCategorical(enum.Enum):
+    """What a missing categorical value becomes."""
+
+    ZERO = "zero"    # the value 0, encoded like any other (one id per feature, always)
+    EMPTY = "empty"  # an empty bag: length 0 for that feature of that record
+
+
+class DataFormatError(NeocommError, ValueError):
+    """A data file is malformed; ``path`` and ``line`` (text) or ``record`` (binary) say where.
+
+    ``line`` is 1-based, ``record`` 0-based; either is -1 when the fault is
+    not tied to one (a bad header, a missing file tail).
+    """
+
+    def __init__(self, message: str, *, path: str = "", line: int = -1, record: int = -1):
+        where = str(path)
+        if line >= 0:
+            where += f", line {line}"
+        if record >= 0:
+            where += f", record {record}"
+        super().__init__(f"{where}: {message}" if where else message)
+        self.path = str(path)
+        self.line = int(line)
+        self.record = int(record)
+
+
+class BatchError(NeocommError, ValueError):
+    """A batch holds values a model must not see (a label outside {0, 1}, an id out of range).
+
+    ``step`` is the training step (-1 when unknown), ``tensor`` the offending
+    array's name and ``index`` the first offending position (flat, -1 if none).
+    """
+
+    def __init__(self, message: str, *, step: int = -1, tensor: str = "", index: int = -1):
+        prefix = f"step {step}: " if step >= 0 else ""
+        super().__init__(prefix + message)
+        self.step = int(step)
+        self.tensor = tensor
+        self.index = int(index)
