@@ -13,10 +13,11 @@ Memory of a shard, bytes:
 
 Time of a shard, seconds: the lookup and fused update stream ``3 * cols *
 itemsize`` bytes of weights per looked-up id (read forward, read and write
-backward) plus the optimizer state read and written, at the fabric's local
-copy throughput; the collectives are priced by :func:`collectives.cost.estimate`,
-linearised per operation into a latency and a cost per byte (the planner adds
-up bytes of many tables that travel in one collective).
+backward) plus the optimizer state read and written, at the hardware's
+lookup bandwidth (by default the fabric's local copy throughput); the
+collectives are priced by :func:`collectives.cost.estimate`, linearised per
+operation into a latency and a cost per byte (the planner adds up bytes of
+many tables that travel in one collective).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from collectives.types import CollectiveOp, FabricModel
 from embedding.planner.types import Hardware, MemoryEstimate
 from embedding.types import OptimizerKind, TableConfig
 
-__all__ = ["OPTIMIZER_STATE_ITEMSIZE", "itemsize", "weight_bytes", "optimizer_bytes",
+__all__ = ["OPTIMIZER_STATE_ITEMSIZE", "DTYPES", "itemsize", "weight_bytes", "optimizer_bytes",
            "shard_memory", "touch_bytes_per_id", "CostModel", "Scope"]
 
 #: Bytes of one optimizer state element: float32, as FBGEMM's fused optimizers keep it.
@@ -35,6 +36,8 @@ OPTIMIZER_STATE_ITEMSIZE = 4
 
 _ITEMSIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1,
               "uint8": 1}
+#: Table dtypes the planner knows the width of.
+DTYPES = tuple(sorted(_ITEMSIZES))
 
 
 def itemsize(dtype: str) -> int:
@@ -140,4 +143,4 @@ class CostModel:
 
     def lookup_seconds(self, nbytes: float) -> float:
         """Time to stream ``nbytes`` of embedding rows and state in device memory."""
-        return float(nbytes) / self.fabric.copy_bandwidth
+        return float(nbytes) / self.hardware.lookup_rate

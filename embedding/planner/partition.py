@@ -197,9 +197,12 @@ def _repair(out, costs, sizes, cap, load, used, groups) -> list[int]:
     bin with room that holds no item of the same group."""
     k = len(cap)
     load, used = list(load), list(used)
+    members: dict = {}
     for i, b in enumerate(out):
         load[b] += costs[i]
         used[b] += sizes[i]
+        if groups[i] is not None:
+            members.setdefault(groups[i], []).append(i)
     for b in range(k):
         if used[b] <= cap[b]:
             continue
@@ -207,7 +210,7 @@ def _repair(out, costs, sizes, cap, load, used, groups) -> list[int]:
             if used[b] <= cap[b]:
                 break
             g = groups[i]
-            banned = {out[j] for j in range(len(out)) if g is not None and groups[j] == g}
+            banned = {out[j] for j in members.get(g, ())} if g is not None else set()
             targets = [t for t in range(k) if t != b and t not in banned
                        and used[t] + sizes[i] <= cap[t]]
             if not targets:
@@ -220,5 +223,8 @@ def _repair(out, costs, sizes, cap, load, used, groups) -> list[int]:
             used[t] += sizes[i]
         if used[b] > cap[b]:
             worst = max((i for i, x in enumerate(out) if x == b), key=lambda i: sizes[i])
-            raise _fail(worst, sizes[worst], cap, used, [t for t in range(k) if t != b])
+            room = [cap[t] - used[t] + (sizes[worst] if t == b else 0.0) for t in range(k)]
+            raise PartitionError(f"item {worst} of size {sizes[worst]:.6g} fits in no bin "
+                                 f"(most room {max(room):.6g})", item=worst,
+                                 needed=sizes[worst], available=max(room))
     return out

@@ -7,8 +7,8 @@ it looks at the tables on the slowest rank, heaviest first, and tries each of
 their candidates (the same one included: a move to another rank), keeping a
 change that lowers the slowest rank's time (or, at equal time, evens the
 ranks out). Last, the chosen candidates are placed from scratch by every
-partitioner asked for, and the best of those and the search's own placement
-is returned.
+partitioner asked for; the best of those, the search's own placement and
+the plain table-wise plan (when every table fits whole) is returned.
 """
 from __future__ import annotations
 
@@ -233,15 +233,23 @@ def plan_sharding(tables: Sequence[TableConfig], hardware: Hardware,
     changes = _search(state, 4 * len(tables) + 16) if search else 0
     _log.info("local search made %d changes", changes)
     chosen = [state.candidate(t) for t in range(len(tables))]
-    results = [(PartitionMethod.GREEDY, "search", list(state.ranks))]
+    results = [(chosen, PartitionMethod.GREEDY, "search", list(state.ranks))]
     alternatives = []
     for method in methods:
         try:
-            results.append((method, method.value, place(chosen, hardware, method)))
+            results.append((chosen, method, method.value, place(chosen, hardware, method)))
         except PlanDoesNotFitError as exc:
             _log.info("%s placement does not fit: %s", method.value, exc)
             alternatives.append((method.value, None))
-    scored = [(score(chosen, rs, hardware, cost, m), label) for m, label, rs in results]
+    whole = [next((c for c in cs if c.sharding is ShardingType.TABLE_WISE), None)
+             for cs in cands]
+    if all(c is not None for c in whole):  # the plain table-wise plan competes too
+        try:
+            results.append((whole, PartitionMethod.GREEDY, "table-wise",
+                            place(whole, hardware, PartitionMethod.GREEDY)))
+        except PlanDoesNotFitError:
+            alternatives.append(("table-wise", None))
+    scored = [(score(ch, rs, hardware, cost, m), label) for ch, m, label, rs in results]
     alternatives = tuple([(label, rep.step_seconds) for rep, label in scored] + alternatives)
     best, _ = min(scored, key=lambda x: (x[0].step_seconds, x[0].max_memory))
     return dataclasses.replace(best, alternatives=alternatives)

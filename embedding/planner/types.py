@@ -104,10 +104,11 @@ class Hardware:
     ``world_size`` ranks in nodes of ``ranks_per_node``, one device per rank
     with ``device_memory`` bytes of which the fraction ``reserve`` is kept for
     the dense model, activations and the runtime. ``fabric`` prices the
-    collectives (:func:`collectives.cost.estimate`) and gives the local copy
-    throughput that lookups are charged at (``fabric.copy_bandwidth``); its
-    shape is replaced by this hardware's shape. ``min_column_dim`` is the
-    narrowest column slice the planner proposes (elements).
+    collectives (:func:`collectives.cost.estimate`); its shape is replaced by
+    this hardware's shape. ``lookup_bandwidth`` (bytes/s) is the device memory
+    throughput lookups stream at; 0 takes the fabric's local copy throughput
+    (``fabric.copy_bandwidth``). ``min_column_dim`` is the narrowest column
+    slice the planner proposes (elements).
     """
 
     world_size: int
@@ -116,6 +117,7 @@ class Hardware:
     fabric: FabricModel = field(default_factory=FabricModel)
     reserve: float = 0.0
     min_column_dim: int = 32
+    lookup_bandwidth: float = 0.0
 
     def __post_init__(self):
         for name in ("world_size", "ranks_per_node", "device_memory", "min_column_dim"):
@@ -127,6 +129,9 @@ class Hardware:
                              f"{self.world_size}, got {self.ranks_per_node}")
         if not 0.0 <= self.reserve < 1.0:
             raise ValueError(f"reserve: expected a fraction in [0, 1), got {self.reserve!r}")
+        if not self.lookup_bandwidth >= 0:
+            raise ValueError(f"lookup_bandwidth: expected bytes/s >= 0, "
+                             f"got {self.lookup_bandwidth!r}")
         object.__setattr__(self, "fabric",
                            self.fabric.with_shape(self.ranks_per_node, self.num_nodes))
 
@@ -138,6 +143,11 @@ class Hardware:
     def usable_memory(self) -> int:
         """Bytes per device the embedding shards may take."""
         return int(self.device_memory * (1.0 - self.reserve))
+
+    @property
+    def lookup_rate(self) -> float:
+        """Bytes/s lookups stream at (``lookup_bandwidth`` or the fabric's copy throughput)."""
+        return self.lookup_bandwidth or self.fabric.copy_bandwidth
 
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node

@@ -1,0 +1,261 @@
+"""``neocomm plan``: plan the sharding of embedding tables onto ranks.
+
+Reads a table set (a built-in one such as ``criteo-1tb``, or a TOML/JSON
+table file), plans it for ``-n`` ranks and prints per table its sharding,
+ranks and memory, per rank its memory and estimated time, and the
+imbalance; ``--json FILE`` writes the plan. Exit status: 0 planned, 1 the
+tables do not fit (or ``--check`` found a mismatch), 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+__all__ = ["add_arguments", "run", "parse_size"]
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20,
+          "mib": 1 << 20, "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+          "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+_GIB = float(1 << 30)
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``"80GiB"``, ``"80GB"`` (10^9), ``"512M"`` (binary), ``"1048576"``.
+
+    ValueError for anything else, zero or negative sizes included.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"expected a size such as 80GiB, 80GB or 512M, got {text!r}")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"expected a positive size, got {text!r}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0 or str(value) != text.strip().lstrip("+"):
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("tables", help="a table set (criteo-1tb, criteo-1tb-uncapped, "
+                        "synthetic-N) or a .toml/.json table file (see docs/planner.md)")
+    parser.add_argument("-n", "--world-size", type=_positive_int, required=True,
+                        help="number of ranks (one device each)")
+    parser.add_argument("--ranks-per-node", type=_positive_int, default=None,
+                        help="ranks per node (default: the GPUs of the --fabric host, at "
+                        "most -n)")
+    parser.add_argument("--memory", type=_size, default=None,
+                        help="device memory per rank, e.g. 80GiB or 80GB (default: the GPU "
+                        "memory of the --fabric host)")
+    parser.add_argument("--reserve", type=_fraction, default=0.1,
+                        help="fraction of device memory kept for the dense model, "
+                        "activations and the runtime (default 0.1)")
+    parser.add_argument("--batch-size", type=_positive_int, default=65536,
+                        help="global batch, samples per step over all ranks (default 65536)")
+    parser.add_argument("--ids-per-sample", type=_positive_float, default=1.0,
+                        help="mean ids per sample per table; tables may override it "
+                        "(default 1: one-hot)")
+    parser.add_argument("--fabric", default="dgx-a100", metavar="HOST|FILE",
+                        help="the hosts planned for: a captured host (dgx-a100, dgx1-v100, "
+                        "cpu-host) or a topology JSON file (default dgx-a100)")
+    parser.add_argument("--lookup-bandwidth", type=_positive_float, default=None,
+                        metavar="GB/S", help="device memory throughput of lookups in GB/s "
+                        "(default: the fabric's local copy throughput)")
+    parser.add_argument("--min-column-dim", type=_positive_int, default=32,
+                        help="narrowest column slice proposed, elements (default 32)")
+    parser.add_argument("--method", choices=("best", "greedy", "kk"), default="best",
+                        help="partitioner of the final placement (default: best of both)")
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="write the plan (ShardingPlan JSON) to FILE ('-': stdout)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also plan every table whole on one rank by plain greedy and "
+                        "show its imbalance")
+    parser.add_argument("--summary", action="store_true",
+                        help="print the per-rank table and totals only")
+    parser.add_argument("--check", metavar="PLAN", default=None,
+                        help="check a plan file against -n, --ranks-per-node and the tables "
+                        "instead of planning")
+
+
+def _err(message: str) -> int:
+    print(f"neocomm plan: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _load(spec: str):
+    from embedding.planner.tables import load_tables
+    from embedding.presets import preset, preset_names
+
+    if spec.endswith((".toml", ".json")):
+        return load_tables(spec)
+    try:
+        return preset(spec), {}
+    except ValueError:
+        raise ValueError(f"tables: unknown table set {spec!r}; expected one of "
+                         f"{preset_names()} or a .toml/.json file") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from embedding.planner import (PartitionMethod, PlanDoesNotFitError, PlanMismatchError,
+                                   Workload, baseline_plan, plan_sharding, validate_plan)
+    from embedding.planner.hardware import hardware_for_host, load_host
+
+    try:
+        tables, constraints = _load(args.tables)
+        host = load_host(args.fabric)
+        hardware = hardware_for_host(host, args.world_size, ranks_per_node=args.ranks_per_node,
+                                     device_memory=args.memory, reserve=args.reserve,
+                                     min_column_dim=args.min_column_dim)
+        if args.lookup_bandwidth:
+            from dataclasses import replace
+
+            hardware = replace(hardware, lookup_bandwidth=args.lookup_bandwidth * 1e9)
+        workload = Workload(batch_size=args.batch_size, ids_per_sample=args.ids_per_sample)
+    except PlanDoesNotFitError as exc:
+        print(f"neocomm plan: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        return _err(str(exc))
+    if args.check:
+        return _check(args.check, hardware, tables)
+    methods = {"best": (PartitionMethod.GREEDY, PartitionMethod.KARMARKAR_KARP),
+               "greedy": (PartitionMethod.GREEDY,),
+               "kk": (PartitionMethod.KARMARKAR_KARP,)}[args.method]
+    try:
+        report = plan_sharding(tables, hardware, workload, constraints=constraints,
+                               methods=methods)
+    except PlanDoesNotFitError as exc:
+        print(f"neocomm plan: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, PlanMismatchError) as exc:
+        return _err(str(exc))
+    out = sys.stdout
+    if args.json == "-":
+        out = sys.stderr
+        sys.stdout.write(report.plan.to_json() + "\n")
+    elif args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            fh.write(report.plan.to_json() + "\n")
+    _print(report, tables, hardware, workload, out, summary=args.summary)
+    if args.baseline:
+        try:
+            base = baseline_plan(tables, hardware, workload)
+            print(f"baseline (every table whole, plain greedy): step "
+                  f"{base.step_seconds * 1e3:.3f} ms, imbalance {base.imbalance:.3f}, "
+                  f"memory imbalance {base.memory_imbalance:.3f}; plan: step "
+                  f"{report.step_seconds * 1e3:.3f} ms, imbalance {report.imbalance:.3f} "
+                  f"({base.step_seconds / report.step_seconds:.2f}x faster)", file=out)
+        except PlanDoesNotFitError as exc:
+            print(f"baseline (every table whole, plain greedy): {exc}", file=out)
+    if args.json and args.json != "-":
+        print(f"plan written to {args.json}", file=out)
+    return 0
+
+
+def _check(path: str, hardware, tables) -> int:
+    from embedding.planner import PlanMismatchError, validate_plan
+    from embedding.types import ShardingPlan
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            plan = ShardingPlan.from_json(fh.read())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return _err(f"{path}: not a sharding plan: {exc}")
+    try:
+        validate_plan(plan, hardware.world_size, ranks_per_node=hardware.ranks_per_node,
+                      tables=tables)
+    except PlanMismatchError as exc:
+        print(f"neocomm plan: {path}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{path}: a plan of {len(plan.tables)} tables for {plan.world_size} ranks in nodes "
+          f"of {plan.ranks_per_node}: matches")
+    return 0
+
+
+def _ranks(ranks) -> str:
+    """``0-3,6`` for (0, 1, 2, 3, 6)."""
+    out, run_start, prev = [], None, None
+    for r in list(ranks) + [None]:
+        if run_start is not None and (r is None or r != prev + 1):
+            out.append(str(run_start) if prev == run_start else f"{run_start}-{prev}")
+            run_start = None
+        if r is not None and run_start is None:
+            run_start = r
+        prev = r
+    return ",".join(out)
+
+
+def _gib(n: float) -> str:
+    return f"{n / _GIB:.2f}"
+
+
+def _print(report, tables, hardware, workload, out, summary: bool = False) -> None:
+    rows = {t.name: t for t in tables}
+    w = lambda *a: print(*a, file=out)  # noqa: E731
+    w(f"plan of {len(tables)} tables for {hardware.world_size} ranks ({hardware.num_nodes} "
+      f"node(s) x {hardware.ranks_per_node}), {_gib(hardware.device_memory)} GiB per device, "
+      f"{_gib(hardware.usable_memory)} GiB usable; global batch {workload.batch_size}, "
+      f"{workload.ids_per_sample:g} id(s) per sample")
+    w(f"fabric: {hardware.fabric.source}")
+    if not summary:
+        name_w = max(5, max(len(t.table) for t in report.tables))
+        w("")
+        w(f"{'table':<{name_w}}  {'rows':>11}  {'dim':>4}  {'sharding':<22}  "
+          f"{'ranks':<12}  {'GiB':>8}  {'ms':>8}")
+        w("(GiB and ms of a table: all its shards added up)")
+        for t in report.tables:
+            cfg = rows[t.table]
+            w(f"{t.table:<{name_w}}  {cfg.num_rows:>11}  {cfg.dim:>4}  {t.label:<22}  "
+              f"{_ranks(t.ranks):<12}  {_gib(t.memory):>8}  {t.seconds * 1e3:>8.3f}")
+    w("")
+    w(f"{'rank':>4}  {'node':>4}  {'GiB':>8}  {'weights':>8}  {'optim':>8}  {'buffers':>8}  "
+      f"{'ms':>8}  {'shards':>6}")
+    for r in report.ranks:
+        m = r.memory
+        w(f"{r.rank:>4}  {hardware.node_of(r.rank):>4}  {_gib(m.total):>8}  "
+          f"{_gib(m.weights):>8}  {_gib(m.optimizer):>8}  {_gib(m.buffers):>8}  "
+          f"{r.seconds * 1e3:>8.3f}  {r.shards:>6}")
+    w("")
+    method = report.method.value if report.method else "-"
+    tried = ", ".join(f"{label} {'does not fit' if s is None else f'{s * 1e3:.3f} ms'}"
+                      for label, s in report.alternatives)
+    w(f"estimated step (slowest rank): {report.step_seconds * 1e3:.3f} ms; imbalance "
+      f"(max/mean time): {report.imbalance:.3f}; memory imbalance: "
+      f"{report.memory_imbalance:.3f}; largest rank {_gib(report.max_memory)} GiB of "
+      f"{_gib(report.usable_memory)} GiB usable")
+    w(f"placement: {method} (tried: {tried})")
