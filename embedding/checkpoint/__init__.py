@@ -1,0 +1,23 @@
+"""Checkpoints of a sharded DLRM: atomic per-rank writes, a JSON manifest, resharded loads.
+
+Write with :func:`save_checkpoint` (or :class:`CheckpointWriter` and its
+``commit``), find the newest complete one with :func:`latest_checkpoint`,
+open it with :func:`load_checkpoint`, refuse a misfit with
+:meth:`Checkpoint.check_compatible`, and read any plan's shards with
+:func:`read_for_plan`. Files are ``.npy`` without pickle, each with a
+checksum in the manifest.
+"""
+from __future__ import annotations
+
+from embedding.checkpoint.reader import (Checkpoint, CheckpointInfo, FileStatus,
+                                         latest_checkpoint, list_checkpoints, load_checkpoint)
+from embedding.checkpoint.reshard import read_box, read_for_plan, shard_box
+from embedding.checkpoint.types import (CheckpointError, CheckpointMismatchError, ChecksumError,
+                                        FileRecord, Manifest, TensorSlice)
+from embedding.checkpoint.writer import CheckpointWriter, checkpoint_name, prune, save_checkpoint
+
+__all__ = ["save_checkpoint", "CheckpointWriter", "checkpoint_name", "prune", "Checkpoint",
+           "CheckpointInfo", "FileStatus", "load_checkpoint", "latest_checkpoint",
+           "list_checkpoints", "read_box", "read_for_plan", "shard_box", "TensorSlice",
+           "FileRecord", "Manifest", "CheckpointError", "ChecksumError",
+           "CheckpointMismatchError"]
