@@ -71,19 +71,16 @@ def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
     lr = dt(config.lr)
     kind = config.kind
     if kind is OptimizerKind.SGD:
-        grads = grads * lr
-        weight[rows] -= grads
+        _subtract_rows(weight, rows, grads * lr)
         return
     eps = dt(config.eps)
     if kind is OptimizerKind.ROWWISE_ADAGRAD:
         mom = state["momentum"]
         m = mom[rows]
-        sq = np.square(grads)
-        m += sq.mean(axis=1, dtype=weight.dtype)
+        m += np.einsum("ij,ij->i", grads, grads) / dt(grads.shape[1])
         mom[rows] = m
         scale = lr / (np.sqrt(m) + eps)
-        sq = np.multiply(grads, scale[:, None], out=sq)
-        weight[rows] -= sq
+        _subtract_rows(weight, rows, grads * scale[:, None])
         return
     if kind is OptimizerKind.ADAM:
         b1, b2 = dt(config.beta1), dt(config.beta2)
@@ -109,9 +106,16 @@ def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
         upd = m / bc1[:, None]
         upd /= denom
         upd *= lr
-        weight[rows] -= upd
+        _subtract_rows(weight, rows, upd)
         return
     raise ValueError(f"config.kind: unsupported optimizer {kind}")
+
+
+def _subtract_rows(weight: np.ndarray, rows: np.ndarray, delta: np.ndarray) -> None:
+    """``weight[rows] -= delta`` for unique rows, as one gather, one subtract, one scatter."""
+    cur = np.take(weight, rows, axis=0)
+    np.subtract(cur, delta, out=cur)
+    weight[rows] = cur
 
 
 def dense_reference_update(config: OptimizerConfig, weight: np.ndarray, state: dict,

@@ -6,12 +6,14 @@ They loop in Python over slots and tables only — never over ids.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
-from embedding.kernels.layout import Bags, TableLayout
-from embedding.kernels.segments import jagged_sum, segments_of_sorted, stable_argsort
+from embedding.kernels.layout import Bags, TableLayout, per_table_configs
+from embedding.kernels.segments import (jagged_sum, jagged_sum_permuted, segments_of_sorted,
+                                        stable_argsort)
 from embedding.optim import sparse_update
-from embedding.types import OptimizerConfig
 
 __all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update",
            "aggregate_rows", "table_view"]
@@ -34,12 +36,13 @@ def _weights_of(bags: Bags, dtype):
 
 
 def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
-                  out: np.ndarray | None = None) -> np.ndarray:
+                  out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
     """Pool every bag of every slot into ``out`` (``[G * B, out_dim]``, see layout doc).
 
     Sum pooling adds the (weighted) rows in bag order; mean pooling then
     multiplies by ``1 / length`` (empty bags give zeros). Columns of ``out``
-    that no slot covers are set to zero.
+    that no slot covers are set to zero. ``threads > 1`` runs blocks of bags
+    on a thread pool (NumPy releases the GIL in the gathers and adds).
     """
     bags.check(layout)
     b, s_count, g_count = bags.batch_size, bags.num_slots, bags.num_groups
@@ -54,30 +57,33 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
     lengths = np.diff(offsets)
     w = _weights_of(bags, weights.dtype)
     idx = np.asarray(bags.indices, np.int64)
-    for g in range(g_count):
-        rows_out = out[g * b:(g + 1) * b]
-        for s in range(s_count):
-            t = bags.slot_table[s]
-            d = layout.dims[t]
-            first = (g * s_count + s) * b
-            dst = rows_out[:, bags.slot_col[s]:bags.slot_col[s] + d]
-            ln = lengths[first:first + b]
-            jagged_sum(table_view(layout, weights, t), idx, offsets[first:first + b], ln, w,
-                       out=dst)
-            if bags.slot_mean[s]:
-                dst *= _inverse_lengths(ln, weights.dtype)[:, None]
+
+    def block(gs: int) -> None:
+        g, s = divmod(gs, s_count)
+        t = bags.slot_table[s]
+        d = layout.dims[t]
+        first = gs * b
+        dst = out[g * b:(g + 1) * b, bags.slot_col[s]:bags.slot_col[s] + d]
+        ln = lengths[first:first + b]
+        jagged_sum(table_view(layout, weights, t), idx, offsets[first:first + b], ln, w,
+                   out=dst)
+        if bags.slot_mean[s]:
+            dst *= _inverse_lengths(ln, weights.dtype)[:, None]
+
+    _map(block, range(g_count * s_count), threads)
     return out
 
 
-def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray
-                    ) -> list[tuple[np.ndarray, np.ndarray]]:
+def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
+                    threads: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per table, ``(rows, grads)``: the unique rows the bags read and their summed gradients.
 
     ``grad_out`` is the gradient of :func:`pooled_lookup`'s output. Each id
     occurrence contributes ``grad_out[bag row, slot columns] * scale * w``
     (``scale = 1/length`` for mean slots, ``w`` its per-id weight); the
     contributions of one row are summed in occurrence order (stable sort by
-    row). ``rows`` come out sorted ascending.
+    row). ``rows`` are unique, in no particular order (the device twin
+    returns them sorted).
     """
     bags.check(layout)
     dtype = grad_out.dtype
@@ -86,14 +92,13 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray
     lengths = np.diff(offsets)
     idx = np.asarray(bags.indices, np.int64)
     w = _weights_of(bags, dtype)
-    result = []
-    for t in range(layout.num_tables):
+
+    def one(t: int):
         d = layout.dims[t]
         blocks = [(g, s) for g in range(bags.num_groups) for s in range(s_count)
                   if bags.slot_table[s] == t]
         if not blocks or b == 0:
-            result.append((np.zeros(0, np.int64), np.zeros((0, d), dtype)))
-            continue
+            return np.zeros(0, np.int64), np.zeros((0, d), dtype)
         gsrc = np.empty((len(blocks) * b, d), dtype)
         ids_parts, row_parts, w_parts = [], [], []
         for k, (g, s) in enumerate(blocks):
@@ -111,15 +116,15 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray
                 w_parts.append(w[lo:hi])
         ids = _cat(ids_parts)
         if ids.size == 0:
-            result.append((np.zeros(0, np.int64), np.zeros((0, d), dtype)))
-            continue
+            return np.zeros(0, np.int64), np.zeros((0, d), dtype)
         occ_row = _cat(row_parts)
         order = stable_argsort(ids, layout.rows[t] - 1)
         uniq, starts, lens = segments_of_sorted(ids[order])
         ws = _cat(w_parts)[order] if w is not None else None
-        grads = jagged_sum(gsrc, occ_row[order], starts, lens, ws)
-        result.append((uniq, grads))
-    return result
+        grads, perm = jagged_sum_permuted(gsrc, occ_row[order], starts, lens, ws)
+        return (uniq if perm is None else uniq[perm]), grads
+
+    return _map(one, range(layout.num_tables), threads)
 
 
 def aggregate_rows(rows: np.ndarray, grads: np.ndarray, num_rows: int
@@ -132,36 +137,44 @@ def aggregate_rows(rows: np.ndarray, grads: np.ndarray, num_rows: int
     uniq, starts, lens = segments_of_sorted(rows[order])
     if uniq.size == rows.size:
         return uniq, grads[order]
-    return uniq, jagged_sum(grads, order, starts, lens)
+    res, perm = jagged_sum_permuted(grads, order, starts, lens)
+    return (uniq, res) if perm is None else (uniq[perm], res)
 
 
-def apply_updates(layout: TableLayout, config: OptimizerConfig, weights: np.ndarray,
+def apply_updates(layout: TableLayout, config, weights: np.ndarray,
                   state: dict, sparse: list[tuple[np.ndarray, np.ndarray]],
-                  unique: bool = True) -> None:
-    """Apply the optimizer to each table's ``(rows, grads)``.
+                  unique: bool = True, threads: int = 1) -> None:
+    """Apply each table's optimizer to its ``(rows, grads)``.
 
+    ``config`` is one :class:`OptimizerConfig` or one per table.
     With ``unique=False`` duplicate rows are summed first (e.g. gradients
     gathered from several ranks).
     """
     from embedding.optim import state_specs
 
-    specs = state_specs(config.kind)
+    configs = per_table_configs(config, layout.num_tables)
     if len(sparse) != layout.num_tables:
         raise ValueError(f"sparse: expected {layout.num_tables} (rows, grads) pairs, got "
                          f"{len(sparse)}")
-    for t, (rows, grads) in enumerate(sparse):
+
+    def one(t: int) -> None:
+        rows, grads = sparse[t]
         if len(rows) == 0:
-            continue
+            return
         if not unique:
             rows, grads = aggregate_rows(rows, grads, layout.rows[t])
-        views = {sp.name: table_view(layout, state[sp.name], t, sp.per_row) for sp in specs}
-        sparse_update(config, table_view(layout, weights, t), views, rows, grads)
+        views = {sp.name: table_view(layout, state[sp.name], t, sp.per_row)
+                 for sp in state_specs(configs[t].kind)}
+        sparse_update(configs[t], table_view(layout, weights, t), views, rows, grads)
+
+    _map(one, range(layout.num_tables), threads)
 
 
-def backward_update(layout: TableLayout, config: OptimizerConfig, weights: np.ndarray,
-                    state: dict, bags: Bags, grad_out: np.ndarray) -> None:
+def backward_update(layout: TableLayout, config, weights: np.ndarray,
+                    state: dict, bags: Bags, grad_out: np.ndarray, threads: int = 1) -> None:
     """Fused backward + optimizer: aggregate per row, then update the touched rows."""
-    apply_updates(layout, config, weights, state, aggregate_grads(layout, bags, grad_out))
+    apply_updates(layout, config, weights, state,
+                  aggregate_grads(layout, bags, grad_out, threads), threads=threads)
 
 
 def _cat(parts):
@@ -172,3 +185,17 @@ def _inverse_lengths(lengths, dtype):
     """``1 / max(length, 1)`` rounded once in ``dtype`` (as the device kernels compute it)."""
     dt = np.dtype(dtype)
     return dt.type(1) / np.maximum(lengths, 1).astype(dt)
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _map(fn, items, threads: int) -> list:
+    """``[fn(i) for i in items]``, on a shared pool of ``threads`` threads when > 1."""
+    items = list(items)
+    if threads <= 1 or len(items) <= 1:
+        return [fn(i) for i in items]
+    pool = _POOLS.get(threads)
+    if pool is None:
+        pool = _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="emb-kernel")
+    return list(pool.map(fn, items))

@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from embedding.kernels.cuda_src import MAX_DIM, OPTIMIZER_CODES, source_for
-from embedding.kernels.layout import Bags, TableLayout
-from embedding.types import OptimizerConfig
+from embedding.kernels.layout import Bags, TableLayout, per_table_configs
 
 __all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update", "available"]
 
@@ -132,23 +131,26 @@ def _segments(keys, row_base):
     return order.astype(cp.int64), sk, seg_start, seg_table
 
 
-def _opt_args(config: OptimizerConfig | None, dtype, state: dict | None, weights):
+def _opt_args(configs, dtype, state: dict | None, weights):
+    """Per-table optimizer arrays and state buffers of ``segment_update``."""
     cp = _cp()
     dt = np.dtype(dtype).type
     dummy_t = cp.zeros(1, dtype)
     dummy_i = cp.zeros(1, cp.int64)
-    if config is None:
-        return (np.int32(0), dt(0), dt(0), dt(0), dt(0), dt(0), dt(0), np.float64(0),
-                np.float64(0), dummy_t, dummy_t, dummy_t, dummy_t, dummy_i)
+    if configs is None:
+        return (cp.zeros(1, cp.int32), dummy_t, cp.zeros(1, cp.float64), dummy_t, dummy_t,
+                dummy_t, dummy_t, dummy_i)
+    kinds = np.asarray([OPTIMIZER_CODES[c.kind.value] for c in configs], np.int32)
+    hyper = np.asarray([[dt(c.lr), dt(c.eps), dt(c.beta1), dt(1) - dt(c.beta1), dt(c.beta2),
+                         dt(1) - dt(c.beta2)] for c in configs], dtype).reshape(-1)
+    betas = np.asarray([[c.beta1, c.beta2] for c in configs], np.float64).reshape(-1)
     state = state or {}
-    return (np.int32(OPTIMIZER_CODES[config.kind.value]), dt(config.lr), dt(config.eps),
-            dt(config.beta1), dt(1) - dt(config.beta1), dt(config.beta2),
-            dt(1) - dt(config.beta2), np.float64(config.beta1), np.float64(config.beta2),
-            weights, state.get("momentum", dummy_t), state.get("exp_avg", dummy_t),
+    return (cp.asarray(kinds), cp.asarray(hyper), cp.asarray(betas), weights,
+            state.get("momentum", dummy_t), state.get("exp_avg", dummy_t),
             state.get("exp_avg_sq", dummy_t), state.get("step", dummy_i))
 
 
-def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, config=None,
+def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, configs=None,
                   weights=None, state=None):
     """Launch ``segment_update`` over the segments of ``keys``; returns the segment info."""
     cp = _cp()
@@ -166,7 +168,7 @@ def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, config=Non
     _function(dtype, "segment_update")(
         _blocks(u), (_THREADS,),
         (sk, order, seg_start, seg_table, np.int64(u), row_base, woff, dims) + grad_source
-        + (np.int32(mode), agg, agg_off) + _opt_args(config, dtype, state, weights))
+        + (np.int32(mode), agg, agg_off) + _opt_args(configs, dtype, state, weights))
     return sk, seg_start, seg_table, agg, agg_off
 
 
@@ -223,19 +225,20 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out):
     return _split_tables(layout, *_run_segments(layout, keys, dtype, source, 0))
 
 
-def backward_update(layout: TableLayout, config: OptimizerConfig, weights, state: dict,
-                    bags: Bags, grad_out) -> None:
+def backward_update(layout: TableLayout, config, weights, state: dict, bags: Bags,
+                    grad_out) -> None:
     """Device twin of :func:`embedding.kernels.cpu.backward_update` (fused: sort + one launch)."""
     bags.check(layout)
     _check_dims(layout)
     keys, source = _bag_source(layout, bags, grad_out.astype(weights.dtype, copy=False))
     if keys.size == 0:
         return
-    _run_segments(layout, keys, weights.dtype, source, 1, config, weights, state)
+    _run_segments(layout, keys, weights.dtype, source, 1,
+                  per_table_configs(config, layout.num_tables), weights, state)
 
 
-def apply_updates(layout: TableLayout, config: OptimizerConfig, weights, state: dict,
-                  sparse, unique: bool = True) -> None:
+def apply_updates(layout: TableLayout, config, weights, state: dict, sparse,
+                  unique: bool = True) -> None:
     """Device twin of :func:`embedding.kernels.cpu.apply_updates` (duplicates always summed)."""
     cp = _cp()
     _check_dims(layout)
@@ -263,4 +266,5 @@ def apply_updates(layout: TableLayout, config: OptimizerConfig, weights, state: 
     zt = cp.zeros(1, dtype)
     source = (np.int32(0), zt, zi, zi, zi, cp.zeros(1, cp.int32), zt, np.int32(0), np.int32(1),
               np.int32(1), np.int64(0), grad_rows, grad_row_offsets)
-    _run_segments(layout, keys, dtype, source, 1, config, weights, state)
+    _run_segments(layout, keys, dtype, source, 1, per_table_configs(config, layout.num_tables),
+                  weights, state)

@@ -141,8 +141,8 @@ extern "C" __global__ void segment_update(
         const T* __restrict__ grad_rows, const i64* __restrict__ grad_row_offsets,
         // mode 0: write sums to agg at agg_offsets; mode 1: optimizer step
         const int mode, T* __restrict__ agg, const i64* __restrict__ agg_offsets,
-        const int kind, const T lr, const T eps, const T b1, const T omb1, const T b2,
-        const T omb2, const double beta1, const double beta2,
+        // per table: optimizer code, (lr, eps, b1, 1-b1, b2, 1-b2) in T, (beta1, beta2) in double
+        const int* __restrict__ kinds, const T* __restrict__ hyper, const double* __restrict__ betas,
         T* __restrict__ weights, T* __restrict__ momentum, T* __restrict__ exp_avg,
         T* __restrict__ exp_avg_sq, i64* __restrict__ step) {
     const int lane = threadIdx.x & 31;
@@ -175,6 +175,9 @@ extern "C" __global__ void segment_update(
             continue;
         }
         T* w = weights + weight_offsets[t] + row * d;
+        const int kind = kinds[t];
+        const T lr = hyper[6 * t], eps = hyper[6 * t + 1], b1 = hyper[6 * t + 2];
+        const T omb1 = hyper[6 * t + 3], b2 = hyper[6 * t + 4], omb2 = hyper[6 * t + 5];
         if (kind == 0) {
             k = 0;
             for (int c = lane; c < d; c += 32, ++k) w[c] = SUB(w[c], MUL(g[k], lr));
@@ -190,8 +193,8 @@ extern "C" __global__ void segment_update(
             const i64 n = step[grow] + 1;
             __syncwarp();
             if (lane == 0) step[grow] = n;
-            const T bc1 = (T)(1.0 - pow(beta1, (double)n));
-            const T bc2 = (T)(1.0 - pow(beta2, (double)n));
+            const T bc1 = (T)(1.0 - pow(betas[2 * t], (double)n));
+            const T bc2 = (T)(1.0 - pow(betas[2 * t + 1], (double)n));
             T* m1 = exp_avg + weight_offsets[t] + row * d;
             T* m2 = exp_avg_sq + weight_offsets[t] + row * d;
             k = 0;

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from embedding.kernels.layout import SUPPORTED_DTYPES, Bags, TableLayout
+from embedding.kernels.layout import SUPPORTED_DTYPES, Bags, TableLayout, per_table_configs
 from embedding.optim import state_specs
 from embedding.types import OptimizerConfig
 
@@ -19,27 +19,28 @@ __all__ = ["FusedTables"]
 
 
 class FusedTables:
-    """Several local tables of ``rows[t] × dims[t]`` sharing one optimizer config.
+    """Several local tables of ``rows[t] × dims[t]``, each with its optimizer config.
 
     Weights start at zero; fill them through :meth:`weight` views (or the
     ``init`` helpers of the collection). ``device`` is ``"cpu"`` (NumPy) or
     ``"cuda"`` (CuPy, current device).
     """
 
-    def __init__(self, rows: Sequence[int], dims: Sequence[int], optimizer: OptimizerConfig,
+    def __init__(self, rows: Sequence[int], dims: Sequence[int],
+                 optimizer: OptimizerConfig | Sequence[OptimizerConfig],
                  dtype: str = "float32", device: str = "cpu",
-                 names: Sequence[str] | None = None):
+                 names: Sequence[str] | None = None, threads: int = 1):
         self.layout = TableLayout(tuple(rows), tuple(dims))
-        if not isinstance(optimizer, OptimizerConfig):
-            raise TypeError(f"optimizer: expected an OptimizerConfig, got "
-                            f"{type(optimizer).__name__}")
-        self.optimizer = optimizer
+        self.optimizers = per_table_configs(optimizer, self.layout.num_tables)
         if np.dtype(dtype).name not in SUPPORTED_DTYPES:
             raise ValueError(f"dtype: expected one of {list(SUPPORTED_DTYPES)}, got {dtype}")
         self.dtype = np.dtype(dtype)
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
         self.device = device
+        if int(threads) < 1:
+            raise ValueError(f"threads: expected >= 1, got {threads}")
+        self.threads = int(threads)
         if device == "cuda":
             from embedding.kernels import cuda
 
@@ -61,14 +62,17 @@ class FusedTables:
             raise ValueError(f"names: expected {self.layout.num_tables}, got {len(self.names)}")
         lay = self.layout
         self.weights = self.xp.zeros(lay.total_elements, self.dtype)
+        self._specs = {spec.name: spec for c in self.optimizers for spec in state_specs(c.kind)}
+        # State of every kind in use spans the whole layout (simple flat indexing on device).
         self.state = {
             spec.name: self.xp.zeros(lay.total_rows if spec.per_row else lay.total_elements,
                                      spec.dtype or self.dtype)
-            for spec in state_specs(optimizer.kind)}
+            for spec in self._specs.values()}
 
     def __repr__(self) -> str:
+        kinds = sorted({c.kind.value for c in self.optimizers})
         return (f"FusedTables({len(self.names)} tables, {self.layout.total_rows} rows, "
-                f"{self.dtype.name}, {self.optimizer.kind.value}, {self.device})")
+                f"{self.dtype.name}, {'/'.join(kinds)}, {self.device})")
 
     @property
     def num_tables(self) -> int:
@@ -83,9 +87,10 @@ class FusedTables:
 
     def state_view(self, t: int, name: str):
         """Table ``t``'s view of optimizer state ``name`` (``[rows]`` or ``[rows, dim]``)."""
-        spec = {s.name: s for s in state_specs(self.optimizer.kind)}.get(name)
+        spec = {s.name: s for s in state_specs(self.optimizers[t].kind)}.get(name)
         if spec is None:
-            raise KeyError(f"optimizer {self.optimizer.kind.value} keeps no state {name!r}")
+            raise KeyError(f"optimizer {self.optimizers[t].kind.value} of table {t} keeps no "
+                           f"state {name!r}")
         lay = self.layout
         if spec.per_row:
             base = lay.row_base[t]
@@ -97,22 +102,25 @@ class FusedTables:
     # -- kernels --------------------------------------------------------
     def lookup(self, bags: Bags, out=None):
         """Pooled lookup of every bag (``[G * B, out_dim]``)."""
-        return self._impl.pooled_lookup(self.layout, self.weights, bags, out)
+        return self._impl.pooled_lookup(self.layout, self.weights, bags, out, **self._kw())
 
     def aggregate(self, bags: Bags, grad_out):
         """Per table ``(rows, grads)`` of the bags' summed gradients (no update)."""
-        return self._impl.aggregate_grads(self.layout, bags, self._cast(grad_out))
+        return self._impl.aggregate_grads(self.layout, bags, self._cast(grad_out), **self._kw())
 
     def update(self, sparse, unique: bool = True) -> None:
         """Optimizer step on per-table ``(rows, grads)``; ``unique=False`` sums duplicates first."""
         sparse = [(rows, self._cast(grads)) for rows, grads in sparse]
-        self._impl.apply_updates(self.layout, self.optimizer, self.weights, self.state, sparse,
-                                 unique)
+        self._impl.apply_updates(self.layout, self.optimizers, self.weights, self.state, sparse,
+                                 unique, **self._kw())
 
     def backward_update(self, bags: Bags, grad_out) -> None:
         """Fused backward + optimizer: only the rows the bags read change."""
-        self._impl.backward_update(self.layout, self.optimizer, self.weights, self.state, bags,
-                                   self._cast(grad_out))
+        self._impl.backward_update(self.layout, self.optimizers, self.weights, self.state, bags,
+                                   self._cast(grad_out), **self._kw())
+
+    def _kw(self) -> dict:
+        return {"threads": self.threads} if self.device == "cpu" and self.threads > 1 else {}
 
     def _cast(self, arr):
         arr = self.xp.asarray(arr)

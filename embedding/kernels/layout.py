@@ -19,15 +19,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TableLayout", "Bags", "SUPPORTED_DTYPES"]
+__all__ = ["TableLayout", "Bags", "SUPPORTED_DTYPES", "per_table_configs"]
 
 #: Weight dtypes of the kernels (the CUDA sources are generated for each).
 SUPPORTED_DTYPES = ("float32", "float64")
 
 
+def per_table_configs(optimizer, num_tables: int) -> tuple:
+    """One :class:`~embedding.types.OptimizerConfig` per table from one config or a sequence."""
+    from embedding.types import OptimizerConfig
+
+    if isinstance(optimizer, OptimizerConfig):
+        return (optimizer,) * num_tables
+    configs = tuple(optimizer)
+    if len(configs) != num_tables or not all(isinstance(c, OptimizerConfig) for c in configs):
+        raise TypeError(f"optimizer: expected an OptimizerConfig or {num_tables} of them, got "
+                        f"{optimizer!r}")
+    return configs
+
+
 @dataclass(frozen=True)
 class TableLayout:
-    """Tables of ``rows[t] × dims[t]`` packed in one flat buffer (see module doc)."""
+    """Tables of ``rows[t] × dims[t]`` packed in one flat buffer (see module doc).
+
+    A table may have zero rows (a row-wise shard that holds no rows); no id
+    may then address it.
+    """
 
     rows: tuple[int, ...]
     dims: tuple[int, ...]
@@ -38,8 +55,9 @@ class TableLayout:
         if len(rows) != len(dims):
             raise ValueError(f"dims: expected one dim per table ({len(rows)}), got {len(dims)}")
         for t, (r, d) in enumerate(zip(rows, dims)):
-            if r <= 0 or d <= 0:
-                raise ValueError(f"rows/dims of table {t}: expected > 0, got {r} x {d}")
+            if r < 0 or d <= 0:
+                raise ValueError(f"rows/dims of table {t}: expected rows >= 0 and dim > 0, "
+                                 f"got {r} x {d}")
         object.__setattr__(self, "rows", rows)
         object.__setattr__(self, "dims", dims)
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["stable_argsort", "segments_of_sorted", "jagged_sum", "positions_of_segments"]
+__all__ = ["stable_argsort", "segments_of_sorted", "jagged_sum", "jagged_sum_permuted",
+           "positions_of_segments"]
 
 #: Below this many keys a comparison sort is as fast as radix passes.
 _RADIX_MIN = 2048
@@ -92,26 +93,45 @@ def jagged_sum(source: np.ndarray, index: np.ndarray, starts: np.ndarray,
     give zeros. ``weights=None`` means all ones.
     """
     k = len(starts)
-    d = source.shape[1]
     if out is None:
-        out = np.empty((k, d), source.dtype)
+        out = np.empty((k, source.shape[1]), source.dtype)
     if k == 0:
         return out
+    res, perm = jagged_sum_permuted(source, index, starts, lengths, weights, out=out)
+    if perm is not None:
+        out[perm] = res
+    return out
+
+
+def jagged_sum_permuted(source: np.ndarray, index: np.ndarray, starts: np.ndarray,
+                        lengths: np.ndarray, weights: np.ndarray | None = None,
+                        out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`jagged_sum` without the final un-permutation: ``(res, perm)``.
+
+    ``res[i]`` is the sum of segment ``perm[i]`` (``perm`` None: identity,
+    and then ``res`` is ``out`` when given). Saves a scatter pass when the
+    caller does not need segment order (e.g. per-row gradients).
+    """
+    k = len(starts)
+    d = source.shape[1]
     lengths = np.asarray(lengths, np.int64)
     starts = np.asarray(starts, np.int64)
     lmin, lmax = int(lengths.min()), int(lengths.max())
-    if lmax == 0:
-        out[...] = 0
-        return out
     if lmin == lmax:
-        _uniform_sum(source, index, starts, lmax, weights, out)
-        return out
+        if out is None:
+            out = np.empty((k, d), source.dtype)
+        if lmax == 0:
+            out[...] = 0
+        else:
+            _uniform_sum(source, index, starts, lmax, weights, out)
+        return out, None
     perm = stable_argsort(lmax - lengths, lmax)
     sl = lengths[perm]
     st = starts[perm]
     neg = -sl  # ascending: the count of segments longer than j is searchsorted(neg, -j)
-    res = np.zeros((k, d), source.dtype)
+    res = np.empty((k, d), source.dtype)
     n = int(np.searchsorted(neg, 0, side="left"))
+    res[n:] = 0
     _gather_into(source, index[st[:n]], weights, st[:n], res[:n], add=False)
     j = 1
     while j < lmax:
@@ -129,8 +149,7 @@ def jagged_sum(source: np.ndarray, index: np.ndarray, starts: np.ndarray,
             # sequential like the device kernel: res[r] + rows[0] + rows[1] + ...
             rows[0] += res[r]
             res[r] = np.add.accumulate(rows, axis=0)[-1]
-    out[perm] = res
-    return out
+    return res, perm
 
 
 def _gather_into(source, idx, weights, wpos, dst, add: bool) -> None:
