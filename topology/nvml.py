@@ -65,28 +65,29 @@ def probe_nvml(nvml=None, source: str = "NVML") -> NvmlInfo | None:
             pass
 
 
-def _call(source: str, fn, *args, default=None):
+def _call(source: str, nvml, name: str, *args, default=None):
+    """``nvml.<name>(*args)``; ``default`` with a warning naming the call when it fails."""
     try:
-        return fn(*args)
+        return getattr(nvml, name)(*args)
     except Exception as exc:
-        warn(source, f"{getattr(fn, '__name__', fn)} failed ({exc})")
+        warn(source, f"{name} failed ({exc})")
         return default
 
 
 def _probe(nvml, source: str) -> NvmlInfo:
-    count = _call(source, nvml.nvmlDeviceGetCount, default=0)
+    count = _call(source, nvml, "nvmlDeviceGetCount", default=0)
     handles, gpus, remotes = [], [], []
     enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
     max_links = getattr(nvml, "NVML_NVLINK_MAX_LINKS", _MAX_LINKS)
     for i in range(count):
-        h = _call(source, nvml.nvmlDeviceGetHandleByIndex, i)
+        h = _call(source, nvml, "nvmlDeviceGetHandleByIndex", i)
         if h is None:
             continue
-        pci = _call(source, nvml.nvmlDeviceGetPciInfo, h)
+        pci = _call(source, nvml, "nvmlDeviceGetPciInfo", h)
         bus = normalize_bus_id(_text(getattr(pci, "busId", ""))) if pci is not None else ""
-        mem = _call(source, nvml.nvmlDeviceGetMemoryInfo, h)
-        gpus.append(Gpu(i, _text(_call(source, nvml.nvmlDeviceGetName, h, default="")),
-                        _text(_call(source, nvml.nvmlDeviceGetUUID, h, default="")), bus,
+        mem = _call(source, nvml, "nvmlDeviceGetMemoryInfo", h)
+        gpus.append(Gpu(i, _text(_call(source, nvml, "nvmlDeviceGetName", h, default="")),
+                        _text(_call(source, nvml, "nvmlDeviceGetUUID", h, default="")), bus,
                         int(mem.total) if mem is not None else None))
         handles.append(h)
         links = []
@@ -97,7 +98,7 @@ def _probe(nvml, source: str) -> NvmlInfo:
                 continue
             if state != enabled:
                 continue
-            remote = _call(source, nvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
+            remote = _call(source, nvml, "nvmlDeviceGetNvLinkRemotePciInfo", h, link)
             links.append(normalize_bus_id(_text(getattr(remote, "busId", ""))) if remote else "")
         remotes.append(links)
     bus_of = {g.pci_bus_id: g.index for g in gpus}
@@ -112,12 +113,14 @@ def _probe(nvml, source: str) -> NvmlInfo:
             ga, gb = gpus[a], gpus[b]
             direct = sum(1 for bus in remotes[a] if bus == gb.pci_bus_id)
             if not direct and to_switch[ga.index] and to_switch[gb.index]:
-                status = _call(source, nvml.nvmlDeviceGetP2PStatus, handles[a], handles[b], caps)
+                status = _call(source, nvml, "nvmlDeviceGetP2PStatus", handles[a], handles[b],
+                               caps)
                 if status == ok:
                     direct = min(to_switch[ga.index], to_switch[gb.index])
             if direct:
                 nvlink[(ga.index, gb.index)] = direct
-            level = _call(source, nvml.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b])
+            level = _call(source, nvml, "nvmlDeviceGetTopologyCommonAncestor", handles[a],
+                          handles[b])
             if level is not None:
                 pcie[(ga.index, gb.index)] = _LEVELS.get(int(level), PciPath.SYS)
     return NvmlInfo(tuple(gpus), nvlink, pcie, lanes, nvswitch)

@@ -140,7 +140,7 @@ def _type_name(tp) -> str:
 
 def _check_table(path: str, table: str, data) -> dict:
     if not isinstance(data, dict):
-        raise SpecError(path, table, f"expected a table [{table}], got {type(data).__name__}")
+        raise SpecError(path, f"[{table}]", f"expected a table, got {type(data).__name__}")
     schema = _SCHEMA[table]
     for key in data:
         if key not in schema:
