@@ -1,6 +1,7 @@
 """Named sets of embedding tables: the Criteo 1TB DLRM tables and synthetic sets.
 
-``preset(name)`` returns the tables of a named set; names are listed in
+``preset(name)`` returns the tables of a named set and ``preset_pooling(name)``
+their mean ids per sample where it is not one; names are listed in
 :data:`PRESETS`, plus ``synthetic-N`` for N synthetic tables.
 """
 from __future__ import annotations
@@ -10,8 +11,9 @@ from typing import Callable
 
 from embedding.types import TableConfig
 
-__all__ = ["PRESETS", "preset", "preset_names", "criteo_1tb", "criteo_1tb_uncapped",
-           "synthetic", "CRITEO_1TB_ROWS", "CRITEO_1TB_UNCAPPED_ROWS"]
+__all__ = ["PRESETS", "preset", "preset_names", "preset_pooling", "criteo_1tb",
+           "criteo_1tb_uncapped", "synthetic", "synthetic_pooling", "CRITEO_1TB_ROWS",
+           "CRITEO_1TB_UNCAPPED_ROWS"]
 
 #: Rows of the 26 categorical features of MLPerf DLRM on Criteo 1TB, ids
 #: capped at 40M (public: the MLPerf training reference).
@@ -57,9 +59,9 @@ def synthetic(num_tables: int, *, seed: int = 0, dims: tuple[int, ...] = (32, 64
               min_rows: int = 100, max_rows: int = 20_000_000) -> list[TableConfig]:
     """``num_tables`` tables with log-uniform rows in ``[min_rows, max_rows]``
     and dims drawn from ``dims`` (deterministic for a seed); a stand-in for a
-    production model's many tables of very different sizes."""
-    if isinstance(num_tables, bool) or not isinstance(num_tables, int) or num_tables < 1:
-        raise ValueError(f"num_tables: expected an int >= 1, got {num_tables!r}")
+    production model's many tables of very different sizes. Their pooling
+    factors are :func:`synthetic_pooling`."""
+    _check_count(num_tables)
     rng = random.Random(seed)
     lo, hi = float(min_rows), float(max_rows)
     out = []
@@ -67,6 +69,20 @@ def synthetic(num_tables: int, *, seed: int = 0, dims: tuple[int, ...] = (32, 64
         rows = int(round(lo * (hi / lo) ** rng.random()))
         out.append(TableConfig(name=f"t{i:04d}", num_rows=rows, dim=rng.choice(dims)))
     return out
+
+
+def synthetic_pooling(num_tables: int, *, seed: int = 0, most: float = 100.0) -> dict[str, float]:
+    """Mean ids per sample of the tables of :func:`synthetic`: log-uniform in
+    ``[1, most]`` (one-hot features next to multi-hot ones such as histories),
+    drawn from a stream of its own so the tables do not change with it."""
+    _check_count(num_tables)
+    rng = random.Random(f"pooling-{seed}")
+    return {f"t{i:04d}": round(most ** rng.random(), 2) for i in range(num_tables)}
+
+
+def _check_count(num_tables) -> None:
+    if isinstance(num_tables, bool) or not isinstance(num_tables, int) or num_tables < 1:
+        raise ValueError(f"num_tables: expected an int >= 1, got {num_tables!r}")
 
 
 #: name -> builder of the table set.
@@ -81,12 +97,27 @@ def preset_names() -> list[str]:
     return sorted(PRESETS) + ["synthetic-N"]
 
 
+def _synthetic_count(name) -> int | None:
+    if isinstance(name, str) and name.startswith("synthetic-"):
+        count = name[len("synthetic-"):]
+        if count.isdigit() and int(count) > 0:
+            return int(count)
+    return None
+
+
 def preset(name: str) -> list[TableConfig]:
     """The tables of the set called ``name``; ValueError naming the known sets otherwise."""
     if name in PRESETS:
         return PRESETS[name]()
-    if isinstance(name, str) and name.startswith("synthetic-"):
-        count = name[len("synthetic-"):]
-        if count.isdigit() and int(count) > 0:
-            return synthetic(int(count))
+    count = _synthetic_count(name)
+    if count is not None:
+        return synthetic(count)
     raise ValueError(f"preset: expected one of {preset_names()}, got {name!r}")
+
+
+def preset_pooling(name: str) -> dict[str, float]:
+    """Mean ids per sample of the set's tables that differ from one id per sample
+    (empty for the Criteo sets: every Criteo feature is one-hot)."""
+    preset(name)  # the same errors for unknown names
+    count = _synthetic_count(name)
+    return synthetic_pooling(count) if count is not None else {}

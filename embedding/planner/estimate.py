@@ -13,8 +13,8 @@ Memory of a shard, bytes:
 
 Time of a shard, seconds: the lookup and fused update stream ``3 * cols *
 itemsize`` bytes of weights per looked-up id (read forward, read and write
-backward) plus the optimizer state read and written, at the hardware's
-lookup bandwidth (by default the fabric's local copy throughput); the
+backward) plus the optimizer state read and written, at the device memory
+throughput (:attr:`~embedding.planner.types.Hardware.lookup_rate`); the
 collectives are priced by :func:`collectives.cost.estimate`, linearised per
 operation into a latency and a cost per byte (the planner adds up bytes of
 many tables that travel in one collective).

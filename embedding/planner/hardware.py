@@ -17,7 +17,8 @@ from dataclasses import replace
 from collectives.types import FabricModel, Link
 from embedding.planner.types import Hardware
 
-__all__ = ["load_host", "host_names", "fabric_of_host", "hardware_for_host"]
+__all__ = ["load_host", "host_names", "fabric_of_host", "hardware_for_host",
+           "device_bandwidth_of_host"]
 
 
 def host_names() -> list[str]:
@@ -87,14 +88,30 @@ def fabric_of_host(host) -> FabricModel:
                           f"a node, {nics} x {inter_kind.value} between nodes")
 
 
+def device_bandwidth_of_host(host) -> float:
+    """Device memory throughput of the host's GPUs (bytes/s) from the topology
+    layer's link model, when the link model knows it; 0.0 otherwise."""
+    from topology import linkmodel
+
+    lookup = getattr(linkmodel, "memory_bandwidth", None)
+    if lookup is None or not host.gpus:
+        return 0.0
+    rates = [lookup(g.name) for g in host.gpus]
+    return float(min(rates)) if all(rates) else 0.0
+
+
 def hardware_for_host(host, world_size: int, *, ranks_per_node: int | None = None,
                       device_memory: int | None = None, reserve: float = 0.0,
-                      min_column_dim: int = 32) -> Hardware:
+                      min_column_dim: int = 32,
+                      memory_bandwidth: float | None = None) -> Hardware:
     """:class:`Hardware` of ``world_size`` ranks on hosts like ``host``.
 
     ``ranks_per_node`` defaults to the host's GPUs (its CPUs without GPUs,
-    at most ``world_size``); ``device_memory`` to its smallest GPU's memory.
+    at most ``world_size``); ``device_memory`` to its smallest GPU's memory;
+    ``memory_bandwidth`` (bytes/s) to :func:`device_bandwidth_of_host`.
     """
+    if memory_bandwidth is None:
+        memory_bandwidth = device_bandwidth_of_host(host)
     if ranks_per_node is None:
         per_host = len(host.gpus) or max(1, host.cpus)
         ranks_per_node = max(1, min(per_host, world_size))
@@ -106,4 +123,5 @@ def hardware_for_host(host, world_size: int, *, ranks_per_node: int | None = Non
         device_memory = min(sizes)
     return Hardware(world_size=world_size, ranks_per_node=ranks_per_node,
                     device_memory=int(device_memory), fabric=fabric_of_host(host),
-                    reserve=reserve, min_column_dim=min_column_dim)
+                    reserve=reserve, min_column_dim=min_column_dim,
+                    memory_bandwidth=float(memory_bandwidth))

@@ -19,7 +19,7 @@ from embedding.planner.types import (Candidate, Hardware, MemoryEstimate, Partit
                                      PlanReport, RankReport, TableReport)
 from embedding.types import Shard, ShardingPlan, TablePlan
 
-__all__ = ["place", "score", "PARTITIONERS"]
+__all__ = ["place", "score", "capacity", "PARTITIONERS"]
 
 _GIB = float(1 << 30)
 

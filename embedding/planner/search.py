@@ -20,7 +20,7 @@ import numpy as np
 
 from embedding.planner.enumerate import enumerate_candidates
 from embedding.planner.estimate import CostModel
-from embedding.planner.placement import capacity, place, score
+from embedding.planner.placement import place, score
 from embedding.planner.types import (Candidate, Hardware, PartitionMethod, PlacementKind,
                                      PlanDoesNotFitError, PlanReport, TableConstraints,
                                      Workload)
@@ -128,15 +128,22 @@ class _State:
             out[j] = int(base[n, pos])
         return tuple(out)
 
-    def objective(self) -> tuple[float, float]:
+    def objective(self) -> tuple[float, int, float]:
+        """(slowest rank's time, ranks that slow, sum of squared times)."""
         v = self.load + self.spread_s
-        return float(v.max()), float(np.dot(v, v))
+        top = float(v.max())
+        return top, int(np.count_nonzero(v >= top * (1 - _TOL))), float(np.dot(v, v))
 
 
-def _better(new: tuple[float, float], old: tuple[float, float]) -> bool:
+def _better(new: tuple[float, int, float], old: tuple[float, int, float]) -> bool:
+    """Lexicographic: a lower maximum, else fewer ranks at it, else more even."""
     if new[0] < old[0] * (1 - _TOL):
         return True
-    return new[0] <= old[0] * (1 + _TOL) and new[1] < old[1] * (1 - _TOL)
+    if new[0] > old[0] * (1 + _TOL):
+        return False
+    if new[1] != old[1]:
+        return new[1] < old[1]
+    return new[2] < old[2] * (1 - _TOL)
 
 
 def _fit_memory(cands, choice, hw) -> list[tuple[int, ...]]:
@@ -256,12 +263,16 @@ def plan_sharding(tables: Sequence[TableConfig], hardware: Hardware,
 
 
 def baseline_plan(tables: Sequence[TableConfig], hardware: Hardware,
-                  workload: Workload | None = None) -> PlanReport:
+                  workload: Workload | None = None, *,
+                  constraints: Mapping[str, TableConstraints] | None = None) -> PlanReport:
     """Every table whole on one rank, placed by plain greedy (largest time first
-    onto the least-loaded rank with room): the reference the planner is compared to."""
+    onto the least-loaded rank with room): the reference the planner is compared to.
+    Only the pooling factors of ``constraints`` are used."""
     workload = workload or Workload()
     cost = CostModel(hardware)
-    only_tw = {t.name: TableConstraints(shardings=(ShardingType.TABLE_WISE,)) for t in tables}
+    pooling = {k: c.ids_per_sample for k, c in (constraints or {}).items()}
+    only_tw = {t.name: TableConstraints(ids_per_sample=pooling.get(t.name),
+                                        shardings=(ShardingType.TABLE_WISE,)) for t in tables}
     cands = candidates_of(tables, hardware, workload, only_tw, cost)
     chosen = [cs[0] for cs in cands]
     return score(chosen, place(chosen, hardware, PartitionMethod.GREEDY), hardware, cost,

@@ -29,7 +29,7 @@ from embedding.planner.estimate import DTYPES
 from embedding.planner.types import TableConstraints
 from embedding.types import OptimizerKind, Pooling, ShardingType, TableConfig
 
-__all__ = ["load_tables", "parse_tables", "TableFileError"]
+__all__ = ["load_tables", "parse_tables", "preset_tables", "TableFileError"]
 
 
 class TableFileError(ValueError):
@@ -171,3 +171,11 @@ def load_tables(path: str | os.PathLike) -> tuple[list[TableConfig],
     else:
         raise TableFileError(path, "", "expected a .toml or .json file")
     return parse_tables(data, path)
+
+
+def preset_tables(name: str) -> tuple[list[TableConfig], dict[str, TableConstraints]]:
+    """Tables and per-table pooling of a named set (:func:`embedding.presets.preset`)."""
+    from embedding.presets import preset, preset_pooling
+
+    tables = preset(name)
+    return tables, {t: TableConstraints(ids_per_sample=p) for t, p in preset_pooling(name).items()}

@@ -6,7 +6,7 @@ batch sizes in samples (the global batch of one training step).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from collectives.types import CollectiveOp, FabricModel
 from embedding.types import ShardingPlan, ShardingType
@@ -105,10 +105,13 @@ class Hardware:
     with ``device_memory`` bytes of which the fraction ``reserve`` is kept for
     the dense model, activations and the runtime. ``fabric`` prices the
     collectives (:func:`collectives.cost.estimate`); its shape is replaced by
-    this hardware's shape. ``lookup_bandwidth`` (bytes/s) is the device memory
-    throughput lookups stream at; 0 takes the fabric's local copy throughput
-    (``fabric.copy_bandwidth``). ``min_column_dim`` is the narrowest column
-    slice the planner proposes (elements).
+    this hardware's shape. ``memory_bandwidth`` (bytes/s, reads plus writes)
+    is the device memory throughput: lookups stream at it, and when it is
+    given (> 0) the fabric's local copy and reduction throughputs become half
+    and a third of it (a copy reads and writes each byte, a reduction reads
+    two arrays and writes one); 0 keeps the fabric's figures and streams
+    lookups at twice its copy throughput. ``min_column_dim`` is the narrowest
+    column slice the planner proposes (elements).
     """
 
     world_size: int
@@ -117,7 +120,7 @@ class Hardware:
     fabric: FabricModel = field(default_factory=FabricModel)
     reserve: float = 0.0
     min_column_dim: int = 32
-    lookup_bandwidth: float = 0.0
+    memory_bandwidth: float = 0.0
 
     def __post_init__(self):
         for name in ("world_size", "ranks_per_node", "device_memory", "min_column_dim"):
@@ -129,11 +132,14 @@ class Hardware:
                              f"{self.world_size}, got {self.ranks_per_node}")
         if not 0.0 <= self.reserve < 1.0:
             raise ValueError(f"reserve: expected a fraction in [0, 1), got {self.reserve!r}")
-        if not self.lookup_bandwidth >= 0:
-            raise ValueError(f"lookup_bandwidth: expected bytes/s >= 0, "
-                             f"got {self.lookup_bandwidth!r}")
-        object.__setattr__(self, "fabric",
-                           self.fabric.with_shape(self.ranks_per_node, self.num_nodes))
+        if not self.memory_bandwidth >= 0:
+            raise ValueError(f"memory_bandwidth: expected bytes/s >= 0, "
+                             f"got {self.memory_bandwidth!r}")
+        fabric = self.fabric.with_shape(self.ranks_per_node, self.num_nodes)
+        if self.memory_bandwidth:
+            fabric = replace(fabric, copy_bandwidth=self.memory_bandwidth / 2.0,
+                             reduce_bandwidth=self.memory_bandwidth / 3.0)
+        object.__setattr__(self, "fabric", fabric)
 
     @property
     def num_nodes(self) -> int:
@@ -146,8 +152,8 @@ class Hardware:
 
     @property
     def lookup_rate(self) -> float:
-        """Bytes/s lookups stream at (``lookup_bandwidth`` or the fabric's copy throughput)."""
-        return self.lookup_bandwidth or self.fabric.copy_bandwidth
+        """Bytes/s of device memory traffic lookups stream at."""
+        return self.memory_bandwidth or 2.0 * self.fabric.copy_bandwidth
 
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node

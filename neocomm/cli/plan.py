@@ -93,9 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fabric", default="dgx-a100", metavar="HOST|FILE",
                         help="the hosts planned for: a captured host (dgx-a100, dgx1-v100, "
                         "cpu-host) or a topology JSON file (default dgx-a100)")
-    parser.add_argument("--lookup-bandwidth", type=_positive_float, default=None,
-                        metavar="GB/S", help="device memory throughput of lookups in GB/s "
-                        "(default: the fabric's local copy throughput)")
+    parser.add_argument("--device-bandwidth", type=_positive_float, default=None,
+                        metavar="GB/S", help="device memory throughput in GB/s (a datasheet "
+                        "figure such as 2039 for an A100-SXM4-80GB): lookups, local copies "
+                        "and reductions run at it (default: the link model's figure for the "
+                        "host's GPUs, else the fabric's copy throughput)")
     parser.add_argument("--min-column-dim", type=_positive_int, default=32,
                         help="narrowest column slice proposed, elements (default 32)")
     parser.add_argument("--method", choices=("best", "greedy", "kk"), default="best",
@@ -118,33 +120,31 @@ def _err(message: str) -> int:
 
 
 def _load(spec: str):
-    from embedding.planner.tables import load_tables
-    from embedding.presets import preset, preset_names
+    from embedding.planner.tables import load_tables, preset_tables
+    from embedding.presets import preset_names
 
     if spec.endswith((".toml", ".json")):
         return load_tables(spec)
     try:
-        return preset(spec), {}
+        return preset_tables(spec)
     except ValueError:
         raise ValueError(f"tables: unknown table set {spec!r}; expected one of "
                          f"{preset_names()} or a .toml/.json file") from None
 
 
 def run(args: argparse.Namespace) -> int:
-    from embedding.planner import (PartitionMethod, PlanDoesNotFitError, PlanMismatchError,
-                                   Workload, baseline_plan, plan_sharding, validate_plan)
+    from embedding.planner import (PartitionMethod, PlanDoesNotFitError, Workload,
+                                   baseline_plan, plan_sharding)
     from embedding.planner.hardware import hardware_for_host, load_host
 
     try:
         tables, constraints = _load(args.tables)
         host = load_host(args.fabric)
+        bandwidth = args.device_bandwidth * 1e9 if args.device_bandwidth else None
         hardware = hardware_for_host(host, args.world_size, ranks_per_node=args.ranks_per_node,
                                      device_memory=args.memory, reserve=args.reserve,
-                                     min_column_dim=args.min_column_dim)
-        if args.lookup_bandwidth:
-            from dataclasses import replace
-
-            hardware = replace(hardware, lookup_bandwidth=args.lookup_bandwidth * 1e9)
+                                     min_column_dim=args.min_column_dim,
+                                     memory_bandwidth=bandwidth)
         workload = Workload(batch_size=args.batch_size, ids_per_sample=args.ids_per_sample)
     except PlanDoesNotFitError as exc:
         print(f"neocomm plan: {exc}", file=sys.stderr)
@@ -162,19 +162,22 @@ def run(args: argparse.Namespace) -> int:
     except PlanDoesNotFitError as exc:
         print(f"neocomm plan: {exc}", file=sys.stderr)
         return 1
-    except (ValueError, PlanMismatchError) as exc:
+    except ValueError as exc:
         return _err(str(exc))
     out = sys.stdout
     if args.json == "-":
         out = sys.stderr
         sys.stdout.write(report.plan.to_json() + "\n")
     elif args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            fh.write(report.plan.to_json() + "\n")
+        try:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                fh.write(report.plan.to_json() + "\n")
+        except OSError as exc:
+            return _err(f"--json {args.json}: cannot write: {exc.strerror}")
     _print(report, tables, hardware, workload, out, summary=args.summary)
     if args.baseline:
         try:
-            base = baseline_plan(tables, hardware, workload)
+            base = baseline_plan(tables, hardware, workload, constraints=constraints)
             print(f"baseline (every table whole, plain greedy): step "
                   f"{base.step_seconds * 1e3:.3f} ms, imbalance {base.imbalance:.3f}, "
                   f"memory imbalance {base.memory_imbalance:.3f}; plan: step "
@@ -231,18 +234,20 @@ def _print(report, tables, hardware, workload, out, summary: bool = False) -> No
       f"node(s) x {hardware.ranks_per_node}), {_gib(hardware.device_memory)} GiB per device, "
       f"{_gib(hardware.usable_memory)} GiB usable; global batch {workload.batch_size}, "
       f"{workload.ids_per_sample:g} id(s) per sample")
-    w(f"fabric: {hardware.fabric.source}")
+    w(f"fabric: {hardware.fabric.source}; device memory traffic at "
+      f"{hardware.lookup_rate / 1e9:.0f} GB/s")
     if not summary:
         name_w = max(5, max(len(t.table) for t in report.tables))
         w("")
+        w("per table (GiB and ms: all its shards added up)")
         w(f"{'table':<{name_w}}  {'rows':>11}  {'dim':>4}  {'sharding':<22}  "
           f"{'ranks':<12}  {'GiB':>8}  {'ms':>8}")
-        w("(GiB and ms of a table: all its shards added up)")
         for t in report.tables:
             cfg = rows[t.table]
             w(f"{t.table:<{name_w}}  {cfg.num_rows:>11}  {cfg.dim:>4}  {t.label:<22}  "
               f"{_ranks(t.ranks):<12}  {_gib(t.memory):>8}  {t.seconds * 1e3:>8.3f}")
     w("")
+    w("per rank (ms: estimated step time of the rank)")
     w(f"{'rank':>4}  {'node':>4}  {'GiB':>8}  {'weights':>8}  {'optim':>8}  {'buffers':>8}  "
       f"{'ms':>8}  {'shards':>6}")
     for r in report.ranks:

@@ -112,6 +112,8 @@ def test_bad_inputs_exit_2(capsys, tmp_path):
     assert rc == 2 and "fabric" in err
     rc, out, err = plan(capsys, "criteo-1tb", "-n", "8", "--ranks-per-node", "3")
     assert rc == 2 and "ranks_per_node" in err
+    rc, out, err = plan(capsys, "criteo-1tb", "-n", "8", "--json", str(tmp_path / "no" / "p.json"))
+    assert rc == 2 and "cannot write" in err
 
 
 def test_parse_size():

@@ -1,0 +1,70 @@
+"""Hardware numbers come from the topology layer's host and link models."""
+import pytest
+
+from embedding.planner import Hardware, Workload, plan_sharding
+from embedding.planner.hardware import fabric_of_host, hardware_for_host, host_names, load_host
+from embedding.planner.tables import preset_tables
+from embedding.presets import preset_pooling, synthetic_pooling
+from topology import linkmodel
+from topology.types import LinkKind
+
+GIB = 1 << 30
+
+
+def test_captured_dgx_a100_gives_links_memory_and_node_shape():
+    host = load_host("dgx-a100")
+    params = linkmodel.link_model(host)
+    fabric = fabric_of_host(host)
+    assert fabric.intra.bandwidth == params[LinkKind.NVLINK].bandwidth
+    assert fabric.inter.bandwidth == params[LinkKind.INFINIBAND].bandwidth
+    assert fabric.nics_per_node == sum(1 for n in host.nics if n.active
+                                       and n.link_kind is LinkKind.INFINIBAND)
+    hw = hardware_for_host(host, 16)
+    assert (hw.ranks_per_node, hw.num_nodes) == (len(host.gpus), 16 // len(host.gpus))
+    assert hw.device_memory == min(g.memory_bytes for g in host.gpus)
+    assert hardware_for_host(host, 4).ranks_per_node == 4  # at most the world
+
+
+def test_cpu_host_needs_explicit_memory():
+    assert "cpu-host" in host_names()
+    host = load_host("cpu-host")
+    with pytest.raises(ValueError, match="memory"):
+        hardware_for_host(host, 2)
+    assert hardware_for_host(host, 2, device_memory=GIB).device_memory == GIB
+
+
+def test_unknown_host_and_bad_file(tmp_path):
+    with pytest.raises(ValueError, match="fabric: expected a captured host"):
+        load_host("no-such-host")
+    bad = tmp_path / "topo.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="fabric"):
+        load_host(str(bad))
+
+
+def test_memory_bandwidth_sets_lookup_copy_and_reduce_rates():
+    plain = Hardware(8, 8, GIB)
+    assert plain.lookup_rate == 2 * plain.fabric.copy_bandwidth
+    fast = Hardware(8, 8, GIB, memory_bandwidth=2e12)
+    assert fast.lookup_rate == 2e12
+    assert fast.fabric.copy_bandwidth == 1e12
+    assert fast.fabric.reduce_bandwidth == pytest.approx(2e12 / 3)
+    with pytest.raises(ValueError, match="memory_bandwidth"):
+        Hardware(8, 8, GIB, memory_bandwidth=-1.0)
+    tables, _ = preset_tables("criteo-1tb")
+    slow_step = plan_sharding(tables, Hardware(8, 8, 80 * GIB)).step_seconds
+    fast_step = plan_sharding(tables, Hardware(8, 8, 80 * GIB, memory_bandwidth=2e12)).step_seconds
+    assert fast_step < slow_step
+
+
+def test_synthetic_pooling_is_part_of_the_preset():
+    tables, cons = preset_tables("synthetic-20")
+    assert len(tables) == 20 and set(cons) == {t.name for t in tables}
+    assert all(1.0 <= c.ids_per_sample <= 100.0 for c in cons.values())
+    assert preset_pooling("synthetic-20") == synthetic_pooling(20)
+    assert preset_pooling("criteo-1tb") == {}
+    heavy = max(cons, key=lambda k: cons[k].ids_per_sample)
+    report = plan_sharding(tables, Hardware(4, 4, 80 * GIB), Workload(), constraints=cons)
+    light = plan_sharding(tables, Hardware(4, 4, 80 * GIB), Workload())
+    assert report.step_seconds > light.step_seconds
+    assert heavy in {t.table for t in report.tables}
