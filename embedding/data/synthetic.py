@@ -26,7 +26,6 @@ the sampled labels: the best AUC any model can reach on this data.
 """
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass, field
 
@@ -257,21 +256,3 @@ def planted_auc(config: SyntheticConfig | None = None, num_records: int = 1 << 2
     return {"records": int(num_records), "auc": auc(y, p), "log_loss": log_loss(y, p),
             "positive_rate": float(y.mean())}
 
-
-def _main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m embedding.data.synthetic",
-                                     description="Measure the planted-model AUC of the "
-                                                 "synthetic data set.")
-    parser.add_argument("--preset", default="criteo-1tb-1000x", choices=list(TABLE_PRESETS))
-    parser.add_argument("--records", type=int, default=1 << 20)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    cfg = SyntheticConfig(table_sizes=table_size_preset(args.preset), seed=args.seed)
-    r = planted_auc(cfg, args.records)
-    print(f"preset {args.preset} seed {args.seed}: {r['records']} records, planted-model AUC "
-          f"{r['auc']:.4f}, log-loss {r['log_loss']:.4f}, positive rate {r['positive_rate']:.4f}")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(_main())

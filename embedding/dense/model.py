@@ -55,7 +55,7 @@ class DenseModel:
             self.buffers.param(f"{name}.weight")[...] = xp.asarray(w, self.dtype)
             self.buffers.param(f"{name}.bias")[...] = xp.asarray(b, self.dtype)
         d = self.config.num_sparse + 1
-        self._tril = np.tril_indices(d, -1)
+        self._tril = tuple(xp.asarray(i) for i in np.tril_indices(d, -1))
         self._cache: dict | None = None
 
     # ------------------------------------------------------------ buffers

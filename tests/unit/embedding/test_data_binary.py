@@ -200,3 +200,18 @@ def test_read_bounds(tmp_path):
     write_synthetic(path, n=10)
     with pytest.raises(ValueError, match="start/stop"):
         BinaryDataset(path).read(5, 11)
+
+
+def test_command_line_convert(tmp_path, capsys):
+    from embedding.data.__main__ import main
+
+    good = "\t".join(["1"] + ["3"] * 13 + ["0000abcd"] * 26)
+    (tmp_path / "a.txt").write_text(good + "\n" + good + "\n")
+    assert main(["convert", str(tmp_path / "a.txt"), "-o", str(tmp_path / "a.bin"),
+                 "--preset", "tiny"]) == 0
+    assert "wrote 2 records" in capsys.readouterr().out
+    assert BinaryDataset(tmp_path / "a.bin").read(0, 2).values[0].tolist() == [0xabcd % 399] * 2
+    (tmp_path / "b.txt").write_text(good + "\n" + good.replace("\t3\t", "\tx\t", 1) + "\n")
+    assert main(["convert", str(tmp_path / "b.txt"), "-o", str(tmp_path / "b.bin")]) == 1
+    assert "b.txt, line 2" in capsys.readouterr().err
+    assert not (tmp_path / "b.bin").exists()

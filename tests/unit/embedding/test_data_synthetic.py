@@ -109,3 +109,11 @@ def test_bad_reads():
         ds.read(0, 11)
     with pytest.raises(ValueError, match="num_records"):
         SyntheticDataset(SyntheticConfig(), 0)
+
+
+def test_command_line_reports_planted_auc(capsys):
+    from embedding.data.__main__ import main
+
+    assert main(["planted-auc", "--preset", "tiny", "--records", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "preset tiny seed 0: 4096 records, planted-model AUC 0." in out
