@@ -36,12 +36,12 @@ def _best_of(repeat, fn):
 
 def run_case(name: str, world: int, args) -> dict:
     from embedding.planner import PlanDoesNotFitError, Workload, baseline_plan, plan_sharding
-    from embedding.planner.hardware import hardware_for_host, load_host
+    from embedding.planner.hardware import hardware_for, load_target
     from embedding.planner.tables import preset_tables
 
     tables, pooling = preset_tables(name)
     bandwidth = args.device_bandwidth * 1e9 if args.device_bandwidth else None
-    hardware = hardware_for_host(load_host(args.fabric), world, device_memory=args.memory,
+    hardware = hardware_for(load_target(args.fabric), world, device_memory=args.memory,
                                  reserve=args.reserve, memory_bandwidth=bandwidth)
     workload = Workload(batch_size=args.batch_size)
     plan_s, report = _best_of(args.repeat, lambda: plan_sharding(tables, hardware, workload,
@@ -80,7 +80,7 @@ def run_case(name: str, world: int, args) -> dict:
 def run_partitioners(name: str, world: int, args) -> dict:
     """Greedy against Karmarkar–Karp on the same table-wise shards (no search)."""
     from embedding.planner.estimate import CostModel
-    from embedding.planner.hardware import hardware_for_host, load_host
+    from embedding.planner.hardware import hardware_for, load_target
     from embedding.planner.placement import place, score
     from embedding.planner.search import candidates_of
     from embedding.planner.types import PartitionMethod, TableConstraints, Workload
@@ -89,7 +89,7 @@ def run_partitioners(name: str, world: int, args) -> dict:
 
     tables, pooling = preset_tables(name)
     bandwidth = args.device_bandwidth * 1e9 if args.device_bandwidth else None
-    hardware = hardware_for_host(load_host(args.fabric), world, device_memory=args.memory,
+    hardware = hardware_for(load_target(args.fabric), world, device_memory=args.memory,
                                  reserve=args.reserve, memory_bandwidth=bandwidth)
     workload = Workload(batch_size=args.batch_size)
     cost = CostModel(hardware)

@@ -1,64 +1,102 @@
-"""Hardware numbers for the planner from the topology layer's host model and link model.
+"""Hardware numbers for the planner from the topology layer's models.
 
-A target host is a discovered :class:`~topology.types.HostTopology`: one of
-the captured hosts shipped with :mod:`topology` (``dgx-a100``, ``dgx1-v100``,
-``cpu-host`` …) or a topology JSON file written by ``neocomm topo --json``.
-Its links are priced by :func:`topology.linkmodel.link_model` (between ranks
-of a node: NVLink, else PCIe, else shared memory; between nodes: InfiniBand,
-else RoCE, else TCP, one flow per active NIC of that kind) and its GPUs give
-the device memory and the ranks per node.
+A *target* is what a plan is for: its links (priced by
+:mod:`topology.linkmodel`), devices per host and device memory. It comes from
+
+- a captured host shipped with :mod:`topology` (``dgx-a100``, ``dgx1-v100``,
+  ``cpu-host``), discovered from its snapshot: links between ranks of a node
+  are NVLink, else PCIe, else shared memory; between nodes InfiniBand, else
+  RoCE, else TCP, one flow per active NIC of that kind; the GPUs give the
+  ranks per node and the device memory;
+- a fabric spec (:mod:`topology.spec`: ``zionex``, ``dgx-h100`` … or a
+  ``.toml`` file): NVLink lanes times the link model's per-lane rate of the
+  GPU model, NIC count and rate, GPUs per node, minimum GPU memory;
+- a topology JSON file (``neocomm topo --json``): its first host, as above.
 """
 from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from collectives.types import FabricModel, Link
 from embedding.planner.types import Hardware
 
-__all__ = ["load_host", "host_names", "fabric_of_host", "hardware_for_host",
-           "device_bandwidth_of_host"]
+__all__ = ["Target", "load_target", "target_names", "target_of_host", "target_of_spec",
+           "load_host", "hardware_for"]
 
 
-def host_names() -> list[str]:
-    """Names of the captured hosts :func:`load_host` accepts."""
+@dataclass(frozen=True)
+class Target:
+    """The machines a plan is for, before the plan's shape is known.
+
+    ``fabric`` holds the links (its shape is set by :class:`Hardware`);
+    ``devices_per_host`` the GPUs of one host (CPUs without GPUs);
+    ``device_memory`` bytes per device (None: unknown); ``memory_bandwidth``
+    the device memory throughput in bytes/s (0.0: unknown).
+    """
+
+    name: str
+    fabric: FabricModel
+    devices_per_host: int
+    device_memory: int | None = None
+    memory_bandwidth: float = 0.0
+
+
+def target_names() -> list[str]:
+    """Names :func:`load_target` accepts: captured hosts, then fabric spec presets."""
     from topology.snapshot import fixture_names
+    from topology.spec import preset_names
 
-    return fixture_names()
+    hosts = fixture_names()
+    return hosts + [n for n in preset_names() if n not in hosts]
+
+
+def _links(intra_kind, intra_bw: float, inter_kind, inter_bw: float, nics: int,
+           source: str) -> FabricModel:
+    from topology import linkmodel
+
+    base = FabricModel()
+    return replace(base,
+                   intra=Link(linkmodel.LATENCY[intra_kind], intra_bw, base.intra.chunk_bytes),
+                   inter=Link(linkmodel.LATENCY[inter_kind], inter_bw, base.inter.chunk_bytes),
+                   nics_per_node=max(1, int(nics)),
+                   source=f"{source}: {intra_kind.value} within a node, {max(1, int(nics))} x "
+                          f"{inter_kind.value} between nodes")
+
+
+def _gpu_bandwidth(names) -> float:
+    """Device memory throughput of these GPU models from the link model, when it
+    knows it (``topology.linkmodel.memory_bandwidth``); 0.0 otherwise."""
+    from topology import linkmodel
+
+    lookup = getattr(linkmodel, "memory_bandwidth", None)
+    rates = [lookup(n) for n in names] if lookup is not None and names else []
+    return float(min(rates)) if rates and all(rates) else 0.0
 
 
 def load_host(spec: str):
-    """The :class:`~topology.types.HostTopology` of a captured host name or a JSON file.
-
-    A JSON file may hold a host or a cluster (its first host is taken).
-    ValueError names the known hosts when ``spec`` is neither.
-    """
+    """The :class:`~topology.types.HostTopology` of a captured host or a topology JSON file."""
     from topology import types as ttypes
 
     if os.path.isfile(spec):
         try:
             with open(spec, encoding="utf-8") as fh:
-                text = fh.read()
-            data = ttypes.from_json(text)
+                data = ttypes.from_json(fh.read())
         except (OSError, ValueError) as exc:
             raise ValueError(f"fabric: cannot read a topology from {spec!r}: {exc}") from None
-        if isinstance(data, ttypes.ClusterTopology):
-            if not data.hosts:
-                raise ValueError(f"fabric: {spec!r} holds a cluster without hosts")
+        if isinstance(data, ttypes.ClusterTopology) and data.hosts:
             return data.hosts[0]
         if isinstance(data, ttypes.HostTopology):
             return data
-        raise ValueError(f"fabric: {spec!r} holds a {type(data).__name__}, expected a host "
-                         f"or cluster topology")
-    names = host_names()
-    if spec not in names:
-        raise ValueError(f"fabric: expected a captured host {names} or a topology JSON "
-                         f"file, got {spec!r}")
+        raise ValueError(f"fabric: {spec!r} holds no host topology")
     from topology.host import discover_host
-    from topology.snapshot import fixture
+    from topology.snapshot import fixture, fixture_names
     from topology.types import ProbeWarning
 
+    if spec not in fixture_names():
+        raise ValueError(f"fabric: expected one of {target_names()} or a topology JSON or "
+                         f"fabric spec TOML file, got {spec!r}")
     fx = fixture(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProbeWarning)
@@ -66,9 +104,8 @@ def load_host(spec: str):
                              nvidia_smi_query=fx.nvidia_smi_query, live=False)
 
 
-def fabric_of_host(host) -> FabricModel:
-    """A :class:`FabricModel` with the links of ``host`` (shape: one rank, one node;
-    :class:`Hardware` gives it the plan's shape)."""
+def target_of_host(host) -> Target:
+    """The target of hosts like ``host`` (a :class:`~topology.types.HostTopology`)."""
     from topology import linkmodel
     from topology.types import ClusterTopology, LinkKind
 
@@ -76,52 +113,74 @@ def fabric_of_host(host) -> FabricModel:
     params = linkmodel.link_model(cluster)
     intra_kind = linkmodel.intra_node_kind(cluster, device=bool(host.gpus))
     inter_kind = linkmodel.inter_node_kind(cluster)
-    intra, inter = params[intra_kind], params[inter_kind]
     nics = 1
     if inter_kind in (LinkKind.INFINIBAND, LinkKind.ROCE):
-        nics = max(1, sum(1 for n in host.nics if n.active and n.link_kind is inter_kind))
-    base = FabricModel()
-    return replace(base, intra=Link(intra.latency, intra.bandwidth, base.intra.chunk_bytes),
-                   inter=Link(inter.latency, inter.bandwidth, base.inter.chunk_bytes),
-                   nics_per_node=nics,
-                   source=f"link model of host {host.hostname}: {intra_kind.value} within "
-                          f"a node, {nics} x {inter_kind.value} between nodes")
+        nics = sum(1 for n in host.nics if n.active and n.link_kind is inter_kind)
+    fabric = _links(intra_kind, params[intra_kind].bandwidth, inter_kind,
+                    params[inter_kind].bandwidth, nics, f"link model of host {host.hostname}")
+    sizes = [g.memory_bytes for g in host.gpus if g.memory_bytes]
+    return Target(host.hostname, fabric, len(host.gpus) or max(1, host.cpus),
+                  min(sizes) if sizes else None, _gpu_bandwidth([g.name for g in host.gpus]))
 
 
-def device_bandwidth_of_host(host) -> float:
-    """Device memory throughput of the host's GPUs (bytes/s) from the topology
-    layer's link model, when the link model knows it; 0.0 otherwise."""
+def target_of_spec(spec) -> Target:
+    """The target a fabric spec (:class:`~topology.spec.FabricSpec`) declares."""
     from topology import linkmodel
+    from topology.types import LinkKind, LinkLayer
 
-    lookup = getattr(linkmodel, "memory_bandwidth", None)
-    if lookup is None or not host.gpus:
-        return 0.0
-    rates = [lookup(g.name) for g in host.gpus]
-    return float(min(rates)) if all(rates) else 0.0
+    if spec.gpus and spec.nvlink is not None:
+        intra_kind = LinkKind.NVLINK
+        intra_bw = spec.nvlink.min_lanes * linkmodel.nvlink_lane_bandwidth(spec.gpu_model)
+    elif spec.gpus:
+        intra_kind, intra_bw = LinkKind.PCIE, linkmodel.pcie_bandwidth(spec.gpu_model)
+    else:
+        intra_kind, intra_bw = LinkKind.SHM, linkmodel.SHM_BANDWIDTH
+    if spec.nic is not None:
+        inter_kind = (LinkKind.INFINIBAND if spec.nic.link_layer is LinkLayer.INFINIBAND
+                      else LinkKind.ROCE)
+        inter_bw, nics = linkmodel.nic_bandwidth(spec.nic.min_rate_gbps), spec.nic.count
+    else:
+        inter_kind = LinkKind.TCP
+        inter_bw, nics = linkmodel.nic_bandwidth(linkmodel.TCP_DEFAULT_GBPS), 1
+    fabric = _links(intra_kind, intra_bw, inter_kind, inter_bw, nics,
+                    f"link model of fabric spec {spec.name}")
+    memory = int(spec.min_gpu_memory_gib * (1 << 30)) if spec.min_gpu_memory_gib else None
+    return Target(spec.name, fabric, spec.gpus or max(1, spec.min_cpus), memory,
+                  _gpu_bandwidth([spec.gpu_model] if spec.gpu_model else []))
 
 
-def hardware_for_host(host, world_size: int, *, ranks_per_node: int | None = None,
-                      device_memory: int | None = None, reserve: float = 0.0,
-                      min_column_dim: int = 32,
-                      memory_bandwidth: float | None = None) -> Hardware:
-    """:class:`Hardware` of ``world_size`` ranks on hosts like ``host``.
+def load_target(spec: str) -> Target:
+    """The target named ``spec``: a captured host, a fabric spec preset, a fabric
+    spec ``.toml`` file or a topology ``.json`` file. ValueError otherwise."""
+    from topology.snapshot import fixture_names
+    from topology.spec import SpecError, load_spec, preset_names
 
-    ``ranks_per_node`` defaults to the host's GPUs (its CPUs without GPUs,
-    at most ``world_size``); ``device_memory`` to its smallest GPU's memory;
-    ``memory_bandwidth`` (bytes/s) to :func:`device_bandwidth_of_host`.
+    if spec.endswith(".toml") or (spec in preset_names() and spec not in fixture_names()):
+        try:
+            return target_of_spec(load_spec(spec))
+        except SpecError as exc:
+            raise ValueError(f"fabric: {exc}") from None
+    return target_of_host(load_host(spec))
+
+
+def hardware_for(target: Target, world_size: int, *, ranks_per_node: int | None = None,
+                 device_memory: int | None = None, reserve: float = 0.0,
+                 min_column_dim: int = 32, memory_bandwidth: float | None = None) -> Hardware:
+    """:class:`Hardware` of ``world_size`` ranks on ``target``.
+
+    ``ranks_per_node`` defaults to the target's devices per host (at most
+    ``world_size``), ``device_memory`` and ``memory_bandwidth`` (bytes/s) to
+    the target's.
     """
-    if memory_bandwidth is None:
-        memory_bandwidth = device_bandwidth_of_host(host)
     if ranks_per_node is None:
-        per_host = len(host.gpus) or max(1, host.cpus)
-        ranks_per_node = max(1, min(per_host, world_size))
+        ranks_per_node = max(1, min(target.devices_per_host, world_size))
     if device_memory is None:
-        sizes = [g.memory_bytes for g in host.gpus if g.memory_bytes]
-        if not sizes:
-            raise ValueError(f"memory: host {host.hostname!r} reports no GPU memory; give "
-                             f"the device memory explicitly")
-        device_memory = min(sizes)
+        if target.device_memory is None:
+            raise ValueError(f"memory: {target.name!r} declares no device memory; give it "
+                             f"explicitly")
+        device_memory = target.device_memory
+    if memory_bandwidth is None:
+        memory_bandwidth = target.memory_bandwidth
     return Hardware(world_size=world_size, ranks_per_node=ranks_per_node,
-                    device_memory=int(device_memory), fabric=fabric_of_host(host),
-                    reserve=reserve, min_column_dim=min_column_dim,
-                    memory_bandwidth=float(memory_bandwidth))
+                    device_memory=int(device_memory), fabric=target.fabric, reserve=reserve,
+                    min_column_dim=min_column_dim, memory_bandwidth=float(memory_bandwidth))

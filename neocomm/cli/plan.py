@@ -77,11 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--world-size", type=_positive_int, required=True,
                         help="number of ranks (one device each)")
     parser.add_argument("--ranks-per-node", type=_positive_int, default=None,
-                        help="ranks per node (default: the GPUs of the --fabric host, at "
+                        help="ranks per node (default: the GPUs per host of --fabric, at "
                         "most -n)")
     parser.add_argument("--memory", type=_size, default=None,
                         help="device memory per rank, e.g. 80GiB or 80GB (default: the GPU "
-                        "memory of the --fabric host)")
+                        "memory of --fabric)")
     parser.add_argument("--reserve", type=_fraction, default=0.1,
                         help="fraction of device memory kept for the dense model, "
                         "activations and the runtime (default 0.1)")
@@ -90,14 +90,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ids-per-sample", type=_positive_float, default=1.0,
                         help="mean ids per sample per table; tables may override it "
                         "(default 1: one-hot)")
-    parser.add_argument("--fabric", default="dgx-a100", metavar="HOST|FILE",
-                        help="the hosts planned for: a captured host (dgx-a100, dgx1-v100, "
-                        "cpu-host) or a topology JSON file (default dgx-a100)")
+    parser.add_argument("--fabric", default="dgx-a100", metavar="NAME|FILE",
+                        help="the machines planned for: a captured host (dgx-a100, dgx1-v100, "
+                        "cpu-host), a fabric spec (zionex, dgx-h100, or a .toml file) or a "
+                        "topology JSON file (default dgx-a100)")
     parser.add_argument("--device-bandwidth", type=_positive_float, default=None,
                         metavar="GB/S", help="device memory throughput in GB/s (a datasheet "
                         "figure such as 2039 for an A100-SXM4-80GB): lookups, local copies "
                         "and reductions run at it (default: the link model's figure for the "
-                        "host's GPUs, else the fabric's copy throughput)")
+                        "GPUs of --fabric, else the fabric's copy throughput)")
     parser.add_argument("--min-column-dim", type=_positive_int, default=32,
                         help="narrowest column slice proposed, elements (default 32)")
     parser.add_argument("--method", choices=("best", "greedy", "kk"), default="best",
@@ -135,16 +136,15 @@ def _load(spec: str):
 def run(args: argparse.Namespace) -> int:
     from embedding.planner import (PartitionMethod, PlanDoesNotFitError, Workload,
                                    baseline_plan, plan_sharding)
-    from embedding.planner.hardware import hardware_for_host, load_host
+    from embedding.planner.hardware import hardware_for, load_target
 
     try:
         tables, constraints = _load(args.tables)
-        host = load_host(args.fabric)
+        target = load_target(args.fabric)
         bandwidth = args.device_bandwidth * 1e9 if args.device_bandwidth else None
-        hardware = hardware_for_host(host, args.world_size, ranks_per_node=args.ranks_per_node,
-                                     device_memory=args.memory, reserve=args.reserve,
-                                     min_column_dim=args.min_column_dim,
-                                     memory_bandwidth=bandwidth)
+        hardware = hardware_for(target, args.world_size, ranks_per_node=args.ranks_per_node,
+                                device_memory=args.memory, reserve=args.reserve,
+                                min_column_dim=args.min_column_dim, memory_bandwidth=bandwidth)
         workload = Workload(batch_size=args.batch_size, ids_per_sample=args.ids_per_sample)
     except PlanDoesNotFitError as exc:
         print(f"neocomm plan: {exc}", file=sys.stderr)

@@ -1,8 +1,9 @@
-"""Hardware numbers come from the topology layer's host and link models."""
+"""Hardware numbers come from the topology layer's host, spec and link models."""
 import pytest
 
 from embedding.planner import Hardware, Workload, plan_sharding
-from embedding.planner.hardware import fabric_of_host, hardware_for_host, host_names, load_host
+from embedding.planner.hardware import (hardware_for, load_host, load_target, target_names,
+                                        target_of_host)
 from embedding.planner.tables import preset_tables
 from embedding.presets import preset_pooling, synthetic_pooling
 from topology import linkmodel
@@ -14,32 +15,52 @@ GIB = 1 << 30
 def test_captured_dgx_a100_gives_links_memory_and_node_shape():
     host = load_host("dgx-a100")
     params = linkmodel.link_model(host)
-    fabric = fabric_of_host(host)
-    assert fabric.intra.bandwidth == params[LinkKind.NVLINK].bandwidth
-    assert fabric.inter.bandwidth == params[LinkKind.INFINIBAND].bandwidth
-    assert fabric.nics_per_node == sum(1 for n in host.nics if n.active
-                                       and n.link_kind is LinkKind.INFINIBAND)
-    hw = hardware_for_host(host, 16)
+    target = target_of_host(host)
+    assert target.fabric.intra.bandwidth == params[LinkKind.NVLINK].bandwidth
+    assert target.fabric.inter.bandwidth == params[LinkKind.INFINIBAND].bandwidth
+    assert target.fabric.nics_per_node == sum(1 for n in host.nics if n.active
+                                              and n.link_kind is LinkKind.INFINIBAND)
+    hw = hardware_for(target, 16)
     assert (hw.ranks_per_node, hw.num_nodes) == (len(host.gpus), 16 // len(host.gpus))
     assert hw.device_memory == min(g.memory_bytes for g in host.gpus)
-    assert hardware_for_host(host, 4).ranks_per_node == 4  # at most the world
+    assert hardware_for(target, 4).ranks_per_node == 4  # at most the world
+    assert load_target("dgx-a100") == target
+
+
+def test_fabric_spec_zionex():
+    from topology.spec import load_spec
+
+    spec = load_spec("zionex")
+    target = load_target("zionex")
+    assert target.devices_per_host == spec.gpus
+    assert target.fabric.nics_per_node == spec.nic.count
+    assert target.fabric.inter.bandwidth == linkmodel.nic_bandwidth(spec.nic.min_rate_gbps)
+    assert target.fabric.intra.bandwidth == \
+        spec.nvlink.min_lanes * linkmodel.nvlink_lane_bandwidth(spec.gpu_model)
+    assert target.device_memory == int(spec.min_gpu_memory_gib * GIB)
+    hw = hardware_for(target, 128, device_memory=80 * GIB)
+    assert (hw.num_nodes, hw.ranks_per_node) == (16, 8)
+    assert "zionex" in target_names() and "dgx-a100" in target_names()
 
 
 def test_cpu_host_needs_explicit_memory():
-    assert "cpu-host" in host_names()
-    host = load_host("cpu-host")
+    target = load_target("cpu-host")
     with pytest.raises(ValueError, match="memory"):
-        hardware_for_host(host, 2)
-    assert hardware_for_host(host, 2, device_memory=GIB).device_memory == GIB
+        hardware_for(target, 2)
+    assert hardware_for(target, 2, device_memory=GIB).device_memory == GIB
 
 
-def test_unknown_host_and_bad_file(tmp_path):
-    with pytest.raises(ValueError, match="fabric: expected a captured host"):
-        load_host("no-such-host")
+def test_unknown_target_and_bad_files(tmp_path):
+    with pytest.raises(ValueError, match="fabric: expected one of"):
+        load_target("no-such-host")
     bad = tmp_path / "topo.json"
     bad.write_text("[1, 2]")
     with pytest.raises(ValueError, match="fabric"):
-        load_host(str(bad))
+        load_target(str(bad))
+    spec = tmp_path / "spec.toml"
+    spec.write_text("[fabric]\nname = 'x'\n[cluster]\nnodes = 0\n")
+    with pytest.raises(ValueError, match="fabric: .*spec.toml"):
+        load_target(str(spec))
 
 
 def test_memory_bandwidth_sets_lookup_copy_and_reduce_rates():
