@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from embedding.checkpoint.reader import (Checkpoint, CheckpointInfo, FileStatus,
                                          latest_checkpoint, list_checkpoints, load_checkpoint)
-from embedding.checkpoint.reshard import read_box, read_for_plan, shard_box
+from embedding.checkpoint.reshard import read_box, read_for_plan, shard_box, shard_slice
 from embedding.checkpoint.types import (CheckpointError, CheckpointMismatchError, ChecksumError,
                                         FileRecord, Manifest, TensorSlice)
 from embedding.checkpoint.writer import CheckpointWriter, checkpoint_name, prune, save_checkpoint
 
 __all__ = ["save_checkpoint", "CheckpointWriter", "checkpoint_name", "prune", "Checkpoint",
            "CheckpointInfo", "FileStatus", "load_checkpoint", "latest_checkpoint",
-           "list_checkpoints", "read_box", "read_for_plan", "shard_box", "TensorSlice",
+           "list_checkpoints", "read_box", "read_for_plan", "shard_box", "shard_slice", "TensorSlice",
            "FileRecord", "Manifest", "CheckpointError", "ChecksumError",
            "CheckpointMismatchError"]

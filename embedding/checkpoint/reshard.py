@@ -21,9 +21,9 @@ import itertools
 import numpy as np
 
 from embedding.checkpoint.reader import Checkpoint
-from embedding.checkpoint.types import CheckpointError
+from embedding.checkpoint.types import CheckpointError, TensorSlice
 
-__all__ = ["read_box", "read_for_plan", "shard_box"]
+__all__ = ["read_box", "read_for_plan", "shard_box", "shard_slice"]
 
 
 def read_box(ckpt: Checkpoint, table: str, tensor: str, offset, shape) -> np.ndarray:
@@ -96,6 +96,17 @@ def shard_box(shard, global_shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if len(global_shape) == 1:
         return (shard.row_offset,), (shard.num_rows,)
     raise ValueError(f"global_shape: expected a 1-D or 2-D tensor, got {global_shape}")
+
+
+def shard_slice(table: str, tensor: str, shard, global_shape) -> TensorSlice:
+    """The :class:`TensorSlice` to save a plan shard's part of ``table/tensor`` with.
+
+    ``global_shape`` is ``(num_rows, dim)`` for weights and per-element
+    state, ``(num_rows,)`` for per-row state; the saved array must be the
+    shard's box of it (:func:`shard_box`).
+    """
+    off, _ = shard_box(shard, tuple(global_shape))
+    return TensorSlice(table, tensor, off, tuple(global_shape))
 
 
 def read_for_plan(ckpt: Checkpoint, plan, rank: int, tensors=None

@@ -52,7 +52,6 @@ MAGIC = b"NCCRITEO"
 VERSION = 1
 _FLAG_EMPTY = 1
 _HEAD = struct.Struct("<8sIIQIIIIIIQII")  # 64 bytes
-assert _HEAD.size == 64
 
 
 class Verify(enum.Enum):

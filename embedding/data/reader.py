@@ -13,7 +13,6 @@ send each rank its slice through an injected transport (OneToMany).
 """
 from __future__ import annotations
 
-import logging
 from typing import Callable, Iterator, Protocol
 
 import numpy as np
@@ -21,8 +20,6 @@ import numpy as np
 from embedding.data.batch import Batch, shard_bounds
 
 __all__ = ["Dataset", "ShardedReader", "BroadcastReader", "Transport"]
-
-_log = logging.getLogger(__name__)
 
 
 class Dataset(Protocol):

@@ -50,6 +50,20 @@ def test_round_trip_and_manifest(tmp_path):
         np.load(path / f.path, allow_pickle=False)
 
 
+def test_rng_and_data_position_round_trip_through_the_manifest(tmp_path):
+    rng = np.random.default_rng(123)
+    rng.random(5)
+    a, s = arrays()
+    save_checkpoint(tmp_path, 9, a, s, state={"rng": rng.bit_generator.state,
+                                              "data": {"epoch": 2, "batch": 31}})
+    expect = rng.random(4)
+    state = load_checkpoint(tmp_path).state
+    again = np.random.default_rng()
+    again.bit_generator.state = state["rng"]
+    np.testing.assert_array_equal(again.random(4), expect)
+    assert state["data"] == {"epoch": 2, "batch": 31}
+
+
 def test_sha256_option(tmp_path):
     path = save(tmp_path, 1, checksum="sha256")
     ckpt = Checkpoint(path)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from embedding.checkpoint import (CheckpointError, CheckpointWriter, TensorSlice, load_checkpoint,
-                                  read_box, read_for_plan)
+                                  read_box, read_for_plan, shard_slice)
 from embedding.types import Shard, ShardingPlan, ShardingType, TablePlan, TableConfig
 
 ST = ShardingType
@@ -63,8 +63,7 @@ def rank_arrays(plan, rank):
             w = g["weight"][s.row_offset:s.row_offset + s.num_rows,
                             s.col_offset:s.col_offset + s.num_cols]
             arrays[f"emb/{t.table}/{i}/weight"] = w
-            slices[f"emb/{t.table}/{i}/weight"] = TensorSlice(t.table, "weight",
-                                                              (s.row_offset, s.col_offset),
+            slices[f"emb/{t.table}/{i}/weight"] = shard_slice(t.table, "weight", s,
                                                               g["weight"].shape)
             arrays[f"emb/{t.table}/{i}/rowwise"] = g["rowwise"][s.row_offset:s.row_offset
                                                                 + s.num_rows]
