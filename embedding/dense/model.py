@@ -34,6 +34,10 @@ class DenseModel:
     (weights ``N(0, 2 / (fan_in + fan_out))``, biases ``N(0, 1 / fan_out)``),
     drawn with NumPy in forward order, so every rank and both array modules
     start from the same values. ``bucket_bytes`` sizes the gradient buckets.
+
+    The loss of :meth:`forward_backward` is the mean over the local batch;
+    with equal local batches, the global-batch gradient is the mean of the
+    ranks' gradients (AllReduce SUM, then divide by the world size).
     """
 
     def __init__(self, config: DenseConfig | None = None, *, seed: int = 0, xp=np,
