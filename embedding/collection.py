@@ -1,0 +1,290 @@
+"""The sharded embedding collection: tables + a sharding plan + a process group.
+
+:class:`ShardedEmbeddingCollection` builds one strategy per sharding type in
+the plan (any mix across tables), owns the local shards and their optimizer
+state, and runs a training step for this rank's local batch::
+
+    coll = ShardedEmbeddingCollection(tables, plan, world.world)
+    pooled = coll.forward(kjt)          # [B, sum of feature dims]
+    ...                                 # dense model, loss, d loss / d pooled
+    coll.backward(grad_pooled)          # reverse dists, fused backward + update
+
+Output columns follow the tables' order, and each table's features in
+order; :meth:`~ShardedEmbeddingCollection.columns` says where each feature
+lands and :meth:`~ShardedEmbeddingCollection.split` cuts the output per
+feature. To overlap the input dist of batch i+1 with the compute of batch i::
+
+    nxt = coll.input_dist(kjt_next)     # starts the id AlltoAlls, returns at once
+    ...                                 # dense forward/backward of batch i
+    pooled = coll.forward(nxt)          # waits for them, then looks up
+
+Input is checked on every rank and the verdict agreed across the group
+before any id moves: a bad id on one rank raises the same
+:class:`~neocomm.errors.CollectiveArgumentError` (a ValueError) everywhere.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from embedding.jagged import KeyedJagged
+from embedding.sharding import STRATEGIES, ShardingEnv
+from embedding.sharding.base import LocalShard
+from embedding.types import IdPolicy, ShardingPlan, ShardingType, TableConfig
+
+__all__ = ["ShardedEmbeddingCollection", "DistributedBatch", "init_weights"]
+
+
+class DistributedBatch:
+    """The input dist of one batch, in flight; pass it to ``forward``."""
+
+    __slots__ = ("pending", "batch_size", "_used")
+
+    def __init__(self, pending, batch_size: int):
+        self.pending = pending
+        self.batch_size = batch_size
+        self._used = False
+
+
+class ShardedEmbeddingCollection:
+    """Embedding tables sharded by ``plan`` over ``group`` (module doc).
+
+    ``device``: ``"cpu"`` (NumPy) or ``"cuda"`` (CuPy; pooled output and
+    gradients are CuPy arrays). ``dtype``: weight dtype (default: the
+    tables' common dtype). ``threads``: threads of the NumPy kernels.
+    ``dedup``: send each distinct id of a feature once (table-, column- and
+    table-column-wise tables; see :mod:`embedding.dedup`). ``id_policy``:
+    one :class:`~embedding.types.IdPolicy` for every table, or a mapping
+    from table name (missing tables: ``ERROR``). Weights start as
+    :func:`init_weights` with ``seed``, independent of the plan.
+    """
+
+    def __init__(self, tables: Sequence[TableConfig], plan: ShardingPlan, group=None, *,
+                 device: str = "cpu", dtype: str | None = None, threads: int = 1,
+                 dedup: bool = False,
+                 id_policy: IdPolicy | Mapping[str, IdPolicy] = IdPolicy.ERROR,
+                 seed: int = 0):
+        if group is None:
+            from neocomm.world import current_world
+
+            group = current_world().world
+        self.tables = tuple(tables)
+        if not self.tables:
+            raise ValueError("tables: expected at least one table")
+        for t in self.tables:
+            if not isinstance(t, TableConfig):
+                raise TypeError(f"tables: expected TableConfig, got {type(t).__name__}")
+        names = [t.name for t in self.tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tables: names must be unique, got {names}")
+        feats = [f for t in self.tables for f in t.features]
+        if len(set(feats)) != len(feats):
+            dup = sorted({f for f in feats if feats.count(f) > 1})
+            raise ValueError(f"tables: a feature may be read by one table only, got {dup} "
+                             f"read by several")
+        if not isinstance(plan, ShardingPlan):
+            raise TypeError(f"plan: expected a ShardingPlan, got {type(plan).__name__}")
+        if plan.world_size != group.size:
+            raise ValueError(f"plan: made for {plan.world_size} ranks, the group has "
+                             f"{group.size}")
+        planned = [p.table for p in plan.tables]
+        if sorted(planned) != sorted(names) or len(set(planned)) != len(planned):
+            raise ValueError(f"plan: expected one entry per table {sorted(names)}, got "
+                             f"{sorted(planned)}")
+        if dtype is None:
+            dtypes = {t.dtype for t in self.tables}
+            if len(dtypes) != 1:
+                raise ValueError(f"dtype: tables have different dtypes {sorted(dtypes)}; "
+                                 f"pass dtype= to choose one")
+            dtype = dtypes.pop()
+        self.plan = plan
+        self.group = group
+        self.env = ShardingEnv(group, device=device, dtype=dtype, threads=threads, dedup=dedup)
+        self.xp = self.env.xp
+        # Collection columns.
+        self._cols: dict[str, tuple[int, int]] = {}
+        col = 0
+        for t in self.tables:
+            for f in t.features:
+                self._cols[f] = (col, t.dim)
+                col += t.dim
+        self.out_dim = col
+        self.feature_names = tuple(self._cols)
+        # Policies and row counts per feature.
+        if isinstance(id_policy, (IdPolicy, str)):
+            pol = {t.name: IdPolicy(id_policy) for t in self.tables}
+        else:
+            unknown = sorted(set(id_policy) - set(names))
+            if unknown:
+                raise ValueError(f"id_policy: unknown tables {unknown}")
+            pol = {t.name: IdPolicy(id_policy.get(t.name, IdPolicy.ERROR)) for t in self.tables}
+        self._rows = {f: t.num_rows for t in self.tables for f in t.features}
+        self._policy = {f: pol[t.name] for t in self.tables for f in t.features}
+        # Strategies, in a fixed order on every rank.
+        by_type: dict[ShardingType, list] = {}
+        for t in self.tables:
+            tp = plan.table(t.name)
+            by_type.setdefault(tp.sharding, []).append((t, tp))
+        self.strategies = []
+        self._maps = []
+        for stype, cls in STRATEGIES.items():
+            if stype not in by_type:
+                continue
+            ts, ps = zip(*by_type[stype])
+            strat = cls(ts, ps, self.env)
+            self.strategies.append(strat)
+            self._maps.append([(f.col, self._cols[f.name][0], f.dim) for f in strat.features])
+        self._identity = (len(self.strategies) == 1
+                          and all(a == b for a, b, _ in self._maps[0]))
+        self._last_ctx = None
+        init_weights(self, seed)
+
+    # -- introspection ---------------------------------------------------------------
+    def columns(self) -> dict[str, tuple[int, int]]:
+        """``{feature: (first column, dim)}`` in the pooled output."""
+        return dict(self._cols)
+
+    def split(self, pooled) -> dict:
+        """``{feature: pooled[:, cols]}`` (views)."""
+        return {f: pooled[:, c:c + d] for f, (c, d) in self._cols.items()}
+
+    def local_shards(self) -> list[LocalShard]:
+        """Every shard this rank holds (weights and optimizer state through ``tables``)."""
+        return [s for strat in self.strategies for s in strat.local_shards()]
+
+    def load_table(self, name: str, weights) -> None:
+        """Set table ``name`` from its full ``[num_rows, dim]`` weights (each rank takes its shards)."""
+        table = next((t for t in self.tables if t.name == name), None)
+        if table is None:
+            raise KeyError(f"table {name!r} is not in this collection")
+        weights = np.asarray(weights) if self.env.device == "cpu" else weights
+        if tuple(weights.shape) != (table.num_rows, table.dim):
+            raise ValueError(f"weights of table {name!r}: expected shape "
+                             f"{(table.num_rows, table.dim)}, got {tuple(weights.shape)}")
+        for s in self.local_shards():
+            if s.table == name:
+                sh = s.shard
+                s.weight[...] = self.xp.asarray(
+                    weights[sh.row_offset:sh.row_offset + sh.num_rows,
+                            sh.col_offset:sh.col_offset + sh.num_cols], dtype=self.env.dtype)
+
+    # -- the step --------------------------------------------------------------------
+    def check_input(self, kjt: KeyedJagged) -> KeyedJagged:
+        """Validate ``kjt`` and apply id policies, agreeing the verdict across the group."""
+        from neocomm.agree import Problem, agree
+
+        problem = None
+        checked = kjt
+        if not isinstance(kjt, KeyedJagged):
+            problem = Problem("kjt", f"kjt: expected a KeyedJagged, got {type(kjt).__name__}")
+        else:
+            try:
+                checked = kjt.check_ids(self._rows, self._policy)
+            except ValueError as exc:
+                problem = Problem("kjt", str(exc))
+        ok = isinstance(kjt, KeyedJagged)
+        agree(self.group, "embedding input", problem,
+              [("batch_size", kjt.batch_size if ok else -1),
+               ("weighted", int(kjt.weights is not None) if ok else -1)])
+        return checked
+
+    def input_dist(self, kjt: KeyedJagged) -> DistributedBatch:
+        """Check ``kjt`` and start sending its ids to their shards (returns at once)."""
+        kjt = self.check_input(kjt)
+        return DistributedBatch([s.input_dist(kjt) for s in self.strategies], kjt.batch_size)
+
+    def forward(self, batch: KeyedJagged | DistributedBatch):
+        """Pooled embeddings of this rank's batch, ``[B, out_dim]``; keeps what backward needs."""
+        pooled, ctx = self.forward_with_context(batch)
+        self._last_ctx = ctx
+        return pooled
+
+    def forward_with_context(self, batch: KeyedJagged | DistributedBatch):
+        """``(pooled, ctx)``; pass ``ctx`` to :meth:`backward` (for pipelined use)."""
+        if isinstance(batch, KeyedJagged):
+            batch = self.input_dist(batch)
+        if not isinstance(batch, DistributedBatch):
+            raise TypeError(f"batch: expected a KeyedJagged or DistributedBatch, got "
+                            f"{type(batch).__name__}")
+        if batch._used:
+            raise ValueError("batch: this DistributedBatch was already forwarded")
+        batch._used = True
+        dist = [p.wait() for p in batch.pending]
+        pending = [s.forward(d) for s, d in zip(self.strategies, dist)]
+        results = [p.wait() for p in pending]
+        b = batch.batch_size
+        if self._identity:
+            pooled = results[0][0]
+        else:
+            pooled = self.xp.empty((b, self.out_dim), self.env.dtype)
+            for (part, _), cmap in zip(results, self._maps):
+                for src, dst, d in cmap:
+                    pooled[:, dst:dst + d] = part[:, src:src + d]
+        return pooled, ([ctx for _, ctx in results], b)
+
+    def backward(self, grad, ctx=None) -> None:
+        """Reverse the output dists and apply the optimizers (``grad``: d loss / d pooled)."""
+        if ctx is None:
+            ctx, self._last_ctx = self._last_ctx, None
+            if ctx is None:
+                raise ValueError("backward: no forward to take the gradient of")
+        ctxs, b = ctx
+        grad = self.xp.asarray(grad)
+        if tuple(grad.shape) != (b, self.out_dim):
+            raise ValueError(f"grad: expected shape {(b, self.out_dim)}, got "
+                             f"{tuple(grad.shape)}")
+        grad = grad.astype(self.env.dtype, copy=False)
+        pending = []
+        for strat, sctx, cmap in zip(self.strategies, ctxs, self._maps):
+            if self._identity:
+                part = self.xp.ascontiguousarray(grad)
+            else:
+                part = self.xp.empty((b, strat.out_dim), self.env.dtype)
+                for src, dst, d in cmap:
+                    part[:, src:src + d] = grad[:, dst:dst + d]
+            pending.append(strat.backward(sctx, part))
+        for p in pending:
+            p.wait()
+
+
+# -- initialisation -------------------------------------------------------------
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def init_weights(coll: ShardedEmbeddingCollection, seed: int = 0) -> None:
+    """Uniform ``±sqrt(1/num_rows)`` weights (TorchRec's default), identical for any plan.
+
+    Element ``(r, c)`` of table ``t`` is a counter-based hash of (seed,
+    table name, ``r * dim + c``), so every shard computes its own piece and
+    a table reads the same under any sharding.
+    """
+    for s in coll.local_shards():
+        table = next(t for t in coll.tables if t.name == s.table)
+        sh = s.shard
+        w = s.weight
+        chunk = max(1, (1 << 20) // max(sh.num_cols, 1))
+        for r0 in range(0, sh.num_rows, chunk):
+            r1 = min(sh.num_rows, r0 + chunk)
+            block = _uniform_block(seed, table.name, table.dim, sh.row_offset + r0,
+                                   sh.row_offset + r1, sh.col_offset,
+                                   sh.col_offset + sh.num_cols)
+            bound = np.sqrt(1.0 / table.num_rows)
+            w[r0:r1] = coll.xp.asarray(((2.0 * block - 1.0) * bound).astype(coll.env.dtype))
+
+
+def _uniform_block(seed: int, name: str, dim: int, r0: int, r1: int, c0: int, c1: int
+                   ) -> np.ndarray:
+    salt = np.uint64((zlib.crc32(name.encode()) << 32) ^ (int(seed) & 0xFFFFFFFF))
+    idx = (np.arange(r0, r1, dtype=np.uint64)[:, None] * np.uint64(dim)
+           + np.arange(c0, c1, dtype=np.uint64)[None, :])
+    with np.errstate(over="ignore"):
+        x = idx ^ salt
+        x ^= x >> np.uint64(30)
+        x *= _MIX1
+        x ^= x >> np.uint64(27)
+        x *= _MIX2
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))

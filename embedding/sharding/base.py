@@ -1,0 +1,262 @@
+"""What every sharding strategy shares: its environment, its contract, its helpers.
+
+A strategy owns the local shards of the tables placed with its
+:class:`~embedding.types.ShardingType` and runs four steps per batch, each
+returning a :class:`Pending` whose ``wait()`` finishes it:
+
+1. ``input_dist(kjt)``: send each id to the rank(s) that hold its row;
+2. ``forward(batch)``: pooled lookup on the local shards, then the output
+   dist that brings every sample's pooled rows back to the sample's rank;
+   ``wait()`` gives ``(pooled [B, out_dim], ctx)``;
+3. ``backward(ctx, grad)``: reverse the output dist, then the fused
+   backward + sparse optimizer on the local shards.
+
+Every cross-rank step is a call into :mod:`collectives` (``async_op=True``).
+Ids travel on the host (NumPy); pooled rows and gradients live where the
+shards live (NumPy, or CuPy with ``device="cuda"``).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Sequence
+
+import numpy as np
+
+from embedding.jagged import KeyedJagged
+from embedding.kernels import FusedTables
+from embedding.kernels.segments import positions_of_segments
+from embedding.types import Pooling, Shard, ShardingType, TableConfig, TablePlan
+
+__all__ = ["ShardingEnv", "ShardingStrategy", "Pending", "FeatureSpec", "LocalShard",
+           "collectives_api", "pack_jagged", "unpack_jagged"]
+
+
+def collectives_api():
+    """The :mod:`collectives` module (its dense collectives: all_to_all_v, reduce_scatter …)."""
+    import collectives
+
+    return collectives
+
+
+class Pending:
+    """A step in flight: ``wait()`` waits for its collectives, then finishes it (once)."""
+
+    __slots__ = ("_handles", "_finish", "_done", "_result")
+
+    def __init__(self, handles: Sequence, finish: Callable):
+        self._handles = tuple(handles)
+        self._finish = finish
+        self._done = False
+        self._result = None
+
+    @classmethod
+    def done(cls, result) -> "Pending":
+        p = cls((), lambda: result)
+        return p
+
+    def wait(self):
+        if not self._done:
+            results = [h.wait() if h is not None else None for h in self._handles]
+            self._result = self._finish(*results)
+            self._done = True
+            self._handles = ()
+        return self._result
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One output feature of a strategy: read through ``table``, ``dim`` columns from ``col``."""
+
+    name: str
+    table: str
+    dim: int
+    pooling: Pooling
+    col: int
+
+
+@dataclass(frozen=True)
+class LocalShard:
+    """A shard held by this rank: where it lives in ``tables`` (index ``index``)."""
+
+    table: str
+    shard: Shard
+    tables: FusedTables
+    index: int
+
+    @property
+    def weight(self):
+        return self.tables.weight(self.index)
+
+
+class ShardingEnv:
+    """The process group a collection runs on, its node layout, and kernel options.
+
+    Shard ranks of a plan are ranks of ``group``. ``intra`` (the ranks of
+    this rank's node) and ``rail`` (this local rank on every node) are made
+    on first use: taken from the world when ``group`` is the world group,
+    else split from ``group`` — a collective step, which every rank reaches
+    at the same point because strategies are built in plan order.
+    """
+
+    def __init__(self, group, *, device: str = "cpu", dtype: str = "float32",
+                 threads: int = 1, dedup: bool = False):
+        self.group = group
+        self.rank = int(group.rank)
+        self.size = int(group.size)
+        self.nodes: tuple[tuple[int, ...], ...] = tuple(tuple(n) for n in group.nodes)
+        self.node_of = [0] * self.size
+        self.local_of = [0] * self.size
+        for m, members in enumerate(self.nodes):
+            for j, r in enumerate(members):
+                self.node_of[r] = m
+                self.local_of[r] = j
+        self.device = device
+        self.dtype = np.dtype(dtype)
+        self.threads = int(threads)
+        self.dedup = bool(dedup)
+        self._intra = None
+        self._rail = None
+
+    @property
+    def node(self) -> int:
+        return self.node_of[self.rank]
+
+    @property
+    def local_rank(self) -> int:
+        return self.local_of[self.rank]
+
+    @property
+    def uniform(self) -> bool:
+        return len({len(n) for n in self.nodes}) == 1
+
+    def intra(self):
+        """The group of this node's ranks (group order = local rank)."""
+        if self._intra is None:
+            self._intra = self._subgroup("intra_node", [list(n) for n in self.nodes])
+        return self._intra
+
+    def rail(self):
+        """The group of the ranks with this local rank, one per node (group order = node)."""
+        if self._rail is None:
+            if not self.uniform:
+                raise ValueError(f"nodes: rails need the same number of ranks on every node, "
+                                 f"got {[len(n) for n in self.nodes]}")
+            k = len(self.nodes[0])
+            self._rail = self._subgroup("rail", [[n[j] for n in self.nodes] for j in range(k)])
+        return self._rail
+
+    def _subgroup(self, attr: str, partition: list[list[int]]):
+        world = getattr(self.group, "world", None)
+        mine = next(p for p in partition if self.rank in p)
+        if world is not None and getattr(self.group.kind, "value", None) == "world":
+            sub = getattr(world, attr)
+            if tuple(sub.ranks) == tuple(self.group.ranks[r] for r in mine):
+                return sub
+        found = None
+        for ranks in partition:  # collective: every rank walks the same partition
+            sub = self.group.split(ranks, name=f"{self.group.name}/{attr}{ranks}")
+            if sub is not None:
+                found = sub
+        return found
+
+    def fused(self, rows, dims, optimizers, names) -> FusedTables:
+        return FusedTables(rows, dims, optimizers, dtype=self.dtype.name, device=self.device,
+                           names=names, threads=self.threads)
+
+    @property
+    def xp(self):
+        if self.device == "cuda":
+            import cupy
+
+            return cupy
+        return np
+
+
+class ShardingStrategy(abc.ABC):
+    """One sharding type's tables: their local shards and the four steps (module doc).
+
+    ``tables``/``plans`` are the tables of this type in collection order.
+    ``features`` lists this strategy's output features in collection order;
+    its outputs are ``[B, out_dim]`` with feature ``f`` at columns
+    ``[f.col, f.col + f.dim)``.
+    """
+
+    sharding_types: ClassVar[tuple[ShardingType, ...]] = ()
+
+    def __init__(self, tables: Sequence[TableConfig], plans: Sequence[TablePlan],
+                 env: ShardingEnv):
+        self.tables = tuple(tables)
+        self.plans = tuple(plans)
+        self.env = env
+        feats, col = [], 0
+        for t in self.tables:
+            for f in t.features:
+                feats.append(FeatureSpec(f, t.name, t.dim, t.pooling, col))
+                col += t.dim
+        self.features: tuple[FeatureSpec, ...] = tuple(feats)
+        self.out_dim = col
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.features)
+
+    @abc.abstractmethod
+    def input_dist(self, kjt: KeyedJagged) -> Pending:
+        """Start sending the ids of ``kjt`` (this strategy's features) to their shards."""
+
+    @abc.abstractmethod
+    def forward(self, batch) -> Pending:
+        """Lookup + output dist of a distributed batch; ``wait()`` → ``(pooled, ctx)``."""
+
+    @abc.abstractmethod
+    def backward(self, ctx, grad) -> Pending:
+        """Reverse output dist + fused backward/optimizer; ``wait()`` → None."""
+
+    @abc.abstractmethod
+    def local_shards(self) -> list[LocalShard]:
+        """The shards this rank holds."""
+
+
+# -- jagged packing ------------------------------------------------------------
+def pack_jagged(parts: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """One int64 send buffer for an AlltoAll(v) of jagged ids, and its counts.
+
+    ``parts[r]`` lists ``(lengths, values)`` per slot for destination ``r``;
+    its block is ``[lengths of every slot..., values of every slot...]``.
+    """
+    pieces, counts = [], np.zeros(len(parts), np.int64)
+    for r, slots in enumerate(parts):
+        for ln, _ in slots:
+            pieces.append(ln)
+        for _, v in slots:
+            pieces.append(v)
+        counts[r] = sum(len(ln) + len(v) for ln, v in slots)
+    buf = np.concatenate(pieces).astype(np.int64, copy=False) if pieces else np.zeros(0, np.int64)
+    return buf, counts
+
+
+def unpack_jagged(recv: np.ndarray, counts: np.ndarray, head: Sequence[int]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`pack_jagged` on the receiving side.
+
+    Block ``g`` of ``recv`` (``counts[g]`` elements) starts with ``head[g]``
+    lengths. Returns ``(lengths, values)``, each the concatenation over
+    blocks in source order.
+    """
+    counts = np.asarray(counts, np.int64)
+    head = np.asarray(head, np.int64)
+    starts = np.zeros(len(counts), np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    lengths = recv[positions_of_segments(starts, head)]
+    values = recv[positions_of_segments(starts + head, counts - head)]
+    return lengths, values
+
+
+def displacements(counts) -> np.ndarray:
+    """Exclusive prefix sums of ``counts``."""
+    counts = np.asarray(counts, np.int64)
+    out = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out

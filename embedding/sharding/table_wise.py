@@ -1,0 +1,255 @@
+"""Table-wise sharding: each table lives whole on one rank.
+
+Input dist: every rank sends, to each owner, the lengths and ids of the
+features whose tables that owner holds — one AlltoAll(v) for all of them
+(lengths and ids packed in one int64 buffer, per-id weights in a second
+buffer when the batch is weighted). Example, 2 ranks, table A on rank 0,
+table B on rank 1, features a (of A) and b (of B)::
+
+    rank 0 sends: to 0 [len a0 | ids a0]   to 1 [len b0 | ids b0]
+    rank 1 sends: to 0 [len a1 | ids a1]   to 1 [len b1 | ids b1]
+    rank 0 gets [a0 | a1] and pools A for both batches; rank 1 pools B.
+
+Output dist: one AlltoAll(v) of pooled rows, ``B × dims of owner r`` from
+owner r; backward sends the gradient columns back the same way.
+
+The machinery is written over *slots* — one feature read through one
+shard — so column-wise sharding (a table split into column slices, each
+slice a slot of its own) reuses it unchanged; see
+:mod:`embedding.sharding.column_wise`. With ``dedup`` the ids of each
+slot are made unique before the AlltoAll, the owners return the rows of
+the unique ids instead of pooled bags, and the requesting rank pools them
+(see :mod:`embedding.dedup`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from embedding.jagged import KeyedJagged
+from embedding.kernels import Bags, TableLayout
+from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingStrategy,
+                                     collectives_api, pack_jagged, unpack_jagged)
+from embedding.types import Pooling, Shard, ShardingType, TableConfig, TablePlan
+
+__all__ = ["TableWiseSharding", "SlotWiseSharding", "check_column_partition"]
+
+
+@dataclass(frozen=True)
+class _Slot:
+    feature: int      # index into strategy.features
+    table: int        # index into strategy.tables
+    shard: Shard
+    local_table: int  # index into the owner's FusedTables (meaningful on the owner)
+
+
+def check_column_partition(table: TableConfig, plan: TablePlan, size: int) -> None:
+    """ValueError unless ``plan``'s shards hold all rows and partition the columns."""
+    if not plan.shards:
+        raise ValueError(f"plan of table {table.name!r}: no shards")
+    cols = sorted(plan.shards, key=lambda s: s.col_offset)
+    at = 0
+    for s in cols:
+        if not 0 <= s.rank < size:
+            raise ValueError(f"plan of table {table.name!r}: shard rank {s.rank} is outside "
+                             f"the group of {size} ranks")
+        if s.row_offset != 0 or s.num_rows != table.num_rows:
+            raise ValueError(f"plan of table {table.name!r} ({plan.sharding.value}): each shard "
+                             f"must hold all {table.num_rows} rows, got rows [{s.row_offset}, "
+                             f"{s.row_offset + s.num_rows})")
+        if s.col_offset != at or s.num_cols <= 0:
+            raise ValueError(f"plan of table {table.name!r}: column shards must tile [0, "
+                             f"{table.dim}) without gaps or overlap, got a shard at columns "
+                             f"[{s.col_offset}, {s.col_offset + s.num_cols}) after column {at}")
+        at += s.num_cols
+    if at != table.dim:
+        raise ValueError(f"plan of table {table.name!r}: column shards cover {at} of "
+                         f"{table.dim} columns")
+
+
+class SlotWiseSharding(ShardingStrategy):
+    """Slots (feature × shard) owned by single ranks; shared by TW, CW and TWCW."""
+
+    def __init__(self, tables: Sequence[TableConfig], plans: Sequence[TablePlan],
+                 env: ShardingEnv):
+        super().__init__(tables, plans, env)
+        for t, p in zip(self.tables, self.plans):
+            self._check_plan(t, p)
+        # Local shards, in table order then column order.
+        local = []
+        for ti, p in enumerate(self.plans):
+            for sh in sorted(p.shards, key=lambda s: s.col_offset):
+                if sh.rank == env.rank:
+                    local.append((ti, sh))
+        self._local_index = {(ti, sh): i for i, (ti, sh) in enumerate(local)}
+        self.fused = env.fused([sh.num_rows for _, sh in local], [sh.num_cols for _, sh in local],
+                               [self.tables[ti].optimizer for ti, _ in local],
+                               [f"{self.tables[ti].name}[{sh.col_offset}:"
+                                f"{sh.col_offset + sh.num_cols}]" for ti, sh in local]
+                               ) if local else None
+        self._local = local
+        table_index = {t.name: i for i, t in enumerate(self.tables)}
+        slots = []
+        for fi, f in enumerate(self.features):
+            ti = table_index[f.table]
+            for sh in sorted(self.plans[ti].shards, key=lambda s: s.col_offset):
+                slots.append(_Slot(fi, ti, sh, self._local_index.get((ti, sh), -1)))
+        self.slots = tuple(slots)
+        size = env.size
+        self._by_owner = [[i for i, s in enumerate(slots) if s.shard.rank == r]
+                          for r in range(size)]
+        self._dims_of = np.array([sum(slots[i].shard.num_cols for i in self._by_owner[r])
+                                  for r in range(size)], np.int64)
+        mine = self._by_owner[env.rank]
+        cols, c = [], 0
+        for i in mine:
+            cols.append(c)
+            c += slots[i].shard.num_cols
+        self._local_cols = tuple(cols)
+        self._local_dim = c
+        self._dedup = None
+        if env.dedup:
+            from embedding.dedup import DedupPlan
+
+            self._dedup = DedupPlan(self)
+
+    # -- plan -------------------------------------------------------------------
+    def _check_plan(self, table: TableConfig, plan: TablePlan) -> None:
+        check_column_partition(table, plan, self.env.size)
+        if len(plan.shards) != 1:
+            raise ValueError(f"plan of table {table.name!r} (table_wise): expected one shard, "
+                             f"got {len(plan.shards)}")
+
+    def local_shards(self) -> list[LocalShard]:
+        return [LocalShard(self.tables[ti].name, sh, self.fused, i)
+                for i, (ti, sh) in enumerate(self._local)]
+
+    # -- input dist -------------------------------------------------------------
+    def input_dist(self, kjt: KeyedJagged) -> Pending:
+        if self._dedup is not None:
+            return self._dedup.input_dist(kjt)
+        c = collectives_api()
+        feats = [kjt.feature(f.name) for f in self.features]
+        parts = [[(feats[self.slots[i].feature].lengths, feats[self.slots[i].feature].values)
+                  for i in self._by_owner[r]] for r in range(self.env.size)]
+        buf, counts = pack_jagged(parts)
+        h_ids = c.all_to_all_v(buf, counts, group=self.env.group, async_op=True)
+        h_w = None
+        if kjt.weights is not None:
+            wparts = [feats[self.slots[i].feature].weights for r in range(self.env.size)
+                      for i in self._by_owner[r]]
+            wbuf = (np.concatenate(wparts) if wparts else np.zeros(0)).astype(np.float64)
+            wcounts = np.array([sum(len(feats[self.slots[i].feature].values)
+                                    for i in self._by_owner[r]) for r in range(self.env.size)],
+                               np.int64)
+            h_w = c.all_to_all_v(wbuf, wcounts, group=self.env.group, async_op=True)
+        batch = kjt.batch_size
+
+        def finish(ids_res, w_res):
+            recv, rcounts = ids_res
+            n_local = len(self._by_owner[self.env.rank])
+            head = np.full(self.env.size, n_local * batch, np.int64)
+            lengths, values = unpack_jagged(recv, rcounts, head)
+            offsets = np.zeros(len(lengths) + 1, np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            weights = None if w_res is None else w_res[0]
+            return self._bags(values, offsets, weights, batch, self.env.size)
+
+        return Pending((h_ids, h_w), finish)
+
+    def _bags(self, values, offsets, weights, batch: int, groups: int) -> Bags | None:
+        mine = self._by_owner[self.env.rank]
+        if not mine:
+            return Bags(np.zeros(0, np.int64), np.zeros(1, np.int64), (), (), (), batch, 0,
+                        groups)
+        return Bags(values, offsets, tuple(self.slots[i].local_table for i in mine),
+                    self._local_cols,
+                    tuple(self.features[self.slots[i].feature].pooling is Pooling.MEAN
+                          for i in mine),
+                    batch, self._local_dim, groups, weights)
+
+    # -- forward ------------------------------------------------------------------
+    def forward(self, batch) -> Pending:
+        if self._dedup is not None:
+            return self._dedup.forward(batch)
+        c = collectives_api()
+        xp = self.env.xp
+        bags: Bags = batch
+        b = bags.batch_size
+        if self.fused is not None and bags.num_slots:
+            pooled = self.fused.lookup(bags)
+        else:
+            pooled = xp.zeros((bags.out_rows, 0), self.env.dtype)
+        size = self.env.size
+        send_counts = np.full(size, b * self._local_dim, np.int64)
+        recv_counts = self._dims_of * b
+        h = c.all_to_all_v(pooled.reshape(-1), send_counts, recv_counts=recv_counts,
+                           group=self.env.group, async_op=True)
+
+        def finish(res):
+            recv, _ = res
+            return self._assemble(recv, b), bags
+
+        return Pending((h,), finish)
+
+    def _assemble(self, recv, b: int):
+        """``[B, out_dim]`` from the per-owner blocks ``[B, dims of owner]``."""
+        xp = self.env.xp
+        out = xp.empty((b, self.out_dim), self.env.dtype)
+        start = 0
+        for r in range(self.env.size):
+            d_r = int(self._dims_of[r])
+            blk = recv[start:start + b * d_r].reshape(b, d_r)
+            start += b * d_r
+            c0 = 0
+            for i in self._by_owner[r]:
+                s = self.slots[i]
+                dst = self.features[s.feature].col + s.shard.col_offset
+                out[:, dst:dst + s.shard.num_cols] = blk[:, c0:c0 + s.shard.num_cols]
+                c0 += s.shard.num_cols
+        return out
+
+    def _split_grad(self, grad, b: int):
+        """Send buffer of gradient columns for each owner (inverse of :meth:`_assemble`)."""
+        xp = self.env.xp
+        buf = xp.empty(int(self._dims_of.sum()) * b, self.env.dtype)
+        start = 0
+        for r in range(self.env.size):
+            d_r = int(self._dims_of[r])
+            blk = buf[start:start + b * d_r].reshape(b, d_r)
+            start += b * d_r
+            c0 = 0
+            for i in self._by_owner[r]:
+                s = self.slots[i]
+                src = self.features[s.feature].col + s.shard.col_offset
+                blk[:, c0:c0 + s.shard.num_cols] = grad[:, src:src + s.shard.num_cols]
+                c0 += s.shard.num_cols
+        return buf
+
+    # -- backward -------------------------------------------------------------------
+    def backward(self, ctx, grad) -> Pending:
+        if self._dedup is not None:
+            return self._dedup.backward(ctx, grad)
+        c = collectives_api()
+        bags: Bags = ctx
+        b = bags.batch_size
+        buf = self._split_grad(grad, b)
+        size = self.env.size
+        h = c.all_to_all_v(buf, self._dims_of * b,
+                           recv_counts=np.full(size, b * self._local_dim, np.int64),
+                           group=self.env.group, async_op=True)
+
+        def finish(res):
+            recv, _ = res
+            if self.fused is not None and bags.num_slots:
+                self.fused.backward_update(bags, recv.reshape(bags.out_rows, self._local_dim))
+
+        return Pending((h,), finish)
+
+
+class TableWiseSharding(SlotWiseSharding):
+    """Whole tables on single ranks (module doc)."""
+
+    sharding_types = (ShardingType.TABLE_WISE,)
