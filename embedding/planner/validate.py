@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from embedding.planner.types import PlanMismatchError
-from embedding.types import ShardingPlan, TableConfig
+from embedding.types import ShardingPlan, ShardingType, TableConfig
 
 __all__ = ["validate_plan"]
 
@@ -16,7 +16,7 @@ def validate_plan(plan: ShardingPlan, world_size: int, *, ranks_per_node: int | 
     Checks: the plan's world size (and ranks per node, when given) equal the
     world's; every shard's rank is in the world; with ``tables``, the plan
     names exactly these tables and the shards of each cover its rows × columns
-    (every element once, or once per rank for data-parallel tables).
+    (every element once, or one whole replica per rank for data-parallel tables).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size: expected a positive int, got {world_size!r}")
@@ -42,17 +42,46 @@ def validate_plan(plan: ShardingPlan, world_size: int, *, ranks_per_node: int | 
         raise PlanMismatchError(f"the plan's tables {sorted(names)} are not the tables "
                                 f"{sorted(want)}", field="tables", expected=sorted(want),
                                 got=sorted(names))
-    from embedding.types import ShardingType
-
     for tp in plan.tables:
-        t = want[tp.table]
-        copies = world_size if tp.sharding is ShardingType.DATA_PARALLEL else 1
-        area = sum(s.num_rows * s.num_cols for s in tp.shards)
-        inside = all(0 <= s.row_offset and s.row_offset + s.num_rows <= t.num_rows
-                     and 0 <= s.col_offset and s.col_offset + s.num_cols <= t.dim
-                     for s in tp.shards)
-        if not inside or area != copies * t.num_rows * t.dim:
+        problem = _coverage(tp, want[tp.table], world_size)
+        if problem:
             raise PlanMismatchError(f"the shards of table {tp.table!r} do not cover its "
-                                    f"{t.num_rows} x {t.dim} elements {copies} time(s)",
-                                    field="shards", expected=copies * t.num_rows * t.dim,
-                                    got=area)
+                                    f"{want[tp.table].num_rows} x {want[tp.table].dim} "
+                                    f"elements: {problem}", field="shards", got=tp.table)
+
+
+def _coverage(tp, table: TableConfig, world_size: int) -> str | None:
+    """Why the shards of ``tp`` do not tile ``table`` (None when they do).
+
+    Data-parallel: one full replica on each of ``world_size`` distinct ranks.
+    Otherwise: the column slices tile ``[0, dim)`` and, within each slice, the
+    row blocks tile ``[0, num_rows)`` — every element exactly once.
+    """
+    rows, dim = table.num_rows, table.dim
+    if tp.sharding is ShardingType.DATA_PARALLEL:
+        if any((s.row_offset, s.num_rows, s.col_offset, s.num_cols) != (0, rows, 0, dim)
+               for s in tp.shards):
+            return "a data-parallel shard is not the whole table"
+        if sorted(s.rank for s in tp.shards) != list(range(world_size)):
+            return "data-parallel replicas are not on every rank once"
+        return None
+    slices: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for s in tp.shards:
+        if s.num_rows <= 0 or s.num_cols <= 0:
+            return f"an empty shard on rank {s.rank}"
+        slices.setdefault((s.col_offset, s.num_cols), []).append((s.row_offset, s.num_rows))
+    col = 0
+    for (offset, width), blocks in sorted(slices.items()):
+        if offset != col:
+            return f"columns [{col}, {offset}) are missing or overlap"
+        col = offset + width
+        row = 0
+        for r_off, r_n in sorted(blocks):
+            if r_off != row:
+                return f"rows [{row}, {r_off}) of columns from {offset} are missing or overlap"
+            row = r_off + r_n
+        if row != rows:
+            return f"rows of columns from {offset} end at {row}, not {rows}"
+    if col != dim:
+        return f"columns end at {col}, not {dim}"
+    return None

@@ -6,8 +6,8 @@ from embedding.planner import (Hardware, PartitionMethod, PlanDoesNotFitError,
                                plan_sharding, validate_plan)
 from embedding.presets import (CRITEO_1TB_ROWS, CRITEO_1TB_UNCAPPED_ROWS, preset, preset_names,
                                synthetic)
-from embedding.types import (OptimizerConfig, OptimizerKind, ShardingPlan, ShardingType,
-                             TableConfig)
+from embedding.types import (OptimizerConfig, OptimizerKind, Shard, ShardingPlan, ShardingType,
+                             TableConfig, TablePlan)
 
 GIB = 1 << 30
 SPLIT = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
@@ -151,6 +151,25 @@ def test_validate_plan_against_the_world():
         validate_plan(plan, 8, tables=bigger)
     with pytest.raises(ValueError, match="world_size"):
         validate_plan(plan, 0)
+
+
+def test_validate_plan_finds_overlaps_and_holes():
+    t = TableConfig("t", 100, 64)
+    ok = [Shard(0, 0, 50, 0, 32), Shard(1, 50, 50, 0, 32), Shard(2, 0, 100, 32, 32)]
+    validate_plan(ShardingPlan(4, 4, (TablePlan("t", "column_wise", tuple(ok)),)), 4,
+                  tables=[t])
+    overlap = [Shard(0, 0, 60, 0, 32), Shard(1, 40, 60, 0, 32), Shard(2, 0, 100, 32, 32)]
+    with pytest.raises(PlanMismatchError, match="missing or overlap"):
+        validate_plan(ShardingPlan(4, 4, (TablePlan("t", "row_wise", tuple(overlap)),)), 4,
+                      tables=[t])
+    short = [Shard(0, 0, 100, 0, 32)]
+    with pytest.raises(PlanMismatchError, match="columns end at 32, not 64"):
+        validate_plan(ShardingPlan(4, 4, (TablePlan("t", "column_wise", tuple(short)),)), 4,
+                      tables=[t])
+    dp = [Shard(r, 0, 100, 0, 64) for r in (0, 1, 2, 2)]
+    with pytest.raises(PlanMismatchError, match="every rank once"):
+        validate_plan(ShardingPlan(4, 4, (TablePlan("t", "data_parallel", tuple(dp)),)), 4,
+                      tables=[t])
 
 
 def test_bad_table_lists():
