@@ -6,7 +6,7 @@ import warnings
 
 from topology.types import ProbeWarning
 
-__all__ = ["warn", "parse_cpulist", "format_cpulist", "normalize_bus_id"]
+__all__ = ["warn", "parse_cpulist", "format_cpulist", "normalize_bus_id", "natural_key"]
 
 
 def warn(source: str, message: str) -> None:
@@ -59,3 +59,8 @@ def normalize_bus_id(bus_id) -> str:
         return ""
     domain = (m.group(1) or "0000")[-4:]
     return f"{domain}:{m.group(2)}:{m.group(3)}.{m.group(4)}".lower()
+
+
+def natural_key(name: str) -> list:
+    """Sort key that orders ``mlx5_10`` after ``mlx5_9``."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]

@@ -9,13 +9,13 @@ in ``HostTopology.warnings``, and discovery goes on with the others.
 """
 from __future__ import annotations
 
-import re
+import dataclasses
 import shutil
 import warnings
 from pathlib import Path
 
 from topology import linkmodel, nvml as _nvml, smi, sysfs
-from topology._common import parse_cpulist, warn
+from topology._common import natural_key, parse_cpulist, warn
 from topology.types import (Gpu, GpuNicPair, HostTopology, Link, LinkKind, Nic, PciPath,
                             ProbeWarning)
 
@@ -49,13 +49,7 @@ def discover_host(root: str | Path = "/", *, nvml=None, nvidia_smi_topo: str | N
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     for msg in messages:
         warnings.warn(msg, ProbeWarning, stacklevel=2)
-    return _replace(host, warnings=tuple(dict.fromkeys(messages)))
-
-
-def _replace(host: HostTopology, **kw) -> HostTopology:
-    import dataclasses
-
-    return dataclasses.replace(host, **kw)
+    return dataclasses.replace(host, warnings=tuple(dict.fromkeys(messages)))
 
 
 def _discover(root: Path, nvml, topo_text, query_text, live: bool) -> HostTopology:
@@ -221,10 +215,6 @@ def _nic_links(root, gpus, nics, matrix, module):
     return tuple(pairs), links
 
 
-def _natural(name: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-
 def assign_nics(host: HostTopology, nics: list[Nic] | tuple[Nic, ...] | None = None,
                 ) -> dict[int, GpuNicPair]:
     """Pair each GPU with its own NIC, nearest first.
@@ -242,7 +232,7 @@ def assign_nics(host: HostTopology, nics: list[Nic] | tuple[Nic, ...] | None = N
         key=lambda p: (p.path.distance,
                        0 if gpu_numa.get(p.gpu) is not None
                        and gpu_numa.get(p.gpu) == numa.get(p.nic) else 1,
-                       p.gpu, _natural(p.nic)))
+                       p.gpu, natural_key(p.nic)))
     out: dict[int, GpuNicPair] = {}
     used: set[str] = set()
     for p in candidates:

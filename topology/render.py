@@ -3,7 +3,7 @@ topo -m``, the NIC table, GPUDirect status, CPUs/NUMA and the node grouping."""
 from __future__ import annotations
 
 from topology import linkmodel
-from topology._common import format_cpulist
+from topology._common import format_cpulist, natural_key
 from topology.types import ClusterTopology, HostTopology, LinkKind
 
 __all__ = ["render_host", "render_cluster", "render_link_model"]
@@ -11,7 +11,8 @@ __all__ = ["render_host", "render_cluster", "render_link_model"]
 _LEGEND = """Legend:
   X    = Self
   SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes
-  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges
+         within a NUMA node
   PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
   PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
   PIX  = Connection traversing at most a single PCIe bridge
@@ -24,8 +25,7 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def _matrix(h: HostTopology) -> list[str]:
-    nic_names = sorted({n.name for n in h.nics}, key=lambda s: [int(t) if t.isdigit() else t
-                                                                 for t in _split(s)])
+    nic_names = sorted({n.name for n in h.nics}, key=natural_key)
     labels = [f"GPU{g.index}" for g in h.gpus] + [f"NIC{i}" for i in range(len(nic_names))]
     ends = [f"GPU{g.index}" for g in h.gpus] + nic_names
     numa_cpus = {n.id: n.cpus for n in h.numa_nodes}
@@ -53,12 +53,6 @@ def _matrix(h: HostTopology) -> list[str]:
     if nic_names:
         out += ["", "NIC Legend:"] + [f"  NIC{i}: {n}" for i, n in enumerate(nic_names)]
     return out
-
-
-def _split(s: str):
-    import re
-
-    return re.split(r"(\d+)", s)
 
 
 def render_host(h: HostTopology) -> str:

@@ -184,7 +184,8 @@ def parse_spec(text: str, path: str = "<spec>") -> FabricSpec:
     if "nvlink" in t:
         nv = t["nvlink"]
         if gpus < 2:
-            raise SpecError(path, "[nvlink]", f"needs at least 2 GPUs per node, [node] gpus = {gpus}")
+            raise SpecError(path, "[nvlink]",
+                            f"needs at least 2 GPUs per node, [node] gpus = {gpus}")
         topo = nv["topology"].lower()
         if topo == "hybrid-cube-mesh" and gpus != 8:
             raise SpecError(path, "[nvlink] topology",
@@ -201,7 +202,8 @@ def parse_spec(text: str, path: str = "<spec>") -> FabricSpec:
             if n.get(key) and gpus == 0:
                 raise SpecError(path, f"[nic] {key}", "requires GPUs, [node] gpus = 0")
         if affinity == "one-per-gpu" and gpus == 0:
-            raise SpecError(path, "[nic] gpu_affinity", "one-per-gpu requires GPUs, [node] gpus = 0")
+            raise SpecError(path, "[nic] gpu_affinity",
+                            "one-per-gpu requires GPUs, [node] gpus = 0")
         nic = NicSpec(n["count"], _LINK_LAYERS[n["link_layer"].lower()], float(n["min_rate_gbps"]),
                       affinity, PciPath[n.get("max_path", "SYS").upper()],
                       n.get("numa_local", False), n.get("gpudirect", False))

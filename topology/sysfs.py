@@ -234,7 +234,8 @@ def _probe_port(name: str, port: Path, bus: str, chain: tuple[str, ...],
         if m and m.group(1) in PortState.__members__:
             state = PortState[m.group(1)]
         else:
-            warn(f"sysfs {port / 'state'}", f"malformed port state {text!r} (expected e.g. '4: ACTIVE')")
+            warn(f"sysfs {port / 'state'}",
+                 f"malformed port state {text!r} (expected e.g. '4: ACTIVE')")
     rate = 0.0
     text = _read(port / "rate", quiet_missing=False)
     if text is not None:
@@ -242,7 +243,8 @@ def _probe_port(name: str, port: Path, bus: str, chain: tuple[str, ...],
         if m:
             rate = float(m.group(1))
         else:
-            warn(f"sysfs {port / 'rate'}", f"malformed rate {text!r} (expected e.g. '200 Gb/sec (4X HDR)')")
+            warn(f"sysfs {port / 'rate'}",
+                 f"malformed rate {text!r} (expected e.g. '200 Gb/sec (4X HDR)')")
     port_no = int(port.name) if port.name.isdigit() else 1
     return Nic(name, port_no, layer, state, rate, bus, chain, numa)
 

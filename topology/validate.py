@@ -13,11 +13,11 @@ gpu-nic-affinity, nic-numa, gpudirect, bandwidth.
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass
 from typing import Mapping
 
 from topology import linkmodel
+from topology._common import natural_key
 from topology.host import GPUDIRECT_MAX_PATH, assign_nics
 from topology.spec import BANDWIDTH_CLASSES, FabricSpec
 from topology.types import ClusterTopology, GpuNicPair, HostTopology, LinkKind
@@ -115,13 +115,13 @@ class ValidationReport:
             lines.append(f"{status.value:<7} {rule:<22} {npass:>3}/{len(checks):<3}  "
                          f"{checks[0].expected}")
             for c in checks:
-                if verbose or c.status is not CheckStatus.PASS:
+                if verbose or c.status is not CheckStatus.PASS or c.rule == "bandwidth":
                     lines.append(f"          {c.status.value:<4} {c.subject}: {c.found}")
         n = self.counts()
         verdict = "PASS" if self.passed else "FAIL"
         lines.append("")
-        lines.append(f"{verdict}: {len(self.checks)} checks, {n['pass']} passed, {n['fail']} failed, "
-                     f"{n['skip']} skipped")
+        lines.append(f"{verdict}: {len(self.checks)} checks, {n['pass']} passed, "
+                     f"{n['fail']} failed, {n['skip']} skipped")
         return "\n".join(lines)
 
 
@@ -258,16 +258,12 @@ def _nvlink_checks(h: HostTopology, spec: FabricSpec) -> list[Check]:
     return out
 
 
-def _natural(name: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-
 def _nic_checks(h: HostTopology, spec: FabricSpec) -> list[Check]:
     ns = spec.nic
     name = h.hostname
     layer = ns.link_layer
     label = "RoCE" if layer.value == "Ethernet" else "InfiniBand"
-    compute = sorted((n for n in h.nics if n.link_layer is layer), key=lambda n: _natural(n.name))
+    compute = sorted((n for n in h.nics if n.link_layer is layer), key=lambda n: natural_key(n.name))
     others = [f"{n.name} ({n.link_layer.value})" for n in h.nics if n.link_layer is not layer]
     found = _plural(len(compute), f"{label} port") + (
         f": {', '.join(n.name for n in compute)}" if compute else "")
@@ -282,7 +278,8 @@ def _nic_checks(h: HostTopology, spec: FabricSpec) -> list[Check]:
         out.append(_check("nic-state", subject, "port ACTIVE", f"port {n.port} {n.state.value}",
                           n.active, name, nic=n.name))
         out.append(_check("nic-rate", subject, f">= {ns.min_rate_gbps:g} Gb/s",
-                          f"{n.rate_gbps:g} Gb/s", n.rate_gbps >= ns.min_rate_gbps, name, nic=n.name))
+                          f"{n.rate_gbps:g} Gb/s", n.rate_gbps >= ns.min_rate_gbps, name,
+                          nic=n.name))
     if not h.gpus or not compute:
         return out
     if ns.gpu_affinity == "one-per-gpu":
@@ -293,7 +290,7 @@ def _nic_checks(h: HostTopology, spec: FabricSpec) -> list[Check]:
         for g in h.gpus:
             pairs = sorted((p for p in h.gpu_nic if p.gpu == g.index and
                             p.nic in {n.name for n in compute}),
-                           key=lambda p: (p.path.distance, p.gpu, _natural(p.nic)))
+                           key=lambda p: (p.path.distance, p.gpu, natural_key(p.nic)))
             if pairs:
                 chosen[g.index] = pairs[0]
         expected = f"a NIC within {ns.max_path.value}"

@@ -8,10 +8,11 @@ never the model's own types.
 """
 from __future__ import annotations
 
-import re
+import dataclasses
 from pathlib import Path
 from typing import Callable, Sequence
 
+from topology._common import natural_key
 from topology.host import assign_nics, discover_host
 from topology.sysfs import probe_hostname
 from topology.types import (ClusterTopology, HostTopology, RankPlacement, TopologyError,
@@ -66,15 +67,9 @@ def discover_world(comm, node_of_rank: Sequence[int], *, host: HostTopology | No
         if item["host"] is not None:
             h = from_dict(HostTopology, item["host"], where=f"host of rank {r}")
             if h.hostname != hostnames[r]:
-                h = _renamed(h, hostnames[r])
+                h = dataclasses.replace(h, hostname=hostnames[r])
             hosts.append(h)
     return ClusterTopology(tuple(hosts), place_ranks(hosts, hostnames, nodes))
-
-
-def _renamed(h: HostTopology, name: str) -> HostTopology:
-    import dataclasses
-
-    return dataclasses.replace(h, hostname=name)
 
 
 def _raise_errors(items: list[dict], stage: str) -> None:
@@ -83,10 +78,6 @@ def _raise_errors(items: list[dict], stage: str) -> None:
         detail = "; ".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))
         raise TopologyError(f"world discovery failed at {stage} on rank(s) "
                             f"{sorted(errors)}: {detail}")
-
-
-def _natural(name: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def place_ranks(hosts: Sequence[HostTopology], hostnames: Sequence[str],
@@ -119,5 +110,5 @@ def _nic_for(h: HostTopology, gpu: int) -> str | None:
     if own is not None:
         return own.nic
     pairs = sorted((p for p in h.gpu_nic if p.gpu == gpu and p.nic in {n.name for n in active}),
-                   key=lambda p: (p.path.distance, _natural(p.nic)))
+                   key=lambda p: (p.path.distance, natural_key(p.nic)))
     return pairs[0].nic if pairs else None

@@ -29,7 +29,8 @@ def test_dgx1_cube_mesh(host):
     h = host("dgx1-v100")
     assert not h.nvswitch and all(g.nvlink_lanes == 6 for g in h.gpus)
     assert h.link("GPU0", "GPU3").lanes == 2 and h.link("GPU0", "GPU1").lanes == 1
-    assert h.link("GPU0", "GPU5").kind is LinkKind.PCIE and h.link("GPU0", "GPU5").path is PciPath.SYS
+    far = h.link("GPU0", "GPU5")
+    assert far.kind is LinkKind.PCIE and far.path is PciPath.SYS
     assert [g.numa for g in h.gpus] == [0] * 4 + [1] * 4  # from the CPU Affinity column
     assert h.pair(1, "mlx5_0").path is PciPath.PIX and h.pair(1, "mlx5_1").path is PciPath.PHB
     assert h.gpudirect_module == "nv_peer_mem"

@@ -63,7 +63,8 @@ class _no_warning:
 
 
 def test_malformed_rows_warn_and_are_skipped():
-    text = fixture("dgx-a100").nvidia_smi_topo.replace("GPU3\tNV12\tNV12\tNV12", "GPU3\tNV12\tQQQ\tNV12")
+    text = fixture("dgx-a100").nvidia_smi_topo.replace("GPU3\tNV12\tNV12\tNV12",
+                                                        "GPU3\tNV12\tQQQ\tNV12")
     with pytest.warns(ProbeWarning) as rec:
         m = parse_topo_matrix(text)
     messages = [str(w.message) for w in rec]
@@ -78,7 +79,8 @@ def test_malformed_rows_warn_and_are_skipped():
 
 def test_not_a_matrix_warns():
     with pytest.warns(ProbeWarning, match="no header row with GPU0"):
-        assert parse_topo_matrix("Failed to initialize NVML: Driver/library version mismatch\n").labels == ()
+        text = "Failed to initialize NVML: Driver/library version mismatch\n"
+        assert parse_topo_matrix(text).labels == ()
     with pytest.warns(ProbeWarning, match="no GPU found"):
         parse_topo_matrix("No devices were found\n")
 

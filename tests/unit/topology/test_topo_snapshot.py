@@ -13,7 +13,8 @@ def test_parse_dump_round_trip():
             "@file proc/modules\nline one\nline two\n")
     entries = parse_tree(text)
     assert entries == [("file", "sys/a/rate", "200 Gb/sec (4X HDR)\n"), ("link", "sys/b", "a"),
-                       ("dir", "sys/module/x", ""), ("file", "proc/modules", "line one\nline two\n")]
+                       ("dir", "sys/module/x", ""),
+                       ("file", "proc/modules", "line one\nline two\n")]
     assert parse_tree(dump_tree(entries)) == entries
 
 
@@ -43,7 +44,8 @@ def test_fixture_names_and_contents():
     fx = fixture("dgx-a100")
     assert fx.nvidia_smi_topo.startswith("\tGPU0\tGPU1")
     assert "NIC Legend:" in fx.nvidia_smi_topo
-    assert fx.nvidia_smi_query.splitlines()[0] == "index, name, uuid, pci.bus_id, memory.total [MiB]"
+    header = fx.nvidia_smi_query.splitlines()[0]
+    assert header == "index, name, uuid, pci.bus_id, memory.total [MiB]"
     rate = fx.root / "sys/class/infiniband/mlx5_0/ports/1/rate"
     assert rate.read_text() == "200 Gb/sec (4X HDR)\n"
     assert (fx.root / "sys/class/infiniband/mlx5_0/ports/1/state").read_text() == "4: ACTIVE\n"

@@ -114,8 +114,8 @@ def test_impossible_combinations(tmp_path, edit, key, problem):
 
 def test_cpu_only_spec_rejects_gpu_requirements(tmp_path):
     base = '[fabric]\nname = "c"\n[cluster]\nnodes = 1\n[node]\ngpus = 0\n'
-    err = _bad(base + '[nic]\ncount = 1\nlink_layer = "ib"\nmin_rate_gbps = 100\ngpudirect = true\n',
-               tmp_path)
+    nic = '[nic]\ncount = 1\nlink_layer = "ib"\nmin_rate_gbps = 100\ngpudirect = true\n'
+    err = _bad(base + nic, tmp_path)
     assert err.key == "[nic] gpudirect" and "requires GPUs" in err.problem
     err = _bad(base.replace("gpus = 0", 'gpus = 0\ngpu_model = "A100"'), tmp_path)
     assert err.key == "[node] gpu_model"
