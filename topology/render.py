@@ -128,7 +128,10 @@ def render_cluster(cluster: ClusterTopology) -> str:
         rows.append([str(p.rank), p.host, str(p.node), str(p.local_rank),
                      "-" if p.gpu is None else f"GPU{p.gpu}", p.nic or "-"])
     out += ["  " + r for r in _table(rows)]
-    out.append(f"  inter-node link: {linkmodel.inter_node_kind(cluster).value}; intra-node link: "
+    inter = linkmodel.inter_node_kind(cluster).value
+    if cluster.emulated and len(cluster.hosts) == 1:
+        inter += " (modelled; emulated nodes on one host really talk over shm)"
+    out.append(f"  inter-node link: {inter}; intra-node link: "
                f"{linkmodel.intra_node_kind(cluster).value}")
     out.append(render_link_model(cluster))
     for h in cluster.hosts:
