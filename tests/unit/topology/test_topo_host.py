@@ -1,6 +1,8 @@
 """Host discovery: probes merged into one HostTopology, warnings recorded."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from topology import ProbeWarning, assign_nics, discover_host, fixture
@@ -85,9 +87,11 @@ def test_matrix_nic_missing_from_sysfs_warns(fixture_copy):
     assert len(h.nics) == 9
 
 
-def test_live_cpu_host():
-    with pytest.warns(ProbeWarning):
+def test_live_host():
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always", ProbeWarning)
         h = discover_host("/")
+    assert set(h.warnings) == {str(w.message) for w in rec if w.category is ProbeWarning}
     assert h.cpus >= 1 and h.hostname
     if not h.gpus:  # this development machine: nothing but CPUs
         assert h.cpu_only and any("nvidia-smi" in w or "NVML" in w for w in h.warnings)
