@@ -145,10 +145,10 @@ def measure(world, cluster, nbytes: int = 32 * _MIB, iters: int = 5):
         notes[cls] = f"{notes[cls]}; {note}" if cls in notes else note
         results[cls] = min(gbs, results.get(cls, gbs))
     for cls in results:
-        notes[cls] += f" ({size} x {iters})"
+        notes[cls] += f"; {size} x {iters}"
     if world.size >= 2:
         results["allreduce_bus"] = _allreduce(world, backend, nbytes, iters)
-        notes["allreduce_bus"] = f"{world.size} ranks, float32, {size} x {iters}"
+        notes["allreduce_bus"] = f"{world.size} ranks, float32; {size} x {iters}"
     else:
         notes["allreduce_bus"] = "not measured: needs at least 2 ranks"
     if not pairs:
