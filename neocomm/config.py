@@ -11,7 +11,7 @@ import logging
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["Setting", "declare", "settings", "get", "prefixed", "table", "SettingsError"]
 

@@ -27,7 +27,7 @@ from neocomm.backends.checks import (OP_CODES, REDUCE_CODES, check_buffer, check
 from neocomm.errors import CollectiveArgumentError
 from neocomm.types import DTYPE_CODES, BackendKind, ReduceOp
 
-__all__ = ["Backend", "Handle", "CompletedHandle"]
+__all__ = ["Backend", "Handle", "CompletedHandle", "cuda_availability"]
 
 
 class Handle:
@@ -80,6 +80,20 @@ class CompletedHandle(Handle):
 
 def _noop() -> None:
     return None
+
+
+def cuda_availability() -> tuple[bool, str | None]:
+    """Whether CuPy and a CUDA device are usable here, and why not."""
+    try:
+        import cupy
+    except ImportError:
+        return False, "CuPy is not installed (pip install 'neocomm[gpu]')"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            return False, "no CUDA device is visible"
+    except Exception as exc:  # noqa: BLE001 - driver errors have many types
+        return False, f"no usable CUDA driver ({exc.__class__.__name__}: {exc})"
+    return True, None
 
 
 class Backend(abc.ABC):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from neocomm import watchdog
-from neocomm.backends.base import Backend, Handle
+from neocomm.backends.base import Backend, Handle, cuda_availability
 from neocomm.types import BackendKind, ReduceOp
 
 __all__ = ["NcclBackend", "normalize_unique_id"]
@@ -49,15 +49,9 @@ class NcclBackend(Backend):
 
     @classmethod
     def availability(cls):
-        try:
-            import cupy
-        except ImportError:
-            return False, "CuPy is not installed (pip install 'neocomm[gpu]')"
-        try:
-            if cupy.cuda.runtime.getDeviceCount() == 0:
-                return False, "no CUDA device is visible"
-        except Exception as exc:  # noqa: BLE001 - driver errors have many types
-            return False, f"no usable CUDA driver ({exc.__class__.__name__}: {exc})"
+        ok, reason = cuda_availability()
+        if not ok:
+            return ok, reason
         try:
             from cupy.cuda import nccl
         except ImportError as exc:

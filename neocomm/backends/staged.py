@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from neocomm import config
-from neocomm.backends.base import Backend, CompletedHandle
+from neocomm.backends.base import Backend, CompletedHandle, cuda_availability
 from neocomm.backends.mpi import MpiBackend
 from neocomm.types import BackendKind
 
@@ -28,16 +28,7 @@ class StagedBackend(Backend):
 
     @classmethod
     def availability(cls):
-        try:
-            import cupy
-        except ImportError:
-            return False, "CuPy is not installed (pip install 'neocomm[gpu]')"
-        try:
-            if cupy.cuda.runtime.getDeviceCount() == 0:
-                return False, "no CUDA device is visible"
-        except Exception as exc:  # noqa: BLE001
-            return False, f"no usable CUDA driver ({exc.__class__.__name__}: {exc})"
-        return True, None
+        return cuda_availability()
 
     def __init__(self, group, *, xp=None, pool_bytes: int | None = None):
         super().__init__(group)
@@ -77,6 +68,14 @@ class StagedBackend(Backend):
 
     def _h2d(self, src: np.ndarray, dst) -> None:
         dst[...] = src.reshape(dst.shape) if self._xp is np else self._xp.asarray(src).reshape(dst.shape)
+
+    def _gather_pieces(self, flat, displs, off: int, counts: np.ndarray, host: np.ndarray) -> None:
+        """Copy ``counts[j]`` elements from ``flat[displs[j] + off:]`` of each peer block, packed."""
+        pos = 0
+        for j, count in enumerate(counts):
+            if count:
+                self._d2h(flat[displs[j] + off:displs[j] + off + count], host[pos:pos + count])
+                pos += count
 
     @staticmethod
     def _pieces(total: int, step: int):
@@ -125,11 +124,7 @@ class StagedBackend(Backend):
             sc = np.clip(send_counts - off, 0, step)
             rc = np.clip(recv_counts - off, 0, step)
             hs, hr = self._host(sendbuf.dtype, (int(sc.sum()),), (int(rc.sum()),))
-            pos = 0
-            for j in range(n):
-                if sc[j]:
-                    self._d2h(sflat[sdis[j] + off:sdis[j] + off + sc[j]], hs[pos:pos + sc[j]])
-                    pos += sc[j]
+            self._gather_pieces(sflat, sdis, off, sc, hs)
             self._mpi.all_to_all_v(hs, hr, send_counts=sc, recv_counts=rc, validate=False)
             pos = 0
             for i in range(n):
@@ -157,11 +152,7 @@ class StagedBackend(Backend):
         for off in range(0, int(counts.max(initial=0)), step):
             kc = np.clip(counts - off, 0, step)
             hs, hr = self._host(sendbuf.dtype, (int(kc.sum()),), (int(kc[self.rank]),))
-            pos = 0
-            for j in range(n):
-                if kc[j]:
-                    self._d2h(sflat[displs[j] + off:displs[j] + off + kc[j]], hs[pos:pos + kc[j]])
-                    pos += kc[j]
+            self._gather_pieces(sflat, displs, off, kc, hs)
             self._mpi.reduce_scatter(hs, hr, op=op, recv_counts=kc, validate=False)
             if kc[self.rank]:
                 self._h2d(hr, rflat[off:off + kc[self.rank]])

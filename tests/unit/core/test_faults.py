@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 
 JOB_TIMEOUT = 90  # seconds; a hang shows up as exit 124
 
