@@ -219,6 +219,7 @@ class DedupPlan:
         def finish(res):
             grads, _ = res
             if s.fused is None:
+                s.apply_sparse(None)
                 return None
             per_table: list[list] = [[] for _ in range(s.fused.num_tables)]
             at = 0
@@ -231,14 +232,16 @@ class DedupPlan:
                     per_table[slot.local_table].append((ids, grads[at:at + n * d].reshape(n, d)))
                     at += n * d
             sparse_local = []
+            ops = kernel_module(env.device)
             for t, items in enumerate(per_table):
                 if not items:
                     sparse_local.append((np.zeros(0, np.int64),
                                          xp.zeros((0, s.fused.layout.dims[t]), env.dtype)))
                     continue
-                sparse_local.append((np.concatenate([a for a, _ in items]),
-                                     xp.concatenate([b for _, b in items])))
-            s.fused.update(sparse_local, unique=False)
+                rows = np.concatenate([a for a, _ in items])
+                g = xp.concatenate([b for _, b in items])
+                sparse_local.append(ops.aggregate_rows(rows, g, s.fused.layout.rows[t]))
+            s.apply_sparse(sparse_local)
             return None
 
         return Pending((h,), finish)

@@ -57,13 +57,16 @@ def state_specs(kind: OptimizerKind) -> tuple[StateSpec, ...]:
 
 
 def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
-                  rows: np.ndarray, grads: np.ndarray) -> None:
+                  rows: np.ndarray, grads: np.ndarray, mean_sq: np.ndarray | None = None
+                  ) -> None:
     """Apply one step to ``weight[rows]`` (NumPy, in place).
 
     ``rows`` must be unique (aggregate duplicates first); ``grads`` is
     ``[len(rows), dim]`` in the weights' dtype. ``state`` maps each name of
     :func:`state_specs` to this table's state view (``[rows]`` or
-    ``[rows, dim]``).
+    ``[rows, dim]``). ``mean_sq`` (row-wise AdaGrad only) replaces the
+    ``mean(g * g)`` of each row — for a column slice of a table, whose
+    accumulator must see the whole row's gradient (see column-wise sharding).
     """
     if len(rows) == 0:
         return
@@ -77,7 +80,9 @@ def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
     if kind is OptimizerKind.ROWWISE_ADAGRAD:
         mom = state["momentum"]
         m = mom[rows]
-        m += np.einsum("ij,ij->i", grads, grads) / dt(grads.shape[1])
+        if mean_sq is None:
+            mean_sq = np.einsum("ij,ij->i", grads, grads) / dt(grads.shape[1])
+        m += mean_sq
         mom[rows] = m
         scale = lr / (np.sqrt(m) + eps)
         _subtract_rows(weight, rows, grads * scale[:, None])

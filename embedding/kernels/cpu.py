@@ -143,12 +143,13 @@ def aggregate_rows(rows: np.ndarray, grads: np.ndarray, num_rows: int
 
 def apply_updates(layout: TableLayout, config, weights: np.ndarray,
                   state: dict, sparse: list[tuple[np.ndarray, np.ndarray]],
-                  unique: bool = True, threads: int = 1) -> None:
+                  unique: bool = True, threads: int = 1, row_terms=None) -> None:
     """Apply each table's optimizer to its ``(rows, grads)``.
 
     ``config`` is one :class:`OptimizerConfig` or one per table.
     With ``unique=False`` duplicate rows are summed first (e.g. gradients
-    gathered from several ranks).
+    gathered from several ranks). ``row_terms[t]`` (or None), aligned with
+    table t's unique rows, replaces row-wise AdaGrad's ``mean(g * g)``.
     """
     from embedding.optim import state_specs
 
@@ -165,7 +166,8 @@ def apply_updates(layout: TableLayout, config, weights: np.ndarray,
             rows, grads = aggregate_rows(rows, grads, layout.rows[t])
         views = {sp.name: table_view(layout, state[sp.name], t, sp.per_row)
                  for sp in state_specs(configs[t].kind)}
-        sparse_update(configs[t], table_view(layout, weights, t), views, rows, grads)
+        term = None if row_terms is None else row_terms[t]
+        sparse_update(configs[t], table_view(layout, weights, t), views, rows, grads, term)
 
     _map(one, range(layout.num_tables), threads)
 

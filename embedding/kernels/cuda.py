@@ -14,7 +14,8 @@ import numpy as np
 from embedding.kernels.cuda_src import MAX_DIM, OPTIMIZER_CODES, source_for
 from embedding.kernels.layout import Bags, TableLayout, per_table_configs
 
-__all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update", "available"]
+__all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update", "aggregate_rows",
+           "available"]
 
 _THREADS = 128          # 4 warps per block
 _WARPS_PER_BLOCK = _THREADS // 32
@@ -151,7 +152,7 @@ def _opt_args(configs, dtype, state: dict | None, weights):
 
 
 def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, configs=None,
-                  weights=None, state=None):
+                  weights=None, state=None, row_term=None):
     """Launch ``segment_update`` over the segments of ``keys``; returns the segment info."""
     cp = _cp()
     woff, dims, row_base = _layout_arrays(layout)
@@ -168,6 +169,7 @@ def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, configs=No
     _function(dtype, "segment_update")(
         _blocks(u), (_THREADS,),
         (sk, order, seg_start, seg_table, np.int64(u), row_base, woff, dims) + grad_source
+        + ((row_term, np.int32(1)) if row_term is not None else (cp.zeros(1, dtype), np.int32(0)))
         + (np.int32(mode), agg, agg_off) + _opt_args(configs, dtype, state, weights))
     return sk, seg_start, seg_table, agg, agg_off
 
@@ -238,7 +240,7 @@ def backward_update(layout: TableLayout, config, weights, state: dict, bags: Bag
 
 
 def apply_updates(layout: TableLayout, config, weights, state: dict, sparse,
-                  unique: bool = True) -> None:
+                  unique: bool = True, row_terms=None) -> None:
     """Device twin of :func:`embedding.kernels.cpu.apply_updates` (duplicates always summed)."""
     cp = _cp()
     _check_dims(layout)
@@ -246,13 +248,15 @@ def apply_updates(layout: TableLayout, config, weights, state: dict, sparse,
         raise ValueError(f"sparse: expected {layout.num_tables} (rows, grads) pairs, got "
                          f"{len(sparse)}")
     dtype = weights.dtype
-    keys, flats, row_offs = [], [], []
+    keys, flats, row_offs, terms = [], [], [], []
     base = 0
     for t, (rows, grads) in enumerate(sparse):
         n = int(len(rows))
         if n == 0:
             continue
         d = layout.dims[t]
+        term = None if row_terms is None else row_terms[t]
+        terms.append(cp.zeros(n, dtype) if term is None else cp.asarray(term, dtype))
         keys.append(cp.asarray(rows, cp.int64) + layout.row_base[t])
         flats.append(cp.asarray(grads, dtype).reshape(-1))
         row_offs.append(base + cp.arange(n, dtype=cp.int64) * d)
@@ -266,5 +270,27 @@ def apply_updates(layout: TableLayout, config, weights, state: dict, sparse,
     zt = cp.zeros(1, dtype)
     source = (np.int32(0), zt, zi, zi, zi, cp.zeros(1, cp.int32), zt, np.int32(0), np.int32(1),
               np.int32(1), np.int64(0), grad_rows, grad_row_offsets)
+    row_term = None
+    if row_terms is not None and any(t is not None for t in row_terms):
+        row_term = cp.concatenate(terms)
     _run_segments(layout, keys, dtype, source, 1, per_table_configs(config, layout.num_tables),
-                  weights, state)
+                  weights, state, row_term)
+
+
+def aggregate_rows(rows, grads, num_rows: int):
+    """Device twin of :func:`embedding.kernels.cpu.aggregate_rows` (rows come out sorted)."""
+    cp = _cp()
+    rows = cp.asarray(rows, cp.int64)
+    grads = cp.ascontiguousarray(grads)
+    if rows.size == 0:
+        return rows, grads
+    d = int(grads.shape[1])
+    if d > MAX_DIM:
+        raise ValueError(f"grads: the device kernels support dims up to {MAX_DIM}, got {d}")
+    layout = TableLayout((int(num_rows),), (d,))
+    zi = cp.zeros(1, cp.int64)
+    zt = cp.zeros(1, grads.dtype)
+    source = (np.int32(0), zt, zi, zi, zi, cp.zeros(1, cp.int32), zt, np.int32(0), np.int32(1),
+              np.int32(1), np.int64(0), grads.reshape(-1),
+              cp.arange(rows.size, dtype=cp.int64) * d)
+    return _split_tables(layout, *_run_segments(layout, rows, grads.dtype, source, 0))[0]

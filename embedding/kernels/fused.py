@@ -108,11 +108,18 @@ class FusedTables:
         """Per table ``(rows, grads)`` of the bags' summed gradients (no update)."""
         return self._impl.aggregate_grads(self.layout, bags, self._cast(grad_out), **self._kw())
 
-    def update(self, sparse, unique: bool = True) -> None:
-        """Optimizer step on per-table ``(rows, grads)``; ``unique=False`` sums duplicates first."""
+    def update(self, sparse, unique: bool = True, row_terms=None) -> None:
+        """Optimizer step on per-table ``(rows, grads)``; ``unique=False`` sums duplicates first.
+
+        ``row_terms[t]`` (unique rows only) replaces row-wise AdaGrad's
+        ``mean(g * g)`` for table t's rows (column slices of a wider row).
+        """
         sparse = [(rows, self._cast(grads)) for rows, grads in sparse]
+        kw = self._kw()
+        if row_terms is not None:
+            kw["row_terms"] = row_terms
         self._impl.apply_updates(self.layout, self.optimizers, self.weights, self.state, sparse,
-                                 unique, **self._kw())
+                                 unique, **kw)
 
     def backward_update(self, bags: Bags, grad_out) -> None:
         """Fused backward + optimizer: only the rows the bags read change."""

@@ -32,7 +32,8 @@ from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags, TableLayout
 from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingStrategy,
                                      collectives_api, pack_jagged, unpack_jagged)
-from embedding.types import Pooling, Shard, ShardingType, TableConfig, TablePlan
+from embedding.types import (OptimizerKind, Pooling, Shard, ShardingType, TableConfig,
+                             TablePlan)
 
 __all__ = ["TableWiseSharding", "SlotWiseSharding", "check_column_partition"]
 
@@ -109,6 +110,11 @@ class SlotWiseSharding(ShardingStrategy):
             c += slots[i].shard.num_cols
         self._local_cols = tuple(cols)
         self._local_dim = c
+        # Row-wise AdaGrad over column slices: the accumulator of a row sees the whole row's
+        # gradient, so the owners of a table's slices exchange per-row sums of squares.
+        self._sq_tables = [ti for ti, (t, p) in enumerate(zip(self.tables, self.plans))
+                           if len(p.shards) > 1
+                           and t.optimizer.kind is OptimizerKind.ROWWISE_ADAGRAD]
         self._dedup = None
         if env.dedup:
             from embedding.dedup import DedupPlan
@@ -243,10 +249,87 @@ class SlotWiseSharding(ShardingStrategy):
 
         def finish(res):
             recv, _ = res
-            if self.fused is not None and bags.num_slots:
+            if self._sq_tables:
+                sparse = None
+                if self.fused is not None and bags.num_slots:
+                    sparse = self.fused.aggregate(bags, recv.reshape(bags.out_rows,
+                                                                      self._local_dim))
+                self.apply_sparse(sparse)
+            elif self.fused is not None and bags.num_slots:
                 self.fused.backward_update(bags, recv.reshape(bags.out_rows, self._local_dim))
 
         return Pending((h,), finish)
+
+    def apply_sparse(self, sparse) -> None:
+        """Optimizer step on per-local-shard ``(rows, grads)`` (unique rows; None: no shards).
+
+        Collective when a row-wise AdaGrad table is column-sliced: every rank
+        takes part in the exchange of per-row sums of squares between the
+        owners of its slices, so each slice adds the whole row's
+        ``mean(g * g)`` to its accumulator, in the same order on every owner.
+        """
+        if not self._sq_tables:
+            if sparse is not None:
+                self.fused.update(sparse)
+            return
+        env = self.env
+        xp = env.xp
+        c = collectives_api()
+        sparse = list(sparse) if sparse is not None else []
+        for k, (rows, g) in enumerate(sparse):  # same sorted rows on every owner of a table
+            order = xp.argsort(xp.asarray(rows))
+            sparse[k] = (xp.asarray(rows)[order], g[order])
+        mine = {ti: [(sh, self._local_index[(ti, sh)]) for sh in
+                     sorted(self.plans[ti].shards, key=lambda s: s.col_offset)
+                     if sh.rank == env.rank] for ti in self._sq_tables}
+        partial = {k: (g * g).sum(axis=1) for k, (_, g) in enumerate(sparse)}
+        send, send_counts = [], np.zeros(env.size, np.int64)
+        recv_counts = np.zeros(env.size, np.int64)
+        for r in range(env.size):
+            if r == env.rank:
+                continue
+            for ti in self._sq_tables:
+                if not mine[ti]:
+                    continue
+                theirs = [sh for sh in self.plans[ti].shards if sh.rank == r]
+                if not theirs:
+                    continue
+                n = len(sparse[mine[ti][0][1]][0])
+                for _, k in mine[ti]:
+                    send.append(partial[k])
+                    send_counts[r] += n
+                recv_counts[r] += n * len(theirs)
+        buf = xp.concatenate(send) if send else xp.zeros(0, env.dtype)
+        recv, _ = c.all_to_all_v(xp.ascontiguousarray(buf, dtype=env.dtype), send_counts,
+                                 recv_counts=recv_counts, group=env.group)
+        got: dict = {}
+        at = 0
+        for r in range(env.size):
+            if r == env.rank:
+                continue
+            for ti in self._sq_tables:
+                if not mine[ti]:
+                    continue
+                theirs = sorted((sh for sh in self.plans[ti].shards if sh.rank == r),
+                                key=lambda s: s.col_offset)
+                n = len(sparse[mine[ti][0][1]][0])
+                for sh in theirs:
+                    got[(ti, sh)] = recv[at:at + n]
+                    at += n
+        terms = [None] * len(sparse)
+        for ti, owned in mine.items():
+            if not owned:
+                continue
+            local = {sh: partial[k] for sh, k in owned}
+            total = None
+            for sh in sorted(self.plans[ti].shards, key=lambda s: s.col_offset):
+                part = local[sh] if sh in local else got[(ti, sh)]
+                total = part.copy() if total is None else total + part
+            term = total / env.dtype.type(self.tables[ti].dim)
+            for _, k in owned:
+                terms[k] = term
+        if sparse:
+            self.fused.update(sparse, row_terms=terms)
 
 
 class TableWiseSharding(SlotWiseSharding):

@@ -1,0 +1,265 @@
+"""Sharded embeddings against a single-process float64 dense reference.
+
+Every strategy and mixes of them, for SGD, row-wise AdaGrad and Adam, with
+heavy duplicate ids, empty bags, mean pooling, shared tables and per-id
+weights: the pooled output of every rank's batch and the weights (and
+optimizer state) of every local shard after two steps must equal the dense
+reference. Runs at any world size and node layout:
+
+    mpirun -n 4 python -m pytest --with-mpi tests/mpi/test_sharding.py
+    NEOCOMM_RANKS_PER_NODE=2 mpirun -n 4 python -m pytest --with-mpi tests/mpi/test_sharding.py
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embedding.collection import ShardedEmbeddingCollection
+from embedding.jagged import KeyedJagged
+from embedding.kernels.reference import bag_grads, pool_bags
+from embedding.optim import dense_reference_update, state_specs
+from embedding.types import (IdPolicy, OptimizerConfig, OptimizerKind, Pooling, Shard,
+                             ShardingPlan, ShardingType, TableConfig, TablePlan)
+
+ST = ShardingType
+BATCH = 5
+RTOL = 1e-10
+
+
+def make_tables(kind: OptimizerKind) -> list[TableConfig]:
+    opt = OptimizerConfig(kind, lr=0.05 if kind is not OptimizerKind.SGD else 0.1)
+    return [
+        TableConfig("t0", 37, 4, Pooling.SUM, ("f0", "f0b"), "float64", opt),
+        TableConfig("t1", 23, 6, Pooling.MEAN, ("f1",), "float64", opt),
+        TableConfig("t2", 41, 8, Pooling.SUM, ("f2",), "float64", opt),
+        TableConfig("t3", 11, 5, Pooling.MEAN, ("f3", "f3b"), "float64", opt),
+    ]
+
+
+# -- plans -----------------------------------------------------------------------
+def _cuts(n: int, parts: int, uneven: bool) -> list[int]:
+    if not uneven:
+        return [int(x) for x in np.linspace(0, n, parts + 1).round()]
+    w = np.arange(1, parts + 1, dtype=float)  # block k gets a share ~ k+1
+    return [0] + [int(x) for x in np.cumsum(w / w.sum() * n).round()]
+
+
+def _col_cuts(dim: int, parts: int) -> list[int]:
+    """Uneven column slices, each at least one column wide."""
+    extra = _cuts(dim - parts, parts, True)
+    return [extra[k] + k for k in range(parts + 1)]
+
+
+def table_plan(t: TableConfig, i: int, st: ST, size: int, nodes, uneven=False) -> TablePlan:
+    if st is ST.TABLE_WISE:
+        return TablePlan(t.name, st, (Shard((i * 2 + 1) % size, 0, t.num_rows, 0, t.dim),))
+    if st is ST.DATA_PARALLEL:
+        return TablePlan(t.name, st, tuple(Shard(r, 0, t.num_rows, 0, t.dim)
+                                           for r in range(size)))
+    if st is ST.ROW_WISE:
+        c = _cuts(t.num_rows, size, uneven)
+        order = list(range(size))[::-1] if i % 2 else list(range(size))
+        return TablePlan(t.name, st, tuple(Shard(order[k], c[k], c[k + 1] - c[k], 0, t.dim)
+                                           for k in range(size)))
+    if st is ST.COLUMN_WISE:
+        parts = min(3, t.dim)
+        c = _col_cuts(t.dim, parts) if uneven else _cuts(t.dim, parts, False)
+        return TablePlan(t.name, st, tuple(Shard((i + k) % size, 0, t.num_rows, c[k],
+                                                 c[k + 1] - c[k]) for k in range(parts)))
+    node = nodes[i % len(nodes)]
+    if st is ST.TABLE_ROW_WISE:
+        c = _cuts(t.num_rows, len(node), uneven or i % 2 == 1)
+        return TablePlan(t.name, st, tuple(Shard(node[k], c[k], c[k + 1] - c[k], 0, t.dim)
+                                           for k in range(len(node))))
+    if st is ST.TABLE_COLUMN_WISE:
+        parts = min(len(node) + 1, t.dim)
+        c = _col_cuts(t.dim, parts)
+        return TablePlan(t.name, st, tuple(Shard(node[k % len(node)], 0, t.num_rows, c[k],
+                                                 c[k + 1] - c[k]) for k in range(parts)))
+    raise AssertionError(st)
+
+
+MIXES = {
+    "tw": [ST.TABLE_WISE] * 4,
+    "rw": [ST.ROW_WISE] * 4,
+    "rw_uneven": [ST.ROW_WISE] * 4,
+    "cw": [ST.COLUMN_WISE] * 4,
+    "dp": [ST.DATA_PARALLEL] * 4,
+    "twrw": [ST.TABLE_ROW_WISE] * 4,
+    "twcw": [ST.TABLE_COLUMN_WISE] * 4,
+    "mixed": [ST.TABLE_WISE, ST.ROW_WISE, ST.COLUMN_WISE, ST.DATA_PARALLEL],
+    "mixed_hier": [ST.TABLE_ROW_WISE, ST.TABLE_COLUMN_WISE, ST.ROW_WISE, ST.TABLE_WISE],
+}
+
+
+def make_plan(tables, mix: str, group) -> ShardingPlan:
+    nodes = [tuple(n) for n in group.nodes]
+    kinds = MIXES[mix]
+    uneven = mix.endswith("uneven")
+    plans = tuple(table_plan(t, i, kinds[i], group.size, nodes, uneven)
+                  for i, t in enumerate(tables))
+    return ShardingPlan(group.size, len(nodes[0]), plans)
+
+
+# -- data and reference ------------------------------------------------------------
+def global_batch(rng, tables, size: int, weighted: bool):
+    """Bags of every feature for all ranks' samples: many duplicates, some empty bags."""
+    bags, weights = {}, {}
+    for t in tables:
+        hot = rng.integers(0, t.num_rows, 3)
+        for f in t.features:
+            fb, fw = [], []
+            for _ in range(BATCH * size):
+                n = int(rng.integers(0, 6))
+                ids = np.where(rng.random(n) < 0.6, rng.choice(hot, n),
+                               rng.integers(0, t.num_rows, n))
+                fb.append([int(x) for x in ids])
+                fw.append([float(x) for x in rng.uniform(0.5, 1.5, n)])
+            bags[f] = fb
+            weights[f] = fw
+    return bags, (weights if weighted else None)
+
+
+def local_kjt(bags, weights, rank: int) -> KeyedJagged:
+    sl = slice(rank * BATCH, (rank + 1) * BATCH)
+    return KeyedJagged.from_lists({f: b[sl] for f, b in bags.items()},
+                                  None if weights is None else
+                                  {f: w[sl] for f, w in weights.items()})
+
+
+class Reference:
+    """Dense float64 tables and optimizer state, stepped with plain loops."""
+
+    def __init__(self, tables, rng):
+        self.tables = tables
+        self.w = {t.name: rng.standard_normal((t.num_rows, t.dim)) for t in tables}
+        self.state = {}
+        for t in tables:
+            st = {}
+            for spec in state_specs(t.optimizer.kind):
+                shape = (t.num_rows,) if spec.per_row else (t.num_rows, t.dim)
+                st[spec.name] = np.zeros(shape, spec.dtype or np.float64)
+            self.state[t.name] = st
+
+    def forward(self, bags, weights):
+        return np.concatenate([pool_bags(self.w[t.name], bags[f], t.pooling,
+                                         None if weights is None else weights[f])
+                               for t in self.tables for f in t.features], axis=1)
+
+    def step(self, bags, weights, grad):
+        col = 0
+        for t in self.tables:
+            dense = np.zeros((t.num_rows, t.dim))
+            touched = np.zeros(t.num_rows, bool)
+            for f in t.features:
+                d, tt = bag_grads(t.num_rows, bags[f], grad[:, col:col + t.dim], t.pooling,
+                                  None if weights is None else weights[f])
+                dense += d
+                touched |= tt
+                col += t.dim
+            dense_reference_update(t.optimizer, self.w[t.name], self.state[t.name], dense,
+                                   touched)
+
+
+def compare_shards(coll, ref, all_ranks, what: str):
+    worst = 0.0
+    for s in coll.local_shards():
+        sh = s.shard
+        rows = slice(sh.row_offset, sh.row_offset + sh.num_rows)
+        cols = slice(sh.col_offset, sh.col_offset + sh.num_cols)
+        expect = ref.w[s.table][rows, cols]
+        worst = max(worst, float(np.max(np.abs(s.weight - expect) / (1 + np.abs(expect)),
+                                        initial=0)))
+        table = next(t for t in ref.tables if t.name == s.table)
+        for spec in state_specs(table.optimizer.kind):
+            got = s.tables.state_view(s.index, spec.name)
+            exp = ref.state[s.table][spec.name][rows]
+            if not spec.per_row:
+                exp = exp[:, cols]
+            worst = max(worst, float(np.max(np.abs(got - exp) / (1 + np.abs(exp)), initial=0)))
+    all_ranks(worst < RTOL, f"{what}: shard weights/state differ from the reference by {worst}")
+
+
+def run_steps(world, all_ranks, mix, kind, *, weighted=False, dedup=False, steps=2,
+              pipelined=False):
+    group = world.world
+    tables = make_tables(kind)
+    plan = make_plan(tables, mix, group)
+    coll = ShardedEmbeddingCollection(tables, plan, group, dedup=dedup)
+    rng = np.random.default_rng(1234)
+    ref = Reference(tables, rng)
+    for t in tables:
+        coll.load_table(t.name, ref.w[t.name])
+    batches = [global_batch(rng, tables, group.size, weighted) for _ in range(steps)]
+    grads = [rng.standard_normal((BATCH * group.size, coll.out_dim)) for _ in range(steps)]
+    sl = slice(group.rank * BATCH, (group.rank + 1) * BATCH)
+    nxt = coll.input_dist(local_kjt(*batches[0], group.rank)) if pipelined else None
+    for i, ((bags, weights), grad) in enumerate(zip(batches, grads)):
+        expect = ref.forward(bags, weights)[sl]
+        if pipelined:
+            out, ctx = coll.forward_with_context(nxt)
+            if i + 1 < steps:  # start the next batch's input dist before this backward
+                nxt = coll.input_dist(local_kjt(*batches[i + 1], group.rank))
+        else:
+            out = coll.forward(local_kjt(bags, weights, group.rank))
+            ctx = None
+        err = float(np.max(np.abs(out - expect) / (1 + np.abs(expect)), initial=0))
+        all_ranks(out.shape == expect.shape and err < RTOL,
+                  f"{mix}/{kind.value} step {i}: forward differs by {err}")
+        coll.backward(grad[sl], ctx)
+        ref.step(bags, weights, grad)
+    compare_shards(coll, ref, all_ranks, f"{mix}/{kind.value}")
+
+
+def _needs_uniform(mix: str, world) -> bool:
+    return "twrw" in mix or mix == "mixed_hier"
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind", list(OptimizerKind), ids=lambda k: k.value)
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_matches_dense_reference(world, all_ranks, mix, kind):
+    if _needs_uniform(mix, world) and not world.uniform:
+        pytest.skip("table_row_wise needs the same number of ranks on every node")
+    run_steps(world, all_ranks, mix, kind)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mix", ["tw", "rw", "cw", "dp", "twcw", "mixed"])
+def test_per_id_weights(world, all_ranks, mix):
+    run_steps(world, all_ranks, mix, OptimizerKind.ROWWISE_ADAGRAD, weighted=True)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind", list(OptimizerKind), ids=lambda k: k.value)
+@pytest.mark.parametrize("mix", ["tw", "cw", "twcw", "mixed"])
+def test_dedup_matches_reference(world, all_ranks, mix, kind):
+    run_steps(world, all_ranks, mix, kind, dedup=True, weighted=mix == "mixed")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mix", ["mixed", "mixed_hier"])
+def test_pipelined_input_dist(world, all_ranks, mix):
+    """input_dist of batch i+1 started before the backward of batch i gives the same result."""
+    if _needs_uniform(mix, world) and not world.uniform:
+        pytest.skip("table_row_wise needs the same number of ranks on every node")
+    run_steps(world, all_ranks, mix, OptimizerKind.ADAM, steps=3, pipelined=True)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_table_row_wise_rejects_uneven_nodes(world, all_ranks):
+    """On a group whose nodes differ in size, table_row_wise raises on every member."""
+    first = [r for r in range(world.size) if world.node_of(r) == 0]
+    if world.num_nodes < 2 or len(first) < 2:
+        pytest.skip("needs emulated nodes of 2+ ranks (NEOCOMM_RANKS_PER_NODE=2)")
+    ranks = first + [r for r in range(world.size) if world.node_of(r) == 1][:len(first) - 1]
+    sub = world.world.split(ranks)
+    raised = True
+    if sub is not None:
+        tables = make_tables(OptimizerKind.SGD)
+        try:
+            ShardedEmbeddingCollection(tables, make_plan(tables, "twrw", sub), sub)
+            raised = False
+        except ValueError as exc:
+            raised = "same number of ranks" in str(exc)
+    all_ranks(raised, "table_row_wise on uneven nodes must raise ValueError")
