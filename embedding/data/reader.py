@@ -19,7 +19,7 @@ import numpy as np
 
 from embedding.data.batch import Batch, shard_bounds
 
-__all__ = ["Dataset", "ShardedReader", "BroadcastReader", "Transport"]
+__all__ = ["Dataset", "ShardedReader", "BroadcastReader", "Transport", "one_to_many_transport"]
 
 
 class Dataset(Protocol):
@@ -126,14 +126,18 @@ class BroadcastReader:
     :data:`Transport`) carries the packed slices (:meth:`Batch.pack`). The
     batches each rank gets are exactly those of a :class:`ShardedReader`
     with the same data set, batch size and seed. Only ``root`` touches
-    ``dataset``; elsewhere it may be None.
+    ``dataset``; elsewhere it may be None. ``transport=None`` uses
+    :func:`one_to_many_transport` on the world group (``rank`` and
+    ``world_size`` are then world ranks).
     """
 
     def __init__(self, dataset: Dataset | None, global_batch_size: int, rank: int,
-                 world_size: int, transport: Transport, *, root: int = 0,
+                 world_size: int, transport: Transport | None = None, *, root: int = 0,
                  shuffle: bool = False, seed: int = 0, feature_names=()):
         if not 0 <= root < world_size:
             raise ValueError(f"root: expected 0 <= root < {world_size}, got {root}")
+        if transport is None:
+            transport = one_to_many_transport()
         if not callable(transport):
             raise TypeError(f"transport: expected a callable, got {type(transport).__name__}")
         self.global_batch_size = int(global_batch_size)
@@ -168,3 +172,36 @@ class BroadcastReader:
         if self._reader is not None:
             self._reader.load_state_dict(state)
 
+
+def one_to_many_transport(group=None) -> Transport:
+    """A :data:`Transport` over ``collectives.one_to_many`` on ``group`` (None: the world group).
+
+    The root broadcasts the byte size of every rank's piece (receivers of a
+    jagged batch cannot know it), then sends every other rank its piece with
+    one OneToMany of distinct payloads; the root keeps its own piece without
+    a copy through the collective. Every rank of the group must call it.
+    """
+    def transport(pieces, root: int) -> np.ndarray:
+        from collectives import broadcast, one_to_many
+
+        g = group
+        if g is None:
+            from neocomm.world import current_world
+
+            g = current_world().world
+        others = [r for r in range(g.size) if r != root]
+        if not others:  # a group of one: nothing to send
+            return np.asarray(pieces[root], np.uint8)
+        counts = np.zeros(len(others), np.int64)
+        if pieces is not None:
+            if len(pieces) != g.size:
+                raise ValueError(f"pieces: expected one buffer per rank of the group "
+                                 f"({g.size}), got {len(pieces)}")
+            counts[:] = [np.asarray(pieces[r]).size for r in others]
+        broadcast(counts, root=root, group=g)
+        send = (np.concatenate([np.asarray(pieces[r], np.uint8) for r in others])
+                if pieces is not None else None)
+        got = one_to_many(send, root=root, ranks=others, counts=counts, group=g)
+        return np.asarray(pieces[root], np.uint8) if pieces is not None else got
+
+    return transport

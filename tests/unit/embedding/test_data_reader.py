@@ -98,7 +98,7 @@ def test_broadcast_reader_matches_sharded_reader():
     with pytest.raises(ValueError, match="data set"):
         BroadcastReader(None, 64, 0, 2, box.transport_for(0))
     with pytest.raises(TypeError, match="transport"):
-        BroadcastReader(ds, 64, 0, 2, None)
+        BroadcastReader(ds, 64, 0, 2, "one_to_many")
 
 
 def jagged_batch():
@@ -142,3 +142,36 @@ def test_batch_check_names_step_and_tensor():
     assert e.value.tensor == "dense" and e.value.index == 7
     with pytest.raises(BatchError, match=r"values\[1\] \(b\): id 5 .* < 5"):
         b.check(table_sizes=(10, 5, 10))
+
+
+def test_one_to_many_transport_wiring(monkeypatch):
+    """The real transport: sizes broadcast first, then one OneToMany to the other ranks."""
+    import collectives
+    from embedding.data import one_to_many_transport
+
+    class Group:
+        size = 3
+
+    calls = []
+
+    def broadcast(buf, *, root, group):
+        calls.append(("broadcast", buf.tolist(), root))
+        return buf
+
+    def one_to_many(send, *, root, ranks, counts, group):
+        calls.append(("one_to_many", None if send is None else send.tolist(), root, ranks,
+                      counts.tolist()))
+        return np.zeros(int(counts[0]), np.uint8)
+
+    monkeypatch.setattr(collectives, "broadcast", broadcast)
+    monkeypatch.setattr(collectives, "one_to_many", one_to_many)
+    t = one_to_many_transport(Group())
+    pieces = [np.array([1, 2], np.uint8), np.array([3], np.uint8), np.array([4, 5, 6], np.uint8)]
+    assert t(pieces, 1).tolist() == [3]  # the root keeps its own piece
+    assert calls == [("broadcast", [2, 3], 1), ("one_to_many", [1, 2, 4, 5, 6], 1, [0, 2], [2, 3])]
+    calls.clear()
+    assert t(None, 1).size == 0 and calls[1][1] is None
+    with pytest.raises(ValueError, match="one buffer per rank"):
+        t(pieces[:2], 0)
+    Group.size = 1
+    assert t([pieces[0]], 0).tolist() == [1, 2]  # a group of one moves nothing
