@@ -16,7 +16,8 @@ from topology.types import ClusterTopology, HostTopology, LinkKind
 
 __all__ = ["LinkParams", "link_model", "nvlink_generation", "nvlink_lane_bandwidth",
            "nvlink_max_lanes", "pcie_bandwidth", "nic_bandwidth", "inter_node_kind",
-           "intra_node_kind", "LATENCY", "SHM_BANDWIDTH", "TCP_DEFAULT_GBPS"]
+           "intra_node_kind", "memory_bandwidth", "LATENCY", "SHM_BANDWIDTH",
+           "TCP_DEFAULT_GBPS"]
 
 
 class LinkParams(NamedTuple):
@@ -61,6 +62,20 @@ SHM_BANDWIDTH = 6.5e9
 #: TCP line rate assumed when the kernel does not report an interface speed
 #: (virtual NICs report -1), Gb/s: a common 10 GbE datacenter port.
 TCP_DEFAULT_GBPS = 10.0
+
+
+# Device memory throughput, bytes/s, from NVIDIA's product datasheets (HBM peak):
+# V100 SXM2 900 GB/s; A100 40GB 1555 GB/s; A100 80GB SXM 2039 GB/s; H100 PCIe
+# 2.0 TB/s; H100 SXM 3.35 TB/s; H200 4.8 TB/s; B200 8 TB/s. Most specific first.
+_MEMORY = [("B200", 8.0e12), ("H200", 4.8e12), ("H100 PCIE", 2.0e12), ("H100", 3.35e12),
+           ("A100-SXM4-80GB", 2.039e12), ("A100 80GB", 2.039e12), ("A100", 1.555e12),
+           ("V100", 0.9e12)]
+
+
+def memory_bandwidth(gpu_name: str) -> float:
+    """Peak device memory throughput of a GPU model in bytes/s; 0.0 when unknown."""
+    upper = gpu_name.upper()
+    return next((bw for key, bw in _MEMORY if key in upper), 0.0)
 
 
 def nvlink_generation(gpu_name: str) -> int | None:

@@ -68,10 +68,9 @@ def _links(intra_kind, intra_bw: float, inter_kind, inter_bw: float, nics: int,
 def _gpu_bandwidth(names) -> float:
     """Device memory throughput of these GPU models from the link model, when it
     knows it (``topology.linkmodel.memory_bandwidth``); 0.0 otherwise."""
-    from topology import linkmodel
+    from topology.linkmodel import memory_bandwidth
 
-    lookup = getattr(linkmodel, "memory_bandwidth", None)
-    rates = [lookup(n) for n in names] if lookup is not None and names else []
+    rates = [memory_bandwidth(n) for n in names] if names else []
     return float(min(rates)) if rates and all(rates) else 0.0
 
 

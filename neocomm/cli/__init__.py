@@ -60,7 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     from neocomm.logs import install_cli_logging
 
     install_cli_logging()
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
