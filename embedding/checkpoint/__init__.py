@@ -18,6 +18,7 @@ from embedding.checkpoint.writer import CheckpointWriter, checkpoint_name, prune
 
 __all__ = ["save_checkpoint", "CheckpointWriter", "checkpoint_name", "prune", "Checkpoint",
            "CheckpointInfo", "FileStatus", "load_checkpoint", "latest_checkpoint",
-           "list_checkpoints", "read_box", "read_for_plan", "shard_box", "shard_slice", "TensorSlice",
+           "list_checkpoints", "read_box", "read_for_plan", "shard_box", "shard_slice",
+           "TensorSlice",
            "FileRecord", "Manifest", "CheckpointError", "ChecksumError",
            "CheckpointMismatchError"]

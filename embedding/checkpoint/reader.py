@@ -84,7 +84,7 @@ def latest_checkpoint(root) -> Path | None:
 
 @dataclass(frozen=True)
 class FileStatus:
-    """Verification result of one file: ``status`` is ``ok``, ``missing``, ``bad-size`` or ``bad-checksum``."""
+    """Verification of one file: ``status`` is ok, missing, bad-size or bad-checksum."""
 
     record: FileRecord
     status: str

@@ -86,7 +86,7 @@ def read_box(ckpt: Checkpoint, table: str, tensor: str, offset, shape) -> np.nda
 
 
 def shard_box(shard, global_shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``(offset, shape)`` of a plan :class:`~embedding.types.Shard` in a tensor of ``global_shape``.
+    """``(offset, shape)`` of a plan :class:`~embedding.types.Shard` in a ``global_shape`` tensor.
 
     2-D tensors (weights, per-element state) take rows and columns; 1-D
     tensors (per-row state) take the shard's rows.

@@ -153,8 +153,8 @@ class Manifest:
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"manifest is not valid JSON: {exc}", path=path) from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise CheckpointError(f"manifest format is {d.get('format') if isinstance(d, dict) else None!r}, "
-                                  f"expected {FORMAT!r}", path=path)
+            got = d.get("format") if isinstance(d, dict) else None
+            raise CheckpointError(f"manifest format is {got!r}, expected {FORMAT!r}", path=path)
         if int(d.get("version", -1)) != FORMAT_VERSION:
             raise CheckpointError(f"manifest version {d.get('version')} is not supported (this "
                                   f"reader knows {FORMAT_VERSION})", path=path)

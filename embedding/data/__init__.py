@@ -20,7 +20,7 @@ from embedding.data.types import (CRITEO_1TB_TABLE_SIZES, NUM_DENSE, NUM_SPARSE,
 
 __all__ = ["Batch", "shard_bounds", "BinaryDataset", "BinaryWriter", "Verify", "convert_text",
            "write_batches", "Preprocessor", "Vocabulary", "read_criteo_text", "ShardedReader",
-           "BroadcastReader", "one_to_many_transport", "SyntheticConfig", "SyntheticDataset", "planted_auc",
-           "scale_table_sizes", "table_size_preset", "TABLE_PRESETS", "CRITEO_1TB_TABLE_SIZES",
-           "NUM_DENSE", "NUM_SPARSE", "BatchError", "CategoricalEncoding", "DataFormatError",
-           "MissingCategorical"]
+           "BroadcastReader", "one_to_many_transport", "SyntheticConfig", "SyntheticDataset",
+           "planted_auc", "scale_table_sizes", "table_size_preset", "TABLE_PRESETS",
+           "CRITEO_1TB_TABLE_SIZES", "NUM_DENSE", "NUM_SPARSE", "BatchError",
+           "CategoricalEncoding", "DataFormatError", "MissingCategorical"]

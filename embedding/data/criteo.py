@@ -258,7 +258,7 @@ class Preprocessor:
         self.vocabulary = vocabulary
 
     def encode_ids(self, raw: RawRecords) -> np.ndarray:
-        """Rows ``[N, 26]`` int64; -1 marks an empty bag (missing, :attr:`MissingCategorical.EMPTY`)."""
+        """Rows ``[N, 26]`` int64; -1 marks an empty bag (a missing value under ``EMPTY``)."""
         ids = np.empty(raw.cats.shape, np.int64)
         for f in range(NUM_SPARSE):
             if self.encoding is CategoricalEncoding.HASH:

@@ -27,7 +27,8 @@ __all__ = ["FlatBuffers", "BucketHook", "plan_buckets"]
 BucketHook = Callable[[Bucket, object], None]
 
 
-def plan_buckets(specs: list[tuple[str, int]], itemsize: int, bucket_bytes: int) -> tuple[Bucket, ...]:
+def plan_buckets(specs: list[tuple[str, int]], itemsize: int,
+                 bucket_bytes: int) -> tuple[Bucket, ...]:
     """Cut parameters ``(name, numel)`` (in buffer order) into buckets of ~``bucket_bytes``."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes: expected > 0, got {bucket_bytes}")
@@ -96,7 +97,7 @@ class FlatBuffers:
         self._hook = hook
 
     def mark_ready(self, *names: str) -> None:
-        """The gradients of ``names`` are written; fire the hook of every bucket that is complete."""
+        """The gradients of ``names`` are written; fire the hook of each bucket now complete."""
         for name in names:
             i = self._bucket_of[name]
             self._pending[i] -= 1

@@ -40,7 +40,8 @@ def test_round_trip_and_manifest(tmp_path):
                                                          tuple(TABLES))
     assert {f.name for f in m.files} == {"emb/users/weight", "dense/params", "opt/steps"}
     assert all(f.checksum.startswith("crc32:") and f.bytes > 0 for f in m.files)
-    np.testing.assert_array_equal(ckpt.read_array("emb/users/weight"), arrays(3)[0]["emb/users/weight"])
+    np.testing.assert_array_equal(ckpt.read_array("emb/users/weight"),
+                                  arrays(3)[0]["emb/users/weight"])
     assert ckpt.read_array("opt/steps") == 3
     assert all(s.status == "ok" for s in ckpt.verify())
     assert Manifest.from_json(m.to_json()) == m
@@ -154,7 +155,8 @@ def test_bad_checksum_is_refused_with_the_file_named(tmp_path):
     path = save(tmp_path, 2)
     rec = corrupt(path, "dense/params")
     ckpt = load_checkpoint(tmp_path)
-    np.testing.assert_array_equal(ckpt.read_array("emb/users/weight"), arrays(2)[0]["emb/users/weight"])
+    np.testing.assert_array_equal(ckpt.read_array("emb/users/weight"),
+                                  arrays(2)[0]["emb/users/weight"])
     with pytest.raises(ChecksumError, match=f"file {rec.path} .*'dense/params' of rank 0.* has "
                                             f"checksum crc32:.*refusing") as e:
         ckpt.read_array("dense/params")

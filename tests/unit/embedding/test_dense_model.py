@@ -45,8 +45,8 @@ def reference_forward(model: DenseModel, dense, pooled):
 def test_forward_matches_loop_reference():
     model = DenseModel(SMALL, seed=2)
     dense, pooled, _ = inputs()
-    np.testing.assert_allclose(model.forward(dense, pooled), reference_forward(model, dense, pooled),
-                               rtol=1e-12)
+    np.testing.assert_allclose(model.forward(dense, pooled),
+                               reference_forward(model, dense, pooled), rtol=1e-12)
     assert SMALL.top_input_dim == 4 + 6  # bottom width + (F + 1) F / 2
     as_list = [pooled[:, f] for f in range(3)]
     np.testing.assert_allclose(model.forward(dense, as_list), model.forward(dense, pooled))
