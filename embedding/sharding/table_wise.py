@@ -110,6 +110,8 @@ class SlotWiseSharding(ShardingStrategy):
             c += slots[i].shard.num_cols
         self._local_cols = tuple(cols)
         self._local_dim = c
+        # Every owner returns the same width: the output dist is a plain AlltoAll.
+        self._uniform = bool(np.all(self._dims_of == self._dims_of[0]))
         # Row-wise AdaGrad over column slices: the accumulator of a row sees the whole row's
         # gradient, so the owners of a table's slices exchange per-row sums of squares.
         self._sq_tables = [ti for ti, (t, p) in enumerate(zip(self.tables, self.plans))
@@ -189,13 +191,15 @@ class SlotWiseSharding(ShardingStrategy):
         else:
             pooled = xp.zeros((bags.out_rows, 0), self.env.dtype)
         size = self.env.size
-        send_counts = np.full(size, b * self._local_dim, np.int64)
-        recv_counts = self._dims_of * b
-        h = c.all_to_all_v(pooled.reshape(-1), send_counts, recv_counts=recv_counts,
-                           group=self.env.group, async_op=True)
+        if self._uniform:  # equal blocks: a plain AlltoAll, no count exchange
+            h = c.all_to_all(pooled.reshape(-1), group=self.env.group, async_op=True)
+        else:
+            h = c.all_to_all_v(pooled.reshape(-1), np.full(size, b * self._local_dim, np.int64),
+                               recv_counts=self._dims_of * b, group=self.env.group,
+                               async_op=True)
 
         def finish(res):
-            recv, _ = res
+            recv = res if self._uniform else res[0]
             return self._assemble(recv, b), bags
 
         return Pending((h,), finish)
@@ -243,12 +247,15 @@ class SlotWiseSharding(ShardingStrategy):
         b = bags.batch_size
         buf = self._split_grad(grad, b)
         size = self.env.size
-        h = c.all_to_all_v(buf, self._dims_of * b,
-                           recv_counts=np.full(size, b * self._local_dim, np.int64),
-                           group=self.env.group, async_op=True)
+        if self._uniform:
+            h = c.all_to_all(buf, group=self.env.group, async_op=True)
+        else:
+            h = c.all_to_all_v(buf, self._dims_of * b,
+                               recv_counts=np.full(size, b * self._local_dim, np.int64),
+                               group=self.env.group, async_op=True)
 
         def finish(res):
-            recv, _ = res
+            recv = res if self._uniform else res[0]
             if self._sq_tables:
                 sparse = None
                 if self.fused is not None and bags.num_slots:
