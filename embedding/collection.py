@@ -38,14 +38,25 @@ __all__ = ["ShardedEmbeddingCollection", "DistributedBatch", "init_weights"]
 
 
 class DistributedBatch:
-    """The input dist of one batch, in flight; pass it to ``forward``."""
+    """The input dist of one batch, in flight; pass it to ``forward``.
 
-    __slots__ = ("pending", "batch_size", "_used")
+    ``wait()`` completes it early (optional: ``forward`` waits anyway). Every
+    rank must wait for, or forward, its batches in the same order.
+    """
+
+    __slots__ = ("pending", "batch_size", "_used", "_dist")
 
     def __init__(self, pending, batch_size: int):
         self.pending = pending
         self.batch_size = batch_size
         self._used = False
+        self._dist = None
+
+    def wait(self) -> "DistributedBatch":
+        """Finish the input dist (ids are on their shards); returns self."""
+        if self._dist is None:
+            self._dist = [p.wait() for p in self.pending]
+        return self
 
 
 class ShardedEmbeddingCollection:
@@ -211,7 +222,7 @@ class ShardedEmbeddingCollection:
         if batch._used:
             raise ValueError("batch: this DistributedBatch was already forwarded")
         batch._used = True
-        dist = [p.wait() for p in batch.pending]
+        dist = batch.wait()._dist
         pending = [s.forward(d) for s, d in zip(self.strategies, dist)]
         results = [p.wait() for p in pending]
         b = batch.batch_size

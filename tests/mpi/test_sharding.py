@@ -200,6 +200,8 @@ def run_steps(world, all_ranks, mix, kind, *, weighted=False, dedup=False, steps
             out, ctx = coll.forward_with_context(nxt)
             if i + 1 < steps:  # start the next batch's input dist before this backward
                 nxt = coll.input_dist(local_kjt(*batches[i + 1], group.rank))
+                if i % 2:
+                    nxt.wait()  # completing it early must not change anything
         else:
             out = coll.forward(local_kjt(bags, weights, group.rank))
             ctx = None
