@@ -98,20 +98,24 @@ def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
         bc2 = (1.0 - np.power(float(config.beta2), kf)).astype(weight.dtype)
         ea = state["exp_avg"]
         es = state["exp_avg_sq"]
-        m = ea[rows]
+        tmp = np.multiply(grads, one - b1)
+        m = np.take(ea, rows, axis=0)
         m *= b1
-        m += (one - b1) * grads
-        v = es[rows]
+        m += tmp                                   # m = b1 m + (1 - b1) g
+        np.multiply(grads, grads, out=tmp)
+        tmp *= one - b2
+        v = np.take(es, rows, axis=0)
         v *= b2
-        v += (one - b2) * np.square(grads)
+        v += tmp                                   # v = b2 v + (1 - b2) g^2
         ea[rows] = m
         es[rows] = v
-        denom = np.sqrt(v / bc2[:, None])
-        denom += eps
-        upd = m / bc1[:, None]
-        upd /= denom
-        upd *= lr
-        _subtract_rows(weight, rows, upd)
+        np.divide(v, bc2[:, None], out=tmp)
+        np.sqrt(tmp, out=tmp)
+        tmp += eps                                 # sqrt(v / bc2) + eps
+        np.divide(m, bc1[:, None], out=m)
+        m /= tmp
+        m *= lr
+        _subtract_rows(weight, rows, m)
         return
     raise ValueError(f"config.kind: unsupported optimizer {kind}")
 
