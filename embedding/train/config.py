@@ -1,0 +1,371 @@
+"""The trainer's configuration: TOML in, a checked :class:`~embedding.train.types.TrainConfig` out.
+
+Every section and key is optional; what is left out keeps its default
+(``neocomm train --print-config`` prints them all). Example::
+
+    [data]
+    source = "binary"            # synthetic | criteo | binary
+    path = "train.bin"
+    eval_records = 65536
+
+    [tables]
+    preset = "criteo-1tb-100x"   # or rows = [1000, 2000, ...]
+
+    [model]
+    embedding_dim = 32
+    bottom_mlp = [128, 32]
+    top_mlp = [256, 64, 1]
+
+    [sparse_optimizer]
+    kind = "rowwise_adagrad"
+    lr = 0.05
+
+    [train]
+    steps = 10000
+    batch_size = 8192
+
+    [checkpoint]
+    every = 1000
+
+An unknown section or key, or a value of the wrong type or range, raises
+:class:`~embedding.train.types.ConfigError` naming the file and the dotted
+key (``train.steps``). Relative paths are relative to the working directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Callable, Mapping
+
+from embedding.dense.types import DenseOptimizerConfig, DenseOptimizerKind
+from embedding.train.types import (CheckpointConfig, ConfigError, DataConfig, DataSource,
+                                   LoopConfig, ModelConfig, OutputConfig, PlanConfig,
+                                   TablesConfig, TrainConfig)
+from embedding.types import IdPolicy, OptimizerConfig, OptimizerKind, Pooling
+
+__all__ = ["load_config", "parse_config", "apply_overrides", "config_to_dict", "to_toml",
+           "parse_size"]
+
+Check = Callable[[Any], Any]  # returns the converted value or raises ValueError(reason)
+
+
+# -- value checks ----------------------------------------------------------------
+def _int(minimum: int | None = None) -> Check:
+    def check(v):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"expected an int, got {type(v).__name__} {v!r}")
+        if minimum is not None and v < minimum:
+            raise ValueError(f"expected an int >= {minimum}, got {v}")
+        return v
+    return check
+
+
+def _float(minimum: float | None = None, maximum: float | None = None,
+           positive: bool = False, below: float | None = None) -> Check:
+    def check(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"expected a number, got {type(v).__name__} {v!r}")
+        v = float(v)
+        if positive and not v > 0:
+            raise ValueError(f"expected a number > 0, got {v}")
+        if minimum is not None and v < minimum:
+            raise ValueError(f"expected a number >= {minimum}, got {v}")
+        if maximum is not None and v > maximum:
+            raise ValueError(f"expected a number <= {maximum}, got {v}")
+        if below is not None and not v < below:
+            raise ValueError(f"expected a number < {below}, got {v}")
+        return v
+    return check
+
+
+def _bool(v):
+    if not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {type(v).__name__} {v!r}")
+    return v
+
+
+def _str(choices=None) -> Check:
+    def check(v):
+        if not isinstance(v, str):
+            raise ValueError(f"expected a string, got {type(v).__name__} {v!r}")
+        if choices is not None and v not in choices:
+            raise ValueError(f"expected one of {list(choices)}, got {v!r}")
+        return v
+    return check
+
+
+def _widths(v):
+    if not isinstance(v, (list, tuple)) or not v:
+        raise ValueError(f"expected a non-empty list of positive ints, got {v!r}")
+    for i, x in enumerate(v):
+        if isinstance(x, bool) or not isinstance(x, int) or x <= 0:
+            raise ValueError(f"expected positive ints, got {x!r} at position {i}")
+    return tuple(v)
+
+
+def _rows(v):
+    if isinstance(v, (list, tuple)) and not v:
+        return ()
+    return _widths(v)
+
+
+def _paths(v):
+    if isinstance(v, str):
+        return (v,) if v else ()
+    if not isinstance(v, (list, tuple)) or not all(isinstance(p, str) and p for p in v):
+        raise ValueError(f"expected a path or a list of paths, got {v!r}")
+    return tuple(v)
+
+
+def _size_text(v):
+    if not isinstance(v, str):
+        raise ValueError(f"expected a size such as \"8GiB\", got {type(v).__name__} {v!r}")
+    if v:
+        parse_size(v)
+    return v
+
+
+def _table_presets():
+    from embedding.data import TABLE_PRESETS
+
+    return list(TABLE_PRESETS)
+
+
+_SPARSE_KINDS = [k.value for k in OptimizerKind]
+_DENSE_KINDS = [k.value for k in DenseOptimizerKind]
+
+#: section -> key -> check. Field names follow the dataclasses of embedding.train.types.
+SCHEMA: dict[str, dict[str, Check]] = {
+    "data": {"source": _str([s.value for s in DataSource]), "path": _paths,
+             "eval_path": _paths, "records": _int(1), "eval_records": _int(1),
+             "shuffle": _bool, "broadcast": _bool, "verify": _str(["none", "lazy", "full"]),
+             "missing": _str(["zero", "empty"]), "zipf_alpha": _float(positive=True),
+             "logit_std": _float(minimum=0.0), "dense_share": _float(0.0, 1.0)},
+    "tables": {"preset": _str(), "rows": _rows, "cap": _int(0),
+               "pooling": _str([p.value for p in Pooling]),
+               "id_policy": _str([p.value for p in IdPolicy])},
+    "model": {"embedding_dim": _int(1), "bottom_mlp": _widths, "top_mlp": _widths,
+              "dtype": _str(["float32", "float64"])},
+    "sparse_optimizer": {"kind": _str(_SPARSE_KINDS), "lr": _float(positive=True),
+                         "eps": _float(positive=True), "beta1": _float(0.0, below=1.0),
+                         "beta2": _float(0.0, below=1.0)},
+    "dense_optimizer": {"kind": _str(_DENSE_KINDS), "lr": _float(positive=True),
+                        "momentum": _float(0.0, below=1.0), "weight_decay": _float(0.0),
+                        "eps": _float(positive=True), "beta1": _float(0.0, below=1.0),
+                        "beta2": _float(0.0, below=1.0), "initial_accumulator": _float(0.0)},
+    "train": {"steps": _int(1), "batch_size": _int(1), "eval_every": _int(0),
+              "eval_batch_size": _int(0), "log_every": _int(1), "overlap": _bool,
+              "bucket_kib": _int(1), "dedup": _bool, "threads": _int(0), "seed": _int(0)},
+    "plan": {"file": _str(), "fabric": _str(), "memory": _size_text},
+    "checkpoint": {"dir": _str(), "every": _int(0), "keep": _int(1), "resume": _str()},
+    "output": {"dir": _str(), "plot": _bool},
+}
+
+
+# -- loading ---------------------------------------------------------------------
+def load_config(path: str | os.PathLike | None) -> TrainConfig:
+    """The configuration in TOML file ``path`` (None: the defaults)."""
+    if path is None:
+        return TrainConfig()
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ConfigError(path, "", f"cannot read: {exc.strerror or exc}") from None
+    import tomllib
+
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(path, "", f"not valid TOML: {exc}") from None
+    return parse_config(data, path)
+
+
+def parse_config(data: Mapping[str, Any], path: str = "<config>") -> TrainConfig:
+    """A checked :class:`TrainConfig` from the decoded TOML document ``data``."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(path, "", f"expected a TOML document, got {type(data).__name__}")
+    values: dict[str, dict[str, Any]] = {}
+    for section, body in data.items():
+        if section not in SCHEMA:
+            kind = "section" if isinstance(body, Mapping) else "key"
+            raise ConfigError(path, section, f"unknown {kind}; expected one of the sections "
+                              f"{sorted(SCHEMA)}")
+        if not isinstance(body, Mapping):
+            raise ConfigError(path, section, f"expected a [{section}] section, got "
+                              f"{type(body).__name__} {body!r}")
+        values[section] = {}
+        for key, value in body.items():
+            check = SCHEMA[section].get(key)
+            if check is None:
+                raise ConfigError(path, f"{section}.{key}", f"unknown key; expected one of "
+                                  f"{sorted(SCHEMA[section])}")
+            try:
+                values[section][key] = check(value)
+            except ValueError as exc:
+                raise ConfigError(path, f"{section}.{key}", str(exc)) from None
+    return _build(values, path)
+
+
+def _build(values: dict[str, dict[str, Any]], path: str,
+           base: TrainConfig | None = None) -> TrainConfig:
+    base = base or TrainConfig()
+
+    def section(name, cls, current):
+        fields = dict(values.get(name, {}))
+        if not fields:
+            return current
+        try:
+            return dataclasses.replace(current, **fields)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(path, name, str(exc)) from None
+
+    data = section("data", DataConfig, base.data)
+    if isinstance(data.source, str):
+        data = dataclasses.replace(data, source=DataSource(data.source))
+    cfg = TrainConfig(
+        data=data,
+        tables=section("tables", TablesConfig, base.tables),
+        model=section("model", ModelConfig, base.model),
+        sparse_optimizer=_optimizer(values.get("sparse_optimizer", {}), base.sparse_optimizer,
+                                    OptimizerConfig, OptimizerKind, path, "sparse_optimizer"),
+        dense_optimizer=_optimizer(values.get("dense_optimizer", {}), base.dense_optimizer,
+                                   DenseOptimizerConfig, DenseOptimizerKind, path,
+                                   "dense_optimizer"),
+        train=section("train", LoopConfig, base.train),
+        plan=section("plan", PlanConfig, base.plan),
+        checkpoint=section("checkpoint", CheckpointConfig, base.checkpoint),
+        output=section("output", OutputConfig, base.output),
+        source=path)
+    _cross_check(cfg, path)
+    return cfg
+
+
+def _optimizer(fields, current, cls, kinds, path, name):
+    if not fields:
+        return current
+    fields = dict(fields)
+    if "kind" in fields:
+        fields["kind"] = kinds(fields["kind"])
+    try:
+        return dataclasses.replace(current, **fields)
+    except ValueError as exc:
+        raise ConfigError(path, name, str(exc)) from None
+
+
+def _cross_check(cfg: TrainConfig, path: str) -> None:
+    m = cfg.model
+    if m.bottom_mlp[-1] != m.embedding_dim:
+        raise ConfigError(path, "model.bottom_mlp", f"the last width is the embedding dimension "
+                          f"and must be model.embedding_dim = {m.embedding_dim}, got "
+                          f"{list(m.bottom_mlp)}")
+    if m.top_mlp[-1] != 1:
+        raise ConfigError(path, "model.top_mlp", f"the last width is the logit and must be 1, "
+                          f"got {list(m.top_mlp)}")
+    d = cfg.data
+    if d.source is DataSource.SYNTHETIC:
+        if d.path or d.eval_path:
+            raise ConfigError(path, "data.path", "set, but data.source is 'synthetic'; set "
+                              "source = \"criteo\" or \"binary\" to read files")
+    elif not d.path:
+        raise ConfigError(path, "data.path", f"required when data.source is "
+                          f"{d.source.value!r}")
+    elif d.source is DataSource.BINARY and (len(d.path) > 1 or len(d.eval_path) > 1):
+        raise ConfigError(path, "data.path", "the binary source reads one file (convert "
+                          "several with python -m embedding.data convert)")
+    t = cfg.tables
+    if not t.rows and t.preset not in _table_presets():
+        raise ConfigError(path, "tables.preset", f"expected one of {_table_presets()}, got "
+                          f"{t.preset!r}")
+    tr = cfg.train
+    if tr.eval_batch_size and tr.eval_batch_size > d.eval_records:
+        raise ConfigError(path, "train.eval_batch_size", f"{tr.eval_batch_size} is larger than "
+                          f"the held-out set (data.eval_records = {d.eval_records})")
+
+
+def apply_overrides(cfg: TrainConfig, *, steps: int | None = None,
+                    batch_size: int | None = None, out: str | None = None,
+                    resume: str | None = None, seed: int | None = None,
+                    plot: bool | None = None, overlap: bool | None = None) -> TrainConfig:
+    """``cfg`` with command-line overrides (None: keep); ConfigError names the option."""
+    train = {}
+    for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 1),
+                                 ("seed", seed, 0)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError("command line", f"--{name.replace('_', '-')}",
+                              f"expected an int >= {minimum}, got {value!r}")
+        train[name] = value
+    if overlap is not None:
+        train["overlap"] = bool(overlap)
+    if train:
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train))
+    if out is not None:
+        if not out:
+            raise ConfigError("command line", "--out", "expected a directory, got ''")
+        cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, dir=out))
+    if plot is not None:
+        cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, plot=bool(plot)))
+    if resume is not None:
+        cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint,
+                                                                      resume=resume))
+    _cross_check(cfg, cfg.source)
+    return cfg
+
+
+# -- output ----------------------------------------------------------------------
+def config_to_dict(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
+    """The configuration as JSON/TOML-ready nested dicts (enums as their values)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in SCHEMA:
+        obj = getattr(cfg, name)
+        body = {}
+        for key in SCHEMA[name]:
+            value = getattr(obj, key)
+            if hasattr(value, "value"):
+                value = value.value
+            elif isinstance(value, tuple):
+                value = list(value)
+            body[key] = value
+        out[name] = body
+    return out
+
+
+def to_toml(cfg: TrainConfig) -> str:
+    """The whole configuration as a TOML document (every key, defaults included)."""
+    lines = []
+    for section, body in config_to_dict(cfg).items():
+        lines.append(f"[{section}]")
+        for key, value in body.items():
+            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20,
+          "mib": 1 << 20, "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+          "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``"8GiB"``, ``"8GB"`` (10^9), ``"512M"`` (binary) or ``"1048576"``."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"expected a size such as 8GiB, 8GB or 512M, got {text!r}")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"expected a positive size, got {text!r}")
+    return value

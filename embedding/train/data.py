@@ -1,0 +1,197 @@
+"""The trainer's data: training and held-out sets, their tables, and reads that fail together.
+
+:func:`open_data` turns a :class:`~embedding.train.types.TrainConfig` into a
+:class:`TrainData`: the training and held-out data sets (anything with
+``num_records`` and ``read(start, stop)``), the table sizes and feature
+names. Synthetic data holds out the records after the training records;
+files hold out ``eval_path`` or their last ``eval_records`` records.
+
+A rank that fails to read (a corrupt file, a truncated record) must not
+leave the others waiting in the next collective: :class:`GuardedDataset`
+turns the failure into a *problem* and returns a harmless filler batch, so
+the step goes on and every rank stops together at the step's agreement.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from embedding.data import (Batch, BinaryDataset, DataFormatError, Preprocessor,
+                            SyntheticConfig, SyntheticDataset, scale_table_sizes,
+                            table_size_preset)
+from embedding.data.types import NUM_SPARSE, SPARSE_NAMES
+from embedding.train.types import ConfigError, DataSource, TrainConfig
+
+__all__ = ["TrainData", "open_data", "WindowDataset", "MemoryDataset", "GuardedDataset",
+           "filler_batch", "load_criteo_text"]
+
+_log = logging.getLogger(__name__)
+
+
+class WindowDataset:
+    """Records ``[start, stop)`` of ``dataset``, renumbered from 0."""
+
+    def __init__(self, dataset, start: int, stop: int):
+        if not 0 <= start <= stop <= dataset.num_records:
+            raise ValueError(f"start/stop: expected 0 <= start <= stop <= "
+                             f"{dataset.num_records}, got {start}, {stop}")
+        self.dataset, self.start = dataset, int(start)
+        self.num_records = int(stop) - int(start)
+        self.feature_names = tuple(getattr(dataset, "feature_names", ()))
+
+    def read(self, start: int, stop: int) -> Batch:
+        if not 0 <= start <= stop <= self.num_records:
+            raise ValueError(f"start/stop: expected 0 <= start <= stop <= {self.num_records}, "
+                             f"got {start}, {stop}")
+        return self.dataset.read(self.start + start, self.start + stop)
+
+
+class MemoryDataset:
+    """Preprocessed records held in memory: dense ``[N, D]``, labels ``[N]``, ids ``[N, F]``."""
+
+    def __init__(self, dense, labels, ids, feature_names=()):
+        self.dense = np.ascontiguousarray(dense, np.float32)
+        self.labels = np.asarray(labels)
+        self.ids = np.asarray(ids, np.int64)
+        self.num_records = int(self.labels.shape[0])
+        self.feature_names = tuple(feature_names)
+
+    def read(self, start: int, stop: int) -> Batch:
+        if not 0 <= start <= stop <= self.num_records:
+            raise ValueError(f"start/stop: expected 0 <= start <= stop <= {self.num_records}, "
+                             f"got {start}, {stop}")
+        return Batch.from_ids(self.dense[start:stop], self.labels[start:stop].astype(np.float32),
+                              self.ids[start:stop], self.feature_names)
+
+
+def load_criteo_text(paths, table_sizes, missing: str = "zero") -> MemoryDataset:
+    """Parse Criteo text files (in order) into memory, ids hashed into ``table_sizes``."""
+    from embedding.data.criteo import iter_raw_chunks
+
+    pre = Preprocessor(table_sizes, missing=missing)
+    parts = [pre(raw) for path in paths for raw in iter_raw_chunks(path)]
+    if not parts:
+        raise DataFormatError("no records", path=", ".join(map(str, paths)))
+    dense, labels, ids = (np.concatenate(x) for x in zip(*parts))
+    return MemoryDataset(dense, labels, ids, SPARSE_NAMES)
+
+
+def filler_batch(size: int, num_dense: int, feature_names) -> Batch:
+    """``size`` records of zeros (every id 0): what a rank trains on while it reports a problem."""
+    return Batch.from_ids(np.zeros((size, num_dense), np.float32), np.zeros(size, np.float32),
+                          np.zeros((size, len(feature_names)), np.int64), feature_names)
+
+
+class GuardedDataset:
+    """``dataset`` whose failed reads become :attr:`problems` instead of exceptions.
+
+    A read that raises :class:`~embedding.data.types.DataFormatError`,
+    ``OSError`` or ``ValueError`` returns :func:`filler_batch` and appends
+    the error to :attr:`problems`; the trainer takes them (:meth:`take`)
+    into the agreement of the step that would train on the batch.
+    """
+
+    def __init__(self, dataset, num_dense: int, feature_names):
+        self.dataset = dataset
+        self.num_records = dataset.num_records
+        self.num_dense = int(num_dense)
+        self.feature_names = tuple(feature_names)
+        self.problems: list[Exception] = []
+
+    def read(self, start: int, stop: int) -> Batch:
+        try:
+            return self.dataset.read(start, stop)
+        except (DataFormatError, OSError, ValueError) as exc:
+            self.problems.append(exc)
+            return filler_batch(stop - start, self.num_dense, self.feature_names)
+
+    def take(self) -> Exception | None:
+        """The first problem since the last call (None when there was none)."""
+        if not self.problems:
+            return None
+        first, self.problems = self.problems[0], []
+        return first
+
+
+@dataclass(frozen=True)
+class TrainData:
+    """Training and held-out data sets and the tables their features read.
+
+    ``planted`` is the synthetic data set behind the held-out records (for
+    the planted model's AUC) and ``eval_offset`` where they start in it;
+    None for files.
+    """
+
+    train: object
+    eval: object
+    table_sizes: tuple[int, ...]
+    feature_names: tuple[str, ...]
+    num_dense: int
+    planted: SyntheticDataset | None = None
+    eval_offset: int = 0
+
+
+def table_sizes_of(cfg: TrainConfig) -> tuple[int, ...]:
+    """Rows per table from ``[tables]`` (explicit rows, else the preset), capped."""
+    t = cfg.tables
+    sizes = tuple(t.rows) if t.rows else table_size_preset(t.preset)
+    if t.cap:
+        sizes = scale_table_sizes(sizes, cap=t.cap, min_rows=1)
+    return sizes
+
+
+def open_data(cfg: TrainConfig) -> TrainData:
+    """The data sets of ``cfg`` (ConfigError for a misfit config, DataFormatError for bad files)."""
+    d = cfg.data
+    path = cfg.source
+    if d.source is DataSource.SYNTHETIC:
+        sizes = table_sizes_of(cfg)
+        syn = SyntheticConfig(table_sizes=sizes, seed=cfg.train.seed, zipf_alpha=d.zipf_alpha,
+                              logit_std=d.logit_std, dense_share=d.dense_share)
+        full = SyntheticDataset(syn, d.records + d.eval_records)
+        return TrainData(WindowDataset(full, 0, d.records),
+                         WindowDataset(full, d.records, d.records + d.eval_records), sizes,
+                         tuple(syn.feature_names), syn.num_dense, full, d.records)
+    if d.source is DataSource.CRITEO:
+        sizes = table_sizes_of(cfg)
+        if len(sizes) != NUM_SPARSE:
+            raise ConfigError(path, "tables.rows", f"Criteo text has {NUM_SPARSE} categorical "
+                              f"features; expected {NUM_SPARSE} tables, got {len(sizes)}")
+        train = load_criteo_text(d.path, sizes, d.missing)
+        held = load_criteo_text(d.eval_path, sizes, d.missing) if d.eval_path else None
+        names, num_dense = SPARSE_NAMES, train.dense.shape[1]
+    else:
+        train = BinaryDataset(d.path[0], verify=d.verify)
+        held = BinaryDataset(d.eval_path[0], verify=d.verify) if d.eval_path else None
+        sizes = _binary_sizes(cfg, train, held)
+        names = train.feature_names or tuple(f"f{i}" for i in range(train.num_sparse))
+        num_dense = train.num_dense
+    if held is None:
+        n = train.num_records
+        if d.eval_records >= n:
+            raise ConfigError(path, "data.eval_records", f"holding out {d.eval_records} records "
+                              f"leaves none of the {n} records of {', '.join(d.path)} to train "
+                              f"on; lower it or give data.eval_path")
+        train, held = WindowDataset(train, 0, n - d.eval_records), WindowDataset(
+            train, n - d.eval_records, n)
+    return TrainData(train, held, tuple(sizes), tuple(names), int(num_dense))
+
+
+def _binary_sizes(cfg: TrainConfig, train, held) -> tuple[int, ...]:
+    path = cfg.source
+    sizes = train.table_sizes
+    if held is not None and held.table_sizes != sizes:
+        raise ConfigError(path, "data.eval_path", f"{cfg.data.eval_path[0]} has table sizes "
+                          f"{list(held.table_sizes)}, {cfg.data.path[0]} has {list(sizes)}")
+    if cfg.tables.rows and tuple(cfg.tables.rows) != tuple(sizes):
+        raise ConfigError(path, "tables.rows", f"{cfg.data.path[0]} was written for table "
+                          f"sizes {list(sizes)}, the config gives {list(cfg.tables.rows)}")
+    if cfg.tables.cap and max(sizes) > cfg.tables.cap:
+        if cfg.tables.id_policy == "error":
+            raise ConfigError(path, "tables.cap", f"capping tables at {cfg.tables.cap} rows "
+                              f"leaves ids of {cfg.data.path[0]} out of range; set "
+                              f"tables.id_policy = \"modulo\" or \"hash\"")
+        sizes = scale_table_sizes(sizes, cap=cfg.tables.cap, min_rows=1)
+    return tuple(sizes)

@@ -1,0 +1,358 @@
+"""The DLRM training loop: sharded embeddings, data-parallel dense layers, one step at a time.
+
+One step of batch ``i`` (module :mod:`embedding.train.step` times each part)::
+
+    wait for the input dist of batch i; local lookup; output dist  -> pooled [B, F * D]
+    read batch i+1 and start its input dist          (with overlap: hidden behind the rest)
+    dense forward + backward; gradient buckets AllReduce as they complete (with overlap)
+    agree: the global loss, and whether any rank saw bad data or a non-finite tensor
+    embedding backward: reverse output dist + fused sparse optimizer
+    wait for the dense AllReduce (mean over ranks); dense optimizer
+
+The embeddings get ``d loss / d pooled`` divided by the world size, so with
+the same global batch and seed 1, 2 or 4 ranks follow the same loss curve.
+Nothing is updated in a step whose agreement fails: every rank raises the
+same :class:`~embedding.train.types.TrainingError` naming the step and the
+tensor, and the last checkpoint stays the latest.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from embedding.dense import DenseConfig, DenseModel, NonFiniteError, make_optimizer
+from embedding.dense.metrics import bce_with_logits
+from embedding.train.data import GuardedDataset, TrainData, filler_batch, open_data
+from embedding.train.metrics import MetricsLog
+from embedding.train.progress import ProgressBar
+from embedding.train.setup import (build_tables, fail_together, id_policy_of, make_plan,
+                                   make_reader)
+from embedding.train.step import EmbeddingStages, GradSync, PhaseTimer, finite
+from embedding.train.types import ConfigError, DataSource, Phase, TrainConfig, TrainingError
+
+__all__ = ["Trainer", "TrainResult", "Prepared"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    """A local batch ready for its input dist, the reader position before it, its problem."""
+
+    batch: object
+    kjt: object
+    position: dict
+    problem: Exception | None = None
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a run did: ``steps`` done in all (resumed ones included), this run's wall time."""
+
+    step: int
+    steps_run: int
+    samples: int
+    seconds: float
+    loss: float | None
+    auc: float | None
+    log_loss: float | None
+    planted_auc: float | None
+    metrics_path: Path | None
+    checkpoint: Path | None
+
+
+class Trainer:
+    """Trains ``config`` on ``group`` (default: the world); every rank builds one.
+
+    ``data`` replaces the data sets of ``config.data`` (tests, custom
+    sources). ``stream`` receives rank 0's progress and messages (default
+    stdout). Construction agrees every fallible step across the group.
+    """
+
+    def __init__(self, config: TrainConfig, group=None, *, data: TrainData | None = None,
+                 stream=None):
+        if group is None:
+            from neocomm.world import current_world
+
+            group = current_world().world
+        self.cfg = config
+        self.group = group
+        self.rank, self.size = int(group.rank), int(group.size)
+        self.step = 0
+        tr = config.train
+        exc = None
+        try:
+            for name, value in (("train.batch_size", tr.batch_size),
+                                ("train.eval_batch_size", tr.eval_batch_size)):
+                if value % self.size:
+                    raise ConfigError(config.source, name, f"{value} does not split over "
+                                      f"{self.size} ranks; use a multiple of {self.size}")
+            if data is None:
+                data = open_data(config)
+        except (ConfigError, ValueError, OSError) as e:
+            exc = e
+        fail_together(group, "opening the data", exc)
+        self.data = data
+        self._setup_threads()
+        self.tables = build_tables(config, data.table_sizes, data.feature_names)
+        self.plan = make_plan(config, self.tables, group)
+        from embedding.collection import ShardedEmbeddingCollection
+
+        self.coll = ShardedEmbeddingCollection(
+            self.tables, self.plan, group, dtype=config.model.dtype, threads=self.threads,
+            dedup=tr.dedup, id_policy=id_policy_of(config), seed=tr.seed)
+        m = config.model
+        self.dense_config = DenseConfig(num_dense=data.num_dense, num_sparse=len(self.tables),
+                                        bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp,
+                                        dtype=m.dtype)
+        self.model = DenseModel(self.dense_config, seed=tr.seed, xp=self.coll.xp,
+                                bucket_bytes=tr.bucket_kib << 10)
+        self.optimizer = make_optimizer(config.dense_optimizer)
+        self.stages = EmbeddingStages(self.coll)
+        self.grads = GradSync(self.model, group, overlap=tr.overlap)
+        self.timer = PhaseTimer()
+        self._guard = GuardedDataset(data.train, data.num_dense, data.feature_names)
+        self.reader = make_reader(self._guard, tr.batch_size, group,
+                                  broadcast=config.data.broadcast, shuffle=config.data.shuffle,
+                                  seed=tr.seed, feature_names=data.feature_names)
+        self._check_sizes = (data.table_sizes if config.tables.id_policy == "error" else None)
+        out = Path(config.output.dir)
+        self.out_dir = out
+        self.checkpoint_dir = Path(config.checkpoint.dir) if config.checkpoint.dir else \
+            out / "checkpoints"
+        self.metrics = MetricsLog(out / "metrics.jsonl", enabled=self.rank == 0)
+        self.progress = ProgressBar(tr.steps, stream=stream, every=tr.log_every,
+                                    enabled=self.rank == 0)
+        self.last_eval: dict | None = None
+        self.last_checkpoint: Path | None = None
+        self.planted_auc: float | None = None
+        self._pending = None  # (Prepared, DistributedBatch) of the next step
+
+    # -- setup -------------------------------------------------------------------
+    def _setup_threads(self) -> None:
+        from embedding.train.threads import default_threads, limit_blas_threads, ranks_on_host
+
+        n = self.cfg.train.threads or default_threads(ranks_on_host(self.group.size))
+        limit_blas_threads(n)
+        self.threads = n
+
+    def describe_plan(self) -> dict[str, list[str]]:
+        """``{sharding type: [tables]}`` of the plan."""
+        out: dict[str, list[str]] = {}
+        for tp in self.plan.tables:
+            out.setdefault(tp.sharding.value, []).append(tp.table)
+        return out
+
+    def state_expectations(self) -> dict:
+        """What a checkpoint must record to be loaded into this model."""
+        return {"dense": {"layers": [list(x) for x in self.dense_config.layer_shapes()],
+                          "dtype": self.dense_config.dtype},
+                "sparse_optimizer": self.cfg.sparse_optimizer.kind.value,
+                "dense_optimizer": self.cfg.dense_optimizer.kind.value}
+
+    # -- data ----------------------------------------------------------------------
+    def prepare(self, reader, guard, step: int, timer: PhaseTimer) -> Prepared:
+        """Read this rank's slice of the next batch of ``reader`` for ``step`` and check it.
+
+        A batch that fails to read or to check becomes a filler batch and
+        its problem travels with it to the step's agreement.
+        """
+        with timer(Phase.DATA):
+            position = reader.state_dict()
+            batch = reader.next()
+            problem = guard.take()
+            if problem is None:
+                try:
+                    batch.check(step=step, table_sizes=self._check_sizes)
+                except (ValueError, FloatingPointError) as exc:  # BatchError, NonFiniteError
+                    problem = exc
+            if problem is not None:
+                batch = filler_batch(batch.batch_size, self.data.num_dense,
+                                     self.data.feature_names)
+            kjt = batch.to_jagged()
+        return Prepared(batch, kjt, position, problem)
+
+    def _start(self, step: int):
+        prep = self.prepare(self.reader, self._guard, step, self.timer)
+        with self.timer(Phase.INPUT_DIST):
+            dist = self.stages.start(prep.kjt)
+        return prep, dist
+
+    # -- one step ------------------------------------------------------------------
+    def _step(self, prep: Prepared, dist, step: int, has_next: bool) -> float:
+        """Train on ``prep``; returns the global mean loss. Starts the next input dist."""
+        timer, cfg = self.timer, self.cfg.train
+        pooled, ctx = self.stages.forward(dist, timer)
+        if cfg.overlap and has_next:
+            self._pending = self._start(step + 1)
+        batch = prep.batch
+        b, f = batch.batch_size, len(self.tables)
+        with timer(Phase.DENSE):
+            xp = self.model.xp
+            logits = self.model.forward(xp.asarray(batch.dense),
+                                        pooled.reshape(b, f, self.cfg.model.embedding_dim))
+            loss, dlogits = bce_with_logits(logits, xp.asarray(batch.labels))
+            d_pooled = self.model.backward(dlogits, hook=self.grads.hook())
+        with timer(Phase.SYNC):
+            loss = self._agree_step(step, loss, d_pooled, prep.problem)
+        d_pooled = d_pooled.reshape(b, -1)
+        if self.size > 1:
+            d_pooled *= d_pooled.dtype.type(1.0 / self.size)
+        self.stages.backward(d_pooled, ctx, timer)
+        self.grads.finish(timer)
+        if not finite(self.model.flat_grads):  # the same on every rank after the AllReduce
+            self._drain()
+            err = TrainingError(f"step {step}: the dense gradients (after the AllReduce) hold "
+                                f"NaN or inf; stopping before the dense update",
+                                step=step, tensor="dense_grads")
+            err.agreed = True
+            raise err
+        with timer(Phase.OPTIMIZER):
+            self.optimizer.step(self.model.flat_params, self.model.flat_grads)
+        if not cfg.overlap and has_next:
+            self._pending = self._start(step + 1)
+        return loss
+
+    def _agree_step(self, step: int, loss, d_pooled, problem) -> float:
+        """One AllReduce: the global loss, and whether any rank has a problem."""
+        import collectives
+
+        value = float(np.asarray(loss.get() if hasattr(loss, "get") else loss))
+        if problem is None:
+            try:
+                if not np.isfinite(value):
+                    raise NonFiniteError(f"step {step}: loss is {value}", step=step,
+                                         tensor="loss")
+                if not finite(d_pooled):
+                    raise NonFiniteError(f"step {step}: the gradient of the pooled embeddings "
+                                         f"holds NaN or inf (the loss is {value})", step=step,
+                                         tensor="d_pooled")
+            except NonFiniteError as exc:
+                problem = exc
+        buf = np.array([value if problem is None else 0.0, 0.0 if problem is None else 1.0])
+        if self.size > 1:
+            collectives.all_reduce(buf, group=self.group)
+        if buf[1] > 0:
+            self._drain()
+            fail_together(self.group, f"training step {step}", problem, step=step)
+        return float(buf[0] / self.size)
+
+    def _drain(self) -> None:
+        """Finish the collectives in flight, so every rank can stop cleanly."""
+        self.grads.drain()
+        if self._pending is not None:
+            _, dist = self._pending
+            for p in dist.pending:
+                p.wait()
+            self._pending = None
+
+    # -- the run ---------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        """Train up to ``config.train.steps`` steps, evaluating and checkpointing on the way."""
+        from embedding.train.config import config_to_dict
+
+        cfg = self.cfg.train
+        total = cfg.steps
+        start_step = self.step
+        if self.data.planted is not None and self.rank == 0 and self.planted_auc is None:
+            self.planted_auc = self._planted_auc()
+        self.metrics.write("start", step=start_step, world_size=self.size,
+                           config=config_to_dict(self.cfg), plan=self.describe_plan(),
+                           planted_auc=self.planted_auc, threads=self.threads)
+        t_run = time.perf_counter()
+        t_log, n_log, losses = t_run, 0, []
+        loss = None
+        if self.step < total:
+            self._pending = self._start(self.step + 1)
+        self.timer.reset()
+        while self.step < total:
+            step = self.step + 1
+            prep, dist = self._pending
+            self._pending = None
+            loss = self._step(prep, dist, step, has_next=step < total)
+            self.step = step
+            losses.append(loss)
+            n_log += 1
+            now = time.perf_counter()
+            rate = cfg.batch_size * (self.step - start_step) / max(now - t_run, 1e-9)
+            self.progress.update(step, loss, rate, (total - step) * (now - t_run) /
+                                 (self.step - start_step))
+            if step % cfg.log_every == 0 or step == total:
+                phases = self.timer.reset()
+                dt = now - t_log
+                self.metrics.write("train", step=step, loss=loss,
+                                   loss_avg=float(np.mean(losses)),
+                                   samples_per_s=cfg.batch_size * n_log / max(dt, 1e-9),
+                                   step_ms=1e3 * dt / n_log,
+                                   phases_ms={p.value: round(1e3 * s / n_log, 3)
+                                              for p, s in phases.items()})
+                t_log, n_log, losses = now, 0, []
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < total:
+                self._evaluate_and_log()
+                t_log = time.perf_counter()
+            every = self.cfg.checkpoint.every
+            if every and step % every == 0 and step < total:
+                self.save()
+                t_log = time.perf_counter()
+        seconds = time.perf_counter() - t_run
+        self.progress.close()
+        if self.step > start_step or self.last_eval is None:
+            self._evaluate_and_log()
+        if self.step > start_step or self.last_checkpoint is None:
+            self.save()
+        samples = (self.step - start_step) * cfg.batch_size
+        ev = self.last_eval or {}
+        self.metrics.write("end", step=self.step, seconds=round(seconds, 3), samples=samples,
+                           auc=ev.get("auc"), log_loss=ev.get("log_loss"))
+        return TrainResult(self.step, self.step - start_step, samples, seconds, loss,
+                           ev.get("auc"), ev.get("log_loss"), self.planted_auc,
+                           self.metrics.path if self.rank == 0 else None, self.last_checkpoint)
+
+    def _evaluate_and_log(self) -> dict:
+        ev = self.evaluate()
+        self.last_eval = ev
+        self.progress.auc = ev["auc"]
+        self.metrics.write("eval", step=self.step, **ev)
+        self.progress.message(f"step {self.step}: held-out AUC {ev['auc']:.4f}, log-loss "
+                              f"{ev['log_loss']:.4f} ({ev['records']} records)")
+        return ev
+
+    def close(self) -> None:
+        self.progress.close()
+        self.metrics.close()
+
+    # -- evaluation, checkpoints (embedding/train/evaluate.py, embedding/train/save.py) --
+    def evaluate(self) -> dict:
+        """AUC and log-loss on the held-out records, gathered over every rank."""
+        from embedding.train.evaluate import evaluate
+
+        return evaluate(self)
+
+    def _planted_auc(self) -> float | None:
+        from embedding.train.evaluate import planted_auc
+
+        return planted_auc(self)
+
+    def save(self) -> Path:
+        """Write the checkpoint of the current step (every rank; agreed)."""
+        from embedding.train.save import save
+
+        self.last_checkpoint = save(self)
+        return self.last_checkpoint
+
+    def resume(self, where: str) -> int:
+        """Load ``where`` (a checkpoint, ``latest`` or ``auto``); returns the step resumed at."""
+        from embedding.train.save import resume
+
+        return resume(self, where)
+
+
+def data_source_name(cfg: TrainConfig) -> str:
+    """``synthetic`` or the files read, for messages."""
+    if cfg.data.source is DataSource.SYNTHETIC:
+        return f"synthetic ({cfg.data.records} records, seed {cfg.train.seed})"
+    return ", ".join(cfg.data.path)

@@ -1,0 +1,139 @@
+"""Checkpointing the trainer and resuming it, on every rank, agreed.
+
+:func:`save` writes the checkpoint of the current step through
+:mod:`embedding.checkpoint` (each rank its shards, rank 0 the dense model
+and the manifest, one atomic rename): a run killed at any point leaves the
+previous checkpoint the latest complete one. Arrays holding NaN or inf are
+refused before anything is written. :func:`resume` finds the checkpoint,
+checks it against the model (tables, dense architecture, optimizers, global
+batch) and loads each rank's shards for *this* plan and world size.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from embedding.checkpoint import (Checkpoint, CheckpointError, CheckpointMismatchError,
+                                  CheckpointWriter, latest_checkpoint, prune)
+from embedding.dense import NonFiniteError
+from embedding.train.setup import fail_together
+from embedding.train.state import check_state, dense_arrays, load_dense, load_shards, shard_arrays
+
+__all__ = ["save", "resume", "manifest_state"]
+
+_log = logging.getLogger(__name__)
+
+
+def manifest_state(trainer) -> dict:
+    """The JSON state of the manifest: step, data position, model and optimizer kinds."""
+    cfg = trainer.cfg
+    if trainer._pending is not None:  # the next batch is already read: its position
+        position = trainer._pending[0].position
+    else:
+        position = trainer.reader.state_dict()
+    return {"step": trainer.step, "samples": trainer.step * cfg.train.batch_size,
+            "reader": position, "seed": cfg.train.seed,
+            "global_batch_size": cfg.train.batch_size, "world_size": trainer.size,
+            "eval": trainer.last_eval, **trainer.state_expectations()}
+
+
+def save(trainer) -> Path:
+    """Write and publish the checkpoint of ``trainer.step``; returns its directory."""
+    t0 = time.perf_counter()
+    step, group, rank = trainer.step, trainer.group, trainer.rank
+    arrays, slices = shard_arrays(trainer.coll, trainer.plan, rank)
+    if rank == 0:
+        arrays.update(dense_arrays(trainer.model, trainer.optimizer))
+    writer = CheckpointWriter(trainer.checkpoint_dir, step, rank, trainer.size)
+    exc = None
+    for name, a in arrays.items():
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            exc = NonFiniteError(f"{name} holds NaN or inf; the checkpoint of step {step} is "
+                                 f"not written", step=step, tensor=name)
+            break
+    if exc is None:
+        try:
+            writer.write(arrays, slices)
+        except (OSError, ValueError, TypeError) as e:
+            exc = e
+    fail_together(group, f"checkpoint of step {step}", exc, step=step, tag="checkpoint")
+    exc = None
+    if rank == 0:
+        try:
+            writer.commit(plan=trainer.plan, tables=trainer.tables,
+                          state=manifest_state(trainer))
+        except (OSError, ValueError, TypeError) as e:
+            exc = e
+    fail_together(group, f"checkpoint of step {step}", exc, step=step, tag="checkpoint")
+    if rank == 0:
+        try:
+            prune(trainer.checkpoint_dir, trainer.cfg.checkpoint.keep)
+        except OSError as e:  # an old checkpoint that will not go away is no reason to stop
+            _log.warning("could not remove old checkpoints under %s: %s",
+                         trainer.checkpoint_dir, e)
+    seconds = time.perf_counter() - t0
+    trainer.metrics.write("checkpoint", step=step, path=str(writer.final),
+                          seconds=round(seconds, 3))
+    trainer.progress.message(f"step {step}: checkpoint written to {writer.final} "
+                             f"({seconds:.1f} s)")
+    return writer.final
+
+
+def resume(trainer, where: str) -> int:
+    """Load ``where`` into ``trainer``: ``latest``, ``auto`` (none: start fresh) or a directory.
+
+    Returns the step resumed at (0 when ``auto`` found nothing). Every rank
+    raises the same error when any rank cannot load its part.
+    """
+    group = trainer.group
+    exc, ckpt, found = None, None, 1
+    try:
+        if where in ("latest", "auto"):
+            path = latest_checkpoint(trainer.checkpoint_dir)
+            if path is None:
+                if where == "latest":
+                    raise CheckpointError("no complete checkpoint to resume from",
+                                          path=str(trainer.checkpoint_dir))
+                found = 0
+        else:
+            path = Path(where)
+        if found:
+            ckpt = Checkpoint(path)
+            _load(trainer, ckpt)
+    except (CheckpointError, ValueError, OSError, KeyError) as e:
+        exc = e
+    step = ckpt.step if ckpt is not None and exc is None else 0
+    fail_together(group, "resuming from a checkpoint", exc, tag="checkpoint",
+                  signature=[("found", found), ("step", step)])
+    if not found:
+        _log.info("no checkpoint under %s; starting from step 0", trainer.checkpoint_dir)
+        return 0
+    trainer.step = step
+    trainer.last_checkpoint = ckpt.path
+    trainer.last_eval = ckpt.state.get("eval")
+    trainer.progress.message(f"resumed from {ckpt.path} at step {step}")
+    return step
+
+
+def _load(trainer, ckpt: Checkpoint) -> None:
+    cfg = trainer.cfg
+    model = trainer.model
+    ckpt.check_compatible(trainer.tables, arrays={
+        "dense/params": ((model.buffers.numel,), model.dtype.str)})
+    check_state(ckpt, trainer.state_expectations())
+    state = ckpt.state
+    if int(state.get("global_batch_size", -1)) != cfg.train.batch_size:
+        raise CheckpointMismatchError(
+            f"written with a global batch of {state.get('global_batch_size')}, this run has "
+            f"{cfg.train.batch_size}; the data position only carries over with the same "
+            f"global batch (train.batch_size)", path=str(ckpt.path), field="batch_size")
+    if int(state.get("seed", -1)) != cfg.train.seed:
+        raise CheckpointMismatchError(
+            f"written with seed {state.get('seed')}, this run has seed {cfg.train.seed}",
+            path=str(ckpt.path), field="seed")
+    load_shards(ckpt, trainer.coll, trainer.plan, trainer.rank)
+    load_dense(ckpt, model, trainer.optimizer)
+    trainer.reader.load_state_dict(state["reader"])

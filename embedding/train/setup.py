@@ -1,0 +1,175 @@
+"""Building a training job: tables, the sharding plan, readers — and failing together.
+
+Everything here runs on every rank. A step that can fail on one rank only
+(a file one rank cannot read, a plan file that does not fit) goes through
+:func:`fail_together`: the verdict is agreed across the group before
+anyone moves on, and every rank raises the same error.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from typing import Sequence
+
+from embedding.train.types import ConfigError, TrainConfig, TrainingError
+from embedding.types import IdPolicy, Pooling, ShardingPlan, TableConfig
+
+__all__ = ["fail_together", "problem_kind", "build_tables", "make_plan", "make_reader",
+           "host_memory"]
+
+_log = logging.getLogger(__name__)
+
+
+def problem_kind(exc: BaseException) -> str:
+    """The tag an error travels under in an agreement: ``config`` or the offending tensor."""
+    if isinstance(exc, ConfigError):
+        return "config"
+    return str(getattr(exc, "tensor", "") or getattr(exc, "field", "") or "") or "error"
+
+
+def fail_together(group, what: str, exc: BaseException | None = None, *, step: int = -1,
+                  tag: str | None = None, signature: Sequence[tuple[str, int]] = ()) -> None:
+    """Agree across ``group`` whether any rank failed ``what``; if so raise on every rank.
+
+    ``exc`` is this rank's error (None when fine). The rank whose error it
+    was re-raises it when it is a :class:`ConfigError`; every other case
+    becomes a :class:`TrainingError` (``ConfigError`` when the first failing
+    rank's was one) naming the step and the ranks. ``signature`` holds named
+    integers that must be equal on every rank (a plan's digest). Errors
+    raised here carry ``agreed = True``.
+    """
+    from neocomm.agree import Problem, agree
+    from neocomm.errors import CollectiveArgumentError
+
+    problem = None
+    if exc is not None:
+        message = str(exc)
+        if step >= 0 and not message.startswith(f"step {step}"):
+            message = f"step {step}: {message}"
+        problem = Problem(tag or problem_kind(exc), message)
+    try:
+        agree(group.comm, what, problem, list(signature))
+        return
+    except CollectiveArgumentError as agreed:
+        per_rank = dict(agreed.per_rank)
+        if isinstance(exc, ConfigError) and exc is not None:
+            exc.agreed = True
+            raise exc from None
+        if not per_rank:  # the signatures differ
+            err = TrainingError(str(agreed), step=step, tensor=agreed.field,
+                                ranks=agreed.ranks)
+        else:
+            first = min(per_rank)
+            where = f"rank {first}" if len(per_rank) == 1 else f"ranks {sorted(per_rank)}"
+            text = f"{what}: {per_rank[first]} (on {where})"
+            others = {r: m for r, m in per_rank.items() if r != first and m != per_rank[first]}
+            if others:
+                text += "; " + "; ".join(f"rank {r}: {m}" for r, m in sorted(others.items()))
+            if agreed.field == "config":
+                err = ConfigError("", "", text)
+            else:
+                err = TrainingError(text, step=step, tensor=agreed.field,
+                                    ranks=tuple(sorted(per_rank)), per_rank=per_rank)
+        err.agreed = True
+        raise err from (exc if exc is not None else None)
+
+
+def build_tables(cfg: TrainConfig, table_sizes, feature_names) -> list[TableConfig]:
+    """One table per feature, named after it, of the model's dimension and sparse optimizer."""
+    if len(table_sizes) != len(feature_names):
+        raise ConfigError(cfg.source, "tables.rows", f"the data has {len(feature_names)} sparse "
+                          f"features, the tables are {len(table_sizes)}")
+    return [TableConfig(name=f, num_rows=int(n), dim=cfg.model.embedding_dim,
+                        pooling=Pooling(cfg.tables.pooling), features=(f,),
+                        dtype=cfg.model.dtype, optimizer=cfg.sparse_optimizer)
+            for f, n in zip(feature_names, table_sizes)]
+
+
+def id_policy_of(cfg: TrainConfig) -> IdPolicy:
+    return IdPolicy(cfg.tables.id_policy)
+
+
+def host_memory() -> int:
+    """Bytes of physical memory of this host."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 16 << 30
+
+
+def make_plan(cfg: TrainConfig, tables: Sequence[TableConfig], group) -> ShardingPlan:
+    """The plan of ``cfg.plan.file``, else the planner's plan for this group (agreed)."""
+    plan, exc = None, None
+    try:
+        plan = _plan_locally(cfg, tables, group)
+    except (ConfigError, TrainingError, ValueError, OSError) as e:
+        exc = e
+    digest = zlib.crc32(plan.to_json().encode()) & 0x7FFFFFFF if plan is not None else 0
+    fail_together(group, "sharding plan", exc, signature=[("plan", digest)] if exc is None
+                  else [])
+    return plan
+
+
+def _ranks_per_node(group) -> int:
+    rpn = group.ranks_per_node
+    return rpn if rpn and group.size % rpn == 0 else 1
+
+
+def _plan_locally(cfg: TrainConfig, tables, group) -> ShardingPlan:
+    from embedding.planner import PlanError, validate_plan
+
+    rpn = _ranks_per_node(group)
+    if cfg.plan.file:
+        try:
+            with open(cfg.plan.file, encoding="utf-8") as fh:
+                plan = ShardingPlan.from_json(fh.read())
+        except OSError as exc:
+            raise ConfigError(cfg.source, "plan.file", f"cannot read {cfg.plan.file}: "
+                              f"{exc.strerror or exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(cfg.source, "plan.file", f"{cfg.plan.file} is not a sharding "
+                              f"plan: {exc}") from None
+        try:
+            validate_plan(plan, group.size, ranks_per_node=rpn, tables=tables)
+        except PlanError as exc:
+            raise ConfigError(cfg.source, "plan.file", f"{cfg.plan.file}: {exc}") from None
+        return plan
+    from embedding.planner import PlanDoesNotFitError, Workload, plan_sharding
+    from embedding.planner.hardware import hardware_for, load_target
+    from embedding.train.config import parse_size
+
+    try:
+        target = load_target(cfg.plan.fabric)
+    except ValueError as exc:
+        raise ConfigError(cfg.source, "plan.fabric", str(exc)) from None
+    if cfg.plan.memory:
+        memory = parse_size(cfg.plan.memory)
+    elif target.device_memory and target.devices_per_host > 1:
+        memory = target.device_memory
+    else:
+        from embedding.train.threads import ranks_on_host
+
+        memory = host_memory() // ranks_on_host(rpn)
+    hardware = hardware_for(target, group.size, ranks_per_node=rpn, device_memory=memory,
+                            reserve=0.1)
+    try:
+        report = plan_sharding(tables, hardware, Workload(batch_size=cfg.train.batch_size))
+    except PlanDoesNotFitError as exc:
+        raise TrainingError(f"the tables do not fit: {exc}", tensor="plan") from None
+    return report.plan
+
+
+def make_reader(dataset, global_batch: int, group, *, broadcast: bool, shuffle: bool,
+                seed: int, feature_names):
+    """This rank's reader: rank-sliced, or rank 0 reading and sending each rank its slice."""
+    from embedding.data import BroadcastReader, ShardedReader
+
+    if broadcast and group.size > 1:
+        from embedding.data.reader import one_to_many_transport
+
+        return BroadcastReader(dataset if group.rank == 0 else None, global_batch, group.rank,
+                               group.size, one_to_many_transport(group), root=0,
+                               shuffle=shuffle, seed=seed, feature_names=feature_names)
+    return ShardedReader(dataset, global_batch, group.rank, group.size, shuffle=shuffle,
+                         seed=seed)

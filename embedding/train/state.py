@@ -1,0 +1,121 @@
+"""What a checkpoint of the trainer holds, and putting it back.
+
+Arrays (through :mod:`embedding.checkpoint`, one ``.npy`` each, checksummed):
+
+* ``emb/<table>/<shard>/weight`` and ``emb/<table>/<shard>/<state>``: each
+  local shard (``<shard>`` indexes the plan's shards of the table) and its
+  sparse optimizer state (``momentum``, ``exp_avg`` …), written with the
+  :class:`~embedding.checkpoint.TensorSlice` of the global tensor it holds,
+  so any plan on any world size can read it back (a data-parallel replica
+  is written by rank 0 only);
+* ``dense/params``, ``dense/opt/<state>`` and ``dense/opt/steps`` (rank 0):
+  the dense model's flat parameters and its optimizer's flat state.
+
+The manifest's ``state`` holds the step, the data reader's position (the
+next global batch; with the seed it fixes the data order, the only
+randomness training draws after initialisation), the dense architecture
+and the optimizer kinds, which a resume checks before loading.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from embedding.checkpoint import (CheckpointMismatchError, read_for_plan, shard_slice)
+from embedding.dense._xp import to_numpy
+from embedding.optim import state_specs
+from embedding.types import ShardingType
+
+__all__ = ["shard_arrays", "dense_arrays", "load_shards", "load_dense", "check_state"]
+
+
+def _shard_index(plan, table: str, shard) -> int:
+    shards = plan.table(table).shards
+    for i, s in enumerate(shards):
+        if s == shard:
+            return i
+    raise ValueError(f"shard {shard} of table {table!r} is not in the plan")
+
+
+def shard_arrays(collection, plan, rank: int) -> tuple[dict, dict]:
+    """``(arrays, slices)`` of this rank's embedding shards and their optimizer state."""
+    tables = {t.name: t for t in collection.tables}
+    arrays, slices = {}, {}
+    for s in collection.local_shards():
+        tp = plan.table(s.table)
+        if tp.sharding is ShardingType.DATA_PARALLEL and rank != min(tp.ranks):
+            continue  # replicas are equal: the lowest rank writes the table
+        t = tables[s.table]
+        i = _shard_index(plan, s.table, s.shard)
+        base = f"emb/{s.table}/{i}"
+        arrays[f"{base}/weight"] = to_numpy(s.weight)
+        slices[f"{base}/weight"] = shard_slice(s.table, "weight", s.shard, (t.num_rows, t.dim))
+        for spec in state_specs(s.tables.optimizers[s.index].kind):
+            gshape = (t.num_rows,) if spec.per_row else (t.num_rows, t.dim)
+            arrays[f"{base}/{spec.name}"] = to_numpy(s.tables.state_view(s.index, spec.name))
+            slices[f"{base}/{spec.name}"] = shard_slice(s.table, spec.name, s.shard, gshape)
+    return arrays, slices
+
+
+def dense_arrays(model, optimizer) -> dict:
+    """The dense model's parameters and optimizer state (rank 0 writes them)."""
+    out = {"dense/params": to_numpy(model.flat_params)}
+    for name, value in optimizer.state_dict().items():
+        out[f"dense/opt/{name}"] = np.asarray(value).reshape(-1)  # 0-d (steps) as shape (1,)
+    return out
+
+
+def load_shards(ckpt, collection, plan, rank: int) -> int:
+    """Fill this rank's shards (weights and sparse optimizer state) from ``ckpt``.
+
+    The checkpoint may come from any plan and world size: each shard is
+    assembled from whichever files overlap it. Returns the elements loaded.
+    """
+    kinds = {s.tables.optimizers[s.index].kind for s in collection.local_shards()}
+    kinds |= {t.optimizer.kind for t in collection.tables}
+    names = ["weight"] + sorted({spec.name for k in kinds for spec in state_specs(k)})
+    parts = read_for_plan(ckpt, plan, rank, tensors=names)
+    loaded = 0
+    for s in collection.local_shards():
+        i = _shard_index(plan, s.table, s.shard)
+        xp = collection.xp
+        s.weight[...] = xp.asarray(parts[(s.table, "weight", i)])
+        loaded += int(s.weight.size)
+        for spec in state_specs(s.tables.optimizers[s.index].kind):
+            view = s.tables.state_view(s.index, spec.name)
+            view[...] = xp.asarray(parts[(s.table, spec.name, i)])
+            loaded += int(view.size)
+    return loaded
+
+
+def load_dense(ckpt, model, optimizer) -> None:
+    """Restore the dense parameters and optimizer state from ``ckpt``."""
+    model.load_state_dict({"params": ckpt.read_array("dense/params")})
+    state = {}
+    for name in ckpt.names():
+        if name.startswith("dense/opt/"):
+            key = name[len("dense/opt/"):]
+            value = ckpt.read_array(name)
+            state[key] = value.reshape(()) if key == "steps" else value
+    try:
+        optimizer.load_state_dict(state, xp=model.xp)
+    except ValueError as exc:
+        raise CheckpointMismatchError(f"dense optimizer state: {exc}", path=str(ckpt.path),
+                                      field="dense_optimizer") from None
+
+
+def check_state(ckpt, expected: dict) -> None:
+    """Refuse a checkpoint whose recorded architecture or optimizers differ from ``expected``.
+
+    ``expected`` holds the keys ``dense`` (layer shapes and dtype),
+    ``sparse_optimizer`` and ``dense_optimizer`` (kinds), as the trainer
+    records them in the manifest state.
+    """
+    state = ckpt.state
+    for key in ("dense", "sparse_optimizer", "dense_optimizer"):
+        if key not in state:
+            raise CheckpointMismatchError(f"the manifest records no {key!r}; it was not written "
+                                          f"by the trainer", path=str(ckpt.path), field=key)
+        if state[key] != expected[key]:
+            raise CheckpointMismatchError(f"{key} is {state[key]} in the checkpoint, "
+                                          f"{expected[key]} in this model",
+                                          path=str(ckpt.path), field=key)

@@ -1,0 +1,160 @@
+"""The pieces of one training step: timed embedding stages and the dense gradient AllReduce.
+
+:class:`EmbeddingStages` drives a
+:class:`~embedding.collection.ShardedEmbeddingCollection` through its
+strategies' four steps (:mod:`embedding.sharding.base`) so that each is
+timed on its own: waiting for the input dist, the local lookup, waiting for
+the output dist, and the backward (reverse output dist + fused sparse
+optimizer). The input dist is started by the collection
+(:meth:`~embedding.collection.ShardedEmbeddingCollection.input_dist`),
+which checks the ids on every rank first.
+
+:class:`GradSync` AllReduces the dense gradients through
+:mod:`collectives`: with ``overlap`` one asynchronous AllReduce per gradient
+bucket, started from the bucket-completion hook while the backward pass
+goes on, else one blocking AllReduce of the whole buffer after it.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from embedding.train.types import Phase
+
+__all__ = ["PhaseTimer", "EmbeddingStages", "GradSync"]
+
+
+class PhaseTimer:
+    """Wall-clock seconds per :class:`~embedding.train.types.Phase`, summed until :meth:`reset`."""
+
+    def __init__(self):
+        self.seconds = {p: 0.0 for p in Phase}
+
+    @contextmanager
+    def __call__(self, phase: Phase):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - t0
+
+    def add(self, phase: Phase, seconds: float) -> None:
+        self.seconds[phase] += seconds
+
+    def reset(self) -> dict[Phase, float]:
+        """The sums so far, then zero them."""
+        out = dict(self.seconds)
+        self.seconds = {p: 0.0 for p in Phase}
+        return out
+
+
+class EmbeddingStages:
+    """A collection's forward and backward, stage by stage (module doc).
+
+    ``forward(dist)`` takes the :class:`~embedding.collection.DistributedBatch`
+    of :meth:`start` and returns ``(pooled [B, out_dim], ctx)``;
+    ``backward(grad, ctx)`` applies ``d loss / d pooled``.
+    """
+
+    def __init__(self, collection):
+        self.coll = collection
+        self.strategies = list(collection.strategies)
+        cols = collection.columns()
+        self._maps = [[(f.col, cols[f.name][0], f.dim) for f in s.features]
+                      for s in self.strategies]
+        self._identity = (len(self.strategies) == 1
+                          and all(a == b for a, b, _ in self._maps[0])
+                          and self.strategies[0].out_dim == collection.out_dim)
+        self.out_dim = collection.out_dim
+        self.xp = collection.xp
+        self.dtype = collection.env.dtype
+
+    def start(self, kjt):
+        """Check ``kjt`` on every rank and start its input dist (returns at once)."""
+        return self.coll.input_dist(kjt)
+
+    def forward(self, dist, timer: PhaseTimer):
+        with timer(Phase.INPUT_DIST):
+            local = [p.wait() for p in dist.pending]
+        with timer(Phase.LOOKUP):
+            pending = [s.forward(d) for s, d in zip(self.strategies, local)]
+        with timer(Phase.OUTPUT_DIST):
+            results = [p.wait() for p in pending]
+        b = dist.batch_size
+        if self._identity:
+            pooled = results[0][0]
+        else:
+            pooled = self.xp.empty((b, self.out_dim), self.dtype)
+            for (part, _), cmap in zip(results, self._maps):
+                for src, dst, d in cmap:
+                    pooled[:, dst:dst + d] = part[:, src:src + d]
+        return pooled, ([ctx for _, ctx in results], b)
+
+    def backward(self, grad, ctx, timer: PhaseTimer) -> None:
+        ctxs, b = ctx
+        xp = self.xp
+        grad = xp.asarray(grad).reshape(b, self.out_dim).astype(self.dtype, copy=False)
+        with timer(Phase.EMB_BACKWARD):
+            pending = []
+            for strat, sctx, cmap in zip(self.strategies, ctxs, self._maps):
+                if self._identity:
+                    part = xp.ascontiguousarray(grad)
+                else:
+                    part = xp.empty((b, strat.out_dim), self.dtype)
+                    for src, dst, d in cmap:
+                        part[:, src:src + d] = grad[:, dst:dst + d]
+                pending.append(strat.backward(sctx, part))
+            for p in pending:
+                p.wait()
+
+
+class GradSync:
+    """Sums the dense gradients over ``group`` and divides by its size (module doc)."""
+
+    def __init__(self, model, group, overlap: bool = True):
+        self.model = model
+        self.group = group
+        self.overlap = bool(overlap)
+        self.size = int(group.size)
+        self._handles: list = []
+
+    def hook(self):
+        """The bucket hook for ``model.backward`` (None without overlap)."""
+        if not self.overlap or self.size == 1:
+            return None
+        import collectives
+
+        def on_bucket(bucket, grad):
+            self._handles.append(collectives.all_reduce(grad, group=self.group, async_op=True))
+
+        return on_bucket
+
+    def finish(self, timer: PhaseTimer) -> None:
+        """Wait for (or run) the AllReduce; the gradients become the mean over ranks."""
+        grads = self.model.flat_grads
+        with timer(Phase.GRAD_SYNC):
+            if self.size > 1:
+                if self.overlap:
+                    handles, self._handles = self._handles, []
+                    for h in handles:
+                        h.wait()
+                else:
+                    import collectives
+
+                    collectives.all_reduce(grads, group=self.group)
+        if self.size > 1:
+            grads *= grads.dtype.type(1.0 / self.size)
+
+    def drain(self) -> None:
+        """Complete whatever is in flight (on the way out after an error)."""
+        handles, self._handles = self._handles, []
+        for h in handles:
+            h.wait()
+
+
+def finite(x) -> bool:
+    """True when every element of ``x`` is finite (NumPy or CuPy)."""
+    xp = np if isinstance(x, np.ndarray) else __import__("cupy")
+    return bool(xp.isfinite(x).all())

@@ -1,0 +1,213 @@
+"""Vocabulary of the DLRM trainer: its configuration, its phases and its errors.
+
+A :class:`TrainConfig` is plain data (frozen dataclasses, one per TOML
+section); :mod:`embedding.train.config` reads it from a TOML file and checks
+every key. Units: batch sizes in samples (the *global* batch over all
+ranks), intervals in steps, sizes of gradient buckets in KiB.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from embedding.dense.types import DenseOptimizerConfig, DenseOptimizerKind
+from embedding.types import OptimizerConfig, OptimizerKind
+from neocomm.errors import NeocommError
+
+__all__ = ["DataSource", "Phase", "DataConfig", "TablesConfig", "ModelConfig", "LoopConfig",
+           "PlanConfig", "CheckpointConfig", "OutputConfig", "TrainConfig", "ConfigError",
+           "TrainingError", "DEFAULT_OUT"]
+
+#: Where outputs go when neither the config nor ``--out`` says (relative to the cwd).
+DEFAULT_OUT = "neocomm-out"
+
+
+class DataSource(enum.Enum):
+    """Where training records come from."""
+
+    SYNTHETIC = "synthetic"  # Criteo-shaped records with a planted model (embedding.data)
+    CRITEO = "criteo"        # Criteo text files (.gz too), parsed into memory
+    BINARY = "binary"        # the checksummed binary format (memory-mapped)
+
+
+class Phase(enum.Enum):
+    """Parts of a training step that are timed separately (see docs/training.md).
+
+    ``INPUT_DIST`` is the part of the id AlltoAll the step waits for (its
+    start plus its wait), ``LOOKUP`` the pooled lookup on the local shards
+    (and the launch of the output AlltoAll, whose count exchange waits for
+    the slowest rank), ``OUTPUT_DIST`` the wait for the pooled rows,
+    ``DENSE`` the dense forward and backward, ``SYNC`` the per-step loss and
+    health agreement, ``EMB_BACKWARD`` the reverse output dist with the fused
+    sparse optimizer, ``GRAD_SYNC`` the part of the dense AllReduce not
+    hidden behind other work, ``OPTIMIZER`` the dense optimizer.
+    """
+
+    DATA = "data"
+    INPUT_DIST = "input_dist"
+    LOOKUP = "lookup"
+    OUTPUT_DIST = "output_dist"
+    DENSE = "dense"
+    SYNC = "sync"
+    EMB_BACKWARD = "emb_backward"
+    GRAD_SYNC = "grad_sync"
+    OPTIMIZER = "optimizer"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """``[data]``: the record source and its held-out split.
+
+    ``path`` (and ``eval_path``) are Criteo text files or one binary file.
+    Without ``eval_path`` the last ``eval_records`` records of ``path`` are
+    held out. ``records`` is the size of a synthetic training set.
+    ``broadcast`` reads on rank 0 only and sends each rank its slice.
+    """
+
+    source: DataSource = DataSource.SYNTHETIC
+    path: tuple[str, ...] = ()
+    eval_path: tuple[str, ...] = ()
+    records: int = 1 << 22
+    eval_records: int = 1 << 15
+    shuffle: bool = False
+    broadcast: bool = False
+    verify: str = "lazy"
+    missing: str = "zero"
+    zipf_alpha: float = 1.1
+    logit_std: float = 1.42
+    dense_share: float = 0.3
+
+
+@dataclass(frozen=True)
+class TablesConfig:
+    """``[tables]``: one table per sparse feature; rows from ``rows`` or a ``preset``.
+
+    ``cap`` limits every table's rows (0: no limit); ``id_policy`` says what
+    ids outside a table do (``error``, ``modulo``, ``hash``).
+    """
+
+    preset: str = "criteo-1tb-1000x"
+    rows: tuple[int, ...] = ()
+    cap: int = 0
+    pooling: str = "sum"
+    id_policy: str = "error"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``[model]``: DLRM's widths; ``bottom_mlp`` ends in ``embedding_dim``, ``top_mlp`` in 1."""
+
+    embedding_dim: int = 16
+    bottom_mlp: tuple[int, ...] = (64, 16)
+    top_mlp: tuple[int, ...] = (64, 1)
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """``[train]``: steps, the global batch, intervals and the step's options.
+
+    ``overlap`` starts the input dist of batch i+1 before the dense compute
+    of batch i and AllReduces dense gradient buckets from the backward's
+    completion hooks; off, each runs after the work it could hide behind.
+    ``threads`` is the BLAS and kernel threads of each rank (0: the node's
+    cores over its ranks). ``eval_every`` 0 evaluates at the end only.
+    """
+
+    steps: int = 500
+    batch_size: int = 2048
+    eval_every: int = 100
+    eval_batch_size: int = 0
+    log_every: int = 25
+    overlap: bool = True
+    bucket_kib: int = 64
+    dedup: bool = False
+    threads: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """``[plan]``: a plan file, or the planner's target (``fabric``) and memory per rank."""
+
+    file: str = ""
+    fabric: str = "cpu-host"
+    memory: str = ""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """``[checkpoint]``: where, how often (steps; 0: at the end only), how many to keep.
+
+    ``resume``: ``""`` (start fresh), ``"latest"`` (the newest complete
+    checkpoint under ``dir``; an error when there is none), ``"auto"``
+    (the newest when there is one) or a checkpoint directory.
+    """
+
+    dir: str = ""
+    every: int = 0
+    keep: int = 3
+    resume: str = ""
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """``[output]``: the output directory (metrics log, checkpoints, plot) and the plot switch."""
+
+    dir: str = DEFAULT_OUT
+    plot: bool = False
+
+
+def _sparse_default() -> OptimizerConfig:
+    return OptimizerConfig(OptimizerKind.ROWWISE_ADAGRAD, lr=0.1)
+
+
+def _dense_default() -> DenseOptimizerConfig:
+    return DenseOptimizerConfig(DenseOptimizerKind.ADAM, lr=0.002)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run needs; ``source`` names the TOML file it came from."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    tables: TablesConfig = field(default_factory=TablesConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sparse_optimizer: OptimizerConfig = field(default_factory=_sparse_default)
+    dense_optimizer: DenseOptimizerConfig = field(default_factory=_dense_default)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    source: str = "<defaults>"
+
+
+class ConfigError(NeocommError, ValueError):
+    """A configuration is wrong: ``path`` is its file, ``key`` the dotted key (``train.steps``)."""
+
+    def __init__(self, path: str, key: str, message: str):
+        where = f"{path}: " if path else ""
+        where += f"{key}: " if key else ""
+        super().__init__(where + message)
+        self.path = str(path)
+        self.key = str(key)
+        self.reason = message
+
+    def __reduce__(self):
+        return (ConfigError, (self.path, self.key, self.reason))
+
+
+class TrainingError(NeocommError):
+    """Training stopped on every rank: bad data, a non-finite tensor, an unusable checkpoint.
+
+    ``step`` is the step it happened at (-1: before training), ``tensor`` the
+    offending tensor or file (``dense``, ``labels``, ``loss`` …), ``ranks``
+    the ranks that found it and ``per_rank`` their own messages.
+    """
+
+    def __init__(self, message: str, *, step: int = -1, tensor: str = "",
+                 ranks: tuple[int, ...] = (), per_rank: dict | None = None):
+        super().__init__(message, ranks=ranks)
+        self.step = int(step)
+        self.tensor = tensor
+        self.per_rank = dict(per_rank or {})
