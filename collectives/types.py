@@ -166,6 +166,7 @@ class Request:
     ``nbytes / group_size`` for uniform operations). ``peers`` is the number
     of receivers of OneToMany or the largest number of peers of a rank in
     ManyToMany; ``identical`` says whether OneToMany sends one payload to all.
+    ``uniform_nodes`` is False when the group's nodes hold different numbers of ranks.
     """
 
     op: CollectiveOp
@@ -180,6 +181,7 @@ class Request:
     device: bool = False
     in_place: bool = False
     reduce_op: str = "sum"
+    uniform_nodes: bool = True
     extra: tuple[tuple[str, object], ...] = field(default=())
 
     def __post_init__(self):

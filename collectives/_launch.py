@@ -1,0 +1,97 @@
+"""What every collective call does before its algorithm runs.
+
+Resolve the group and its backend, build the request, select the
+algorithm and the chunking, agree all of it across the group (so a bad
+argument anywhere raises :class:`~neocomm.errors.CollectiveArgumentError`
+everywhere), then start the algorithm blocking or behind a handle.
+"""
+from __future__ import annotations
+
+from neocomm.agree import Problem, agree
+from neocomm.config import SettingsError
+from neocomm.errors import CollectiveArgumentError
+
+from collectives import progress
+from collectives.algorithms import Call, registry
+from collectives.chunking import ChunkPolicy, staging_pool
+from collectives.fabric import fabric_for, layout_of
+from collectives.select import SelectionError, select
+from collectives.types import CollectiveOp, Request
+
+__all__ = ["Context", "context", "launch", "fail", "OP_CODES"]
+
+#: Stable op codes of the collectives layer in agreement signatures.
+OP_CODES = {op: 101 + i for i, op in enumerate(CollectiveOp)}
+
+
+class Context:
+    """The group, backend, array module, fabric and layout of one call."""
+
+    __slots__ = ("group", "backend", "xp", "fabric", "layout", "check")
+
+    def __init__(self, group, backend, xp):
+        self.group, self.backend, self.xp = group, backend, xp
+        self.fabric = fabric_for(group)
+        self.layout = layout_of(group)
+        self.check = bool(getattr(backend, "check_args", True))
+
+
+def array_module(buf):
+    """``cupy`` for device arrays, else ``numpy``."""
+    if hasattr(buf, "__cuda_array_interface__"):
+        import cupy
+
+        return cupy
+    import numpy
+
+    return numpy
+
+
+def context(group, buf) -> Context:
+    """The :class:`Context` of a call on ``group`` (None: the world group) moving ``buf``."""
+    if group is None:
+        from neocomm.world import current_world
+
+        group = current_world().world
+    return Context(group, group.backend(buf), array_module(buf))
+
+
+def fail(ctx: Context, op: CollectiveOp, problem: Problem | None, signature) -> None:
+    """Raise on every rank when any rank has a problem (agreement), or locally
+    when argument checks are off."""
+    if ctx.check:
+        agree(ctx.group.comm, op.value, problem, signature)
+    elif problem is not None:
+        rank = ctx.group.rank
+        raise CollectiveArgumentError(f"{op.value}: {problem.message}", op=op.value,
+                                      field=problem.field, ranks=(rank,),
+                                      per_rank={rank: problem.message})
+
+
+def launch(ctx: Context, request: Request, problem: Problem | None, signature, *,
+           algo: str | None, chunk_bytes, itemsize: int, fields: dict, result,
+           async_op: bool):
+    """Select, agree, build the :class:`Call` (``fields`` built lazily when it is a
+    callable) and run it; returns the handle."""
+    op = request.op
+    chosen, policy = None, None
+    if problem is None:
+        try:
+            chosen = select(request, ctx.fabric, algo)
+        except SelectionError as exc:
+            problem = Problem("algo", str(exc))
+    if problem is None:
+        try:
+            policy = ChunkPolicy.resolve(ctx.fabric, itemsize, chunk_bytes)
+        except (ValueError, TypeError, SettingsError) as exc:
+            problem = Problem("chunk_bytes", str(exc))
+    index = registry()[op].index(chosen) if chosen is not None else -1
+    chunk_sig = 0 if policy is None else policy.intra ^ (policy.inter << 1)
+    fail(ctx, op, problem, list(signature) + [("algo", index),
+                                              ("chunk", chunk_sig & 0x7FFFFFFF)])
+    if callable(fields):
+        fields = fields()
+    call = Call(op, ctx.group, ctx.backend, ctx.xp, ctx.fabric, policy,
+                staging_pool(ctx.xp), progress.next_tag(ctx.group), ctx.layout,
+                blocking=not async_op, **fields)
+    return progress.start(chosen.run(call), result, async_op)

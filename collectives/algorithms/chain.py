@@ -1,0 +1,45 @@
+"""Pipelined-chain Broadcast and OneToMany (identical payload).
+
+The members form a chain from the root; the payload is cut into segments
+and member ``q`` forwards segment ``k`` to ``q + 1`` as soon as it has it,
+so ``n - 2 + k`` segment times move the payload through ``n`` members:
+bandwidth-optimal for large payloads. The number of segments minimises
+the alpha-beta time (:func:`collectives.cost.chain_segments`); segments are
+never smaller than one chunk of the link.
+"""
+from __future__ import annotations
+
+from collectives.algorithms import Call
+from collectives.algorithms.binomial import _TreeBase, local_copy, members_from_root, payload, tree_broadcast
+from collectives.cost import chain_segments
+
+__all__ = ["Chain", "ALGORITHMS"]
+
+
+class Chain(_TreeBase):
+    """Pipelined chain (a tree of fan-out one)."""
+
+    name = "chain"
+
+    def run(self, call: Call):
+        local_copy(call)
+        members = members_from_root(call)
+        if call.rank not in members:
+            return
+        pos = members.index(call.rank)
+        buf = payload(call)
+        fabric = call.fabric
+        inter = fabric.nodes > 1
+        link = fabric.inter if inter else fabric.intra
+        itemsize = buf.dtype.itemsize
+        chunk = call.policy.elems(inter)
+        segments = chain_segments(buf.size * itemsize, len(members),
+                                  link.latency + fabric.step_overhead, link.bandwidth,
+                                  chunk * itemsize)
+        seg = max(chunk, -(-buf.size // max(1, segments))) if buf.size else 1
+        parent = members[pos - 1] if pos > 0 else None
+        children = [members[pos + 1]] if pos + 1 < len(members) else []
+        yield from tree_broadcast(call, buf, parent, children, seg, tag=call.tags(0))
+
+
+ALGORITHMS = (Chain(),)

@@ -1,0 +1,28 @@
+"""Recursive-doubling AllGather for power-of-two groups: ``log2 p`` steps, in
+step ``k`` each rank swaps everything it has gathered so far with the rank
+``2^k`` away, received straight into the output (no staging)."""
+from __future__ import annotations
+
+from collectives.algorithms import Algorithm, Call
+from collectives.algorithms.rabenseifner import doubling_all_gather
+from collectives.algorithms.ring import block_bounds
+from collectives.types import CollectiveOp
+
+__all__ = ["Doubling", "ALGORITHMS"]
+
+
+class Doubling(Algorithm):
+    """Recursive doubling (Thakur, Rabenseifner and Gropp 2005)."""
+
+    name = "doubling"
+    ops = frozenset({CollectiveOp.ALL_GATHER})
+
+    def run(self, call: Call):
+        bounds = block_bounds(call.recv_counts)
+        lo, hi = bounds[call.rank]
+        call.recvbuf[lo:hi] = call.sendbuf
+        yield from doubling_all_gather(call, list(range(call.size)), call.recvbuf, call.rank,
+                                       call.size, 0, bounds, tag=call.tags(0))
+
+
+ALGORITHMS = (Doubling(),)

@@ -1,0 +1,76 @@
+"""Hierarchical AllReduce: reduce inside each node, across nodes over the rails,
+then gather inside each node.
+
+1. ReduceScatter among the ranks of a node (pipelined ring): local rank
+   ``i`` holds the node's sum of slice ``i`` of the vector.
+2. AllReduce of slice ``i`` among the local-rank-``i`` ranks of every node
+   (the rail): ring or Rabenseifner, whichever the cost model prefers for
+   the rail's shape. Each rail carries ``1 / ranks_per_node`` of the data,
+   so with one NIC per GPU every NIC works at once.
+3. AllGather among the ranks of a node (ring), straight into the output.
+
+Needs at least two nodes of equal size with at least two ranks each.
+"""
+from __future__ import annotations
+
+from collectives import cost
+from collectives.algorithms import Algorithm, Call
+from collectives.algorithms.rabenseifner import doubling_all_gather, halving_reduce_scatter
+from collectives.algorithms.ring import (block_bounds, even_counts, ring_all_gather,
+                                         ring_reduce_scatter)
+from collectives.types import CollectiveOp, FabricModel, Request
+
+__all__ = ["HierarchicalAllReduce", "ALGORITHMS"]
+
+
+class HierarchicalAllReduce(Algorithm):
+    """Intra-node ReduceScatter, inter-node AllReduce per rail, intra-node AllGather."""
+
+    name = "hierarchical"
+    ops = frozenset({CollectiveOp.ALL_REDUCE})
+
+    def supports(self, request: Request, fabric: FabricModel) -> str | None:
+        reason = super().supports(request, fabric)
+        if reason is None and not request.uniform_nodes:
+            reason = "needs nodes with equal numbers of ranks"
+        return reason
+
+    def run(self, call: Call):
+        layout = call.layout
+        node_members = list(layout.nodes[layout.node[call.rank]])
+        local = layout.local[call.rank]
+        rail = [members[local] for members in layout.nodes]
+        n, per_node = call.sendbuf.size, len(node_members)
+        bounds = block_bounds(even_counts(n, per_node))
+        out = call.recvbuf
+        yield from ring_reduce_scatter(call, node_members, call.sendbuf, bounds, acc=out,
+                                       tag=call.tags(0))
+        lo, hi = bounds[local]
+        piece = out[lo:hi]
+        rail_bounds = block_bounds(even_counts(hi - lo, len(rail)))
+        if _rail_prefers_ring(call, hi - lo):
+            yield from ring_reduce_scatter(call, rail, piece, rail_bounds, acc=piece,
+                                           tag=call.tags(1))
+            yield from ring_all_gather(call, rail, piece, rail_bounds, tag=call.tags(3))
+        else:
+            v, pof2, rem, segs = yield from halving_reduce_scatter(
+                call, rail, piece, piece, rail_bounds, tag=call.tags(2))
+            yield from doubling_all_gather(call, rail, piece, v, pof2, rem, segs,
+                                           tag=call.tags(8))
+        yield from ring_all_gather(call, node_members, out, bounds, tag=call.tags(15))
+
+
+def _rail_prefers_ring(call: Call, count: int) -> bool:
+    fabric = call.fabric
+    rail = FabricModel(ranks_per_node=1, nodes=fabric.nodes, intra=fabric.intra,
+                       inter=fabric.inter, nics_per_node=fabric.nics_per_node,
+                       copy_bandwidth=fabric.copy_bandwidth,
+                       reduce_bandwidth=fabric.reduce_bandwidth,
+                       step_overhead=fabric.step_overhead)
+    request = Request(CollectiveOp.ALL_REDUCE, count * call.sendbuf.dtype.itemsize,
+                      call.sendbuf.dtype.itemsize, fabric.nodes)
+    return (cost.algorithm_cost(CollectiveOp.ALL_REDUCE, "ring", request, rail)
+            <= cost.algorithm_cost(CollectiveOp.ALL_REDUCE, "rabenseifner", request, rail))
+
+
+ALGORITHMS = (HierarchicalAllReduce(),)

@@ -1,0 +1,326 @@
+"""The dense collectives: AlltoAll(v), ReduceScatter, AllReduce, AllGather, Broadcast.
+
+Every function runs on any process group (``group=None``: the world group
+of :func:`neocomm.init`), on NumPy or CuPy buffers (read as flat 1-D,
+C-contiguous), blocking or — ``async_op=True`` — returning a handle whose
+``wait()`` returns what the blocking call would have returned. Counts are
+in elements. ``algo=`` forces an algorithm (as ``NEOCOMM_ALGO_<OP>`` does),
+``chunk_bytes=`` the chunk size (as ``NEOCOMM_CHUNK_BYTES`` does). Bad
+arguments on any rank raise :class:`~neocomm.errors.CollectiveArgumentError`
+on every rank.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from neocomm.agree import Problem
+from neocomm.backends.checks import (check_buffer, check_counts, check_peer, check_same_dtype,
+                                     counts_digest, first)
+from neocomm.types import DTYPE_CODES, ReduceOp
+
+from collectives._launch import OP_CODES, context, launch
+from collectives.algorithms import displs
+from collectives.types import CollectiveOp, Request
+
+__all__ = ["all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce", "all_gather",
+           "broadcast"]
+
+_REDUCE_CODES = {op: i for i, op in enumerate(ReduceOp, start=1)}
+
+
+def _dcode(buf) -> int:
+    return DTYPE_CODES.get(getattr(getattr(buf, "dtype", None), "name", ""), 0)
+
+
+def _size(buf) -> int:
+    return int(getattr(buf, "size", -1))
+
+
+def _total(counts, buf) -> int:
+    """What ``counts`` must sum to: ``buf.size``, or their own sum without a buffer."""
+    if buf is not None:
+        return _size(buf)
+    try:
+        return int(np.sum(np.asarray(counts, dtype=np.int64)))
+    except (TypeError, ValueError):
+        return -1
+
+
+def _flat(buf):
+    return None if buf is None else buf.reshape(-1)
+
+
+def _request(ctx, op, nbytes, itemsize, **kw) -> Request:
+    return Request(op, max(0, int(nbytes)), max(1, int(itemsize)), ctx.group.size,
+                   device=ctx.xp.__name__ != "numpy", uniform_nodes=ctx.layout.uniform, **kw)
+
+
+def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
+               algo: str | None = None, chunk_bytes: int | None = None):
+    """Block ``j`` of ``sendbuf`` goes to rank ``j``; block ``i`` of the result came from rank ``i``.
+
+    Shape contract: ``sendbuf`` holds ``p`` equal blocks (``sendbuf.size %
+    p == 0``); the result has ``sendbuf``'s size and dtype (allocated with
+    ``sendbuf``'s shape when ``recvbuf`` is None). Example, 2 ranks::
+
+        rank 0: sendbuf [a0 a1 | a2 a3]   ->  result [a0 a1 | b0 b1]
+        rank 1: sendbuf [b0 b1 | b2 b3]   ->  result [a2 a3 | b2 b3]
+
+    Returns the result (or a handle whose ``wait()`` returns it).
+    """
+    op = CollectiveOp.ALL_TO_ALL
+    ctx = context(group, sendbuf)
+    p, dev = ctx.group.size, ctx.backend.device
+    problem = check_buffer("sendbuf", sendbuf, device=dev)
+    if problem is None and sendbuf.size % p:
+        problem = Problem("sendbuf", f"sendbuf: {sendbuf.size} elements do not split into "
+                                     f"{p} equal blocks")
+    if problem is None and recvbuf is not None:
+        problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
+                        check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
+        if problem is None and recvbuf.size != sendbuf.size:
+            problem = Problem("recvbuf", f"recvbuf: expected {sendbuf.size} elements (as "
+                                         f"sendbuf), got {recvbuf.size}")
+    ok = problem is None
+    itemsize = sendbuf.dtype.itemsize if ok else 1
+    block = sendbuf.size // p if ok else -1
+    request = _request(ctx, op, block * p * itemsize, itemsize, max_block=block * itemsize)
+    if ok and recvbuf is None:
+        recvbuf = ctx.xp.empty_like(sendbuf)
+    counts = np.full(p, max(block, 0), np.int64)
+    offs = displs(counts)
+    fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), send_counts=counts,
+                  recv_counts=counts, send_displs=offs, recv_displs=offs)
+    sig = [("op", OP_CODES[op]), ("dtype", _dcode(sendbuf)), ("block", block)]
+    return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
+                          itemsize=itemsize, fields=fields, result=recvbuf,
+                          async_op=async_op), async_op)
+
+
+def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
+                 recv_counts: Sequence[int] | None = None, *, group=None,
+                 async_op: bool = False, algo: str | None = None,
+                 chunk_bytes: int | None = None):
+    """AlltoAll with ``send_counts[j]`` elements to rank ``j``, packed in rank order.
+
+    Shape contract: ``sum(send_counts) == sendbuf.size``. Without
+    ``recv_counts`` the counts are exchanged (one small AlltoAll) and the
+    result is allocated; with them they must match what the peers send
+    (checked when ``NEOCOMM_CHECK_ARGS`` is on). Example, 2 ranks::
+
+        rank 0: sendbuf [a0 | a1 a2], send_counts [1, 2]  ->  [a0 | b0 b1 b2], recv_counts [1, 3]
+        rank 1: sendbuf [b0 b1 b2 | ], send_counts [3, 0] ->  [a1 a2 | ],     recv_counts [2, 0]
+
+    Returns ``(recvbuf, recv_counts)`` (or a handle whose ``wait()`` returns them).
+    """
+    op = CollectiveOp.ALL_TO_ALL_V
+    ctx = context(group, sendbuf)
+    p, dev, comm = ctx.group.size, ctx.backend.device, ctx.group.comm
+    problem = check_buffer("sendbuf", sendbuf, device=dev)
+    sc = np.zeros(p, np.int64)
+    if problem is None:
+        problem, sc = check_counts("send_counts", send_counts, p, sendbuf.size, "sendbuf")
+    rc = None
+    if recv_counts is not None:
+        prc, rc = check_counts("recv_counts", recv_counts, p, _total(recv_counts, recvbuf),
+                               "recvbuf")
+        problem = problem or prc
+    if problem is None and recvbuf is not None:
+        problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
+                        check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
+    if rc is None or ctx.check:  # exchange the counts: to learn them, or to check them
+        offered = np.empty(p, np.int64)
+        comm.Alltoall(sc if problem is None else np.full(p, -1, np.int64), offered)
+        rejected = (offered < 0).any()  # that rank reports its own problem
+        if rc is None:
+            rc = np.where(offered < 0, 0, offered)
+            if problem is None and recvbuf is not None and recvbuf.size != int(rc.sum()):
+                problem = Problem("recvbuf", f"recvbuf: the peers send {int(rc.sum())} "
+                                             f"elements, recvbuf holds {recvbuf.size}")
+        elif problem is None and not rejected and not np.array_equal(offered, rc):
+            i = int(np.flatnonzero(offered != rc)[0])
+            problem = Problem("recv_counts", f"recv_counts[{i}] is {int(rc[i])} but rank {i} "
+                                             f"sends {int(offered[i])}")
+    ok = problem is None
+    itemsize = sendbuf.dtype.itemsize if ok else 1
+    # The request must be the same on every rank: agree on the largest sizes.
+    sizes = np.array([int(sc.sum()), int(sc.max(initial=0)), int(rc.max(initial=0))]
+                     if ok else [0, 0, 0], np.int64)
+    from mpi4py import MPI
+
+    comm.Allreduce(MPI.IN_PLACE, sizes, op=MPI.MAX)
+    request = _request(ctx, op, sizes[0] * itemsize, itemsize,
+                       max_block=int(max(sizes[1], sizes[2])) * itemsize, uniform=False)
+    if ok and recvbuf is None:
+        recvbuf = ctx.xp.empty(int(rc.sum()), dtype=sendbuf.dtype)
+    fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), send_counts=sc,
+                  recv_counts=rc, send_displs=displs(sc), recv_displs=displs(rc)) if ok else {}
+    sig = [("op", OP_CODES[op]), ("dtype", _dcode(sendbuf))]
+    handle = launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
+                    itemsize=itemsize, fields=fields, result=(recvbuf, rc), async_op=async_op)
+    return _result(handle, async_op)
+
+
+def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None = None,
+                   op: ReduceOp | str = ReduceOp.SUM, group=None, async_op: bool = False,
+                   algo: str | None = None, chunk_bytes: int | None = None):
+    """Rank ``i`` gets block ``i`` of the element-wise reduction of every rank's ``sendbuf``.
+
+    Shape contract: equal blocks (``sendbuf.size % p == 0``, result of
+    ``sendbuf.size // p`` elements) unless ``recv_counts`` (the same on
+    every rank, summing to ``sendbuf.size``) gives each rank's block.
+    Example, 2 ranks, sum::
+
+        rank 0: sendbuf [1 2 | 3 4]   ->  result [11 22]
+        rank 1: sendbuf [10 20 | 30 40] -> result [33 44]
+
+    Returns the result (allocated when ``recvbuf`` is None).
+    """
+    kind = CollectiveOp.REDUCE_SCATTER
+    rop = ReduceOp.parse(op)
+    ctx = context(group, sendbuf)
+    p, dev = ctx.group.size, ctx.backend.device
+    problem = check_buffer("sendbuf", sendbuf, device=dev, reducible=True)
+    counts = None
+    if problem is None:
+        if recv_counts is None:
+            if sendbuf.size % p:
+                problem = Problem("sendbuf", f"sendbuf: {sendbuf.size} elements do not split "
+                                             f"into {p} equal blocks; pass recv_counts")
+            else:
+                counts = np.full(p, sendbuf.size // p, np.int64)
+        else:
+            problem, counts = check_counts("recv_counts", recv_counts, p, sendbuf.size,
+                                           "sendbuf")
+    if problem is None and recvbuf is not None:
+        problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
+                        check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
+        if problem is None and recvbuf.size != counts[ctx.group.rank]:
+            problem = Problem("recvbuf", f"recvbuf: expected {int(counts[ctx.group.rank])} "
+                                         f"elements, got {recvbuf.size}")
+    ok = problem is None
+    itemsize = sendbuf.dtype.itemsize if ok else 1
+    request = _request(ctx, kind, _size(sendbuf) * itemsize if ok else 0, itemsize,
+                       max_block=int(counts.max()) * itemsize if ok else 0,
+                       uniform=recv_counts is None, reduce_op=rop.value)
+    if ok and recvbuf is None:
+        recvbuf = ctx.xp.empty(int(counts[ctx.group.rank]), dtype=sendbuf.dtype)
+    fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), recv_counts=counts,
+                  reduce_op=rop)
+    sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf)),
+           ("reduce_op", _REDUCE_CODES[rop]), ("recv_counts", counts_digest(counts))]
+    return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
+                          itemsize=itemsize, fields=fields, result=recvbuf,
+                          async_op=async_op), async_op)
+
+
+def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
+               async_op: bool = False, algo: str | None = None,
+               chunk_bytes: int | None = None):
+    """Every rank gets the element-wise reduction of every rank's ``sendbuf``.
+
+    Shape contract: the same size and dtype on every rank; ``recvbuf=None``
+    reduces in place (into ``sendbuf``). Example, 2 ranks, sum::
+
+        rank 0: sendbuf [1 2 3]    ->  result [11 22 33]
+        rank 1: sendbuf [10 20 30] ->  result [11 22 33]
+
+    Returns the result buffer.
+    """
+    kind = CollectiveOp.ALL_REDUCE
+    rop = ReduceOp.parse(op)
+    ctx = context(group, sendbuf)
+    dev = ctx.backend.device
+    problem = check_buffer("sendbuf", sendbuf, device=dev, reducible=True,
+                           writable=recvbuf is None)
+    if problem is None and recvbuf is not None:
+        problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
+                        check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
+        if problem is None and recvbuf.size != sendbuf.size:
+            problem = Problem("recvbuf", f"recvbuf: expected {sendbuf.size} elements (as "
+                                         f"sendbuf), got {recvbuf.size}")
+    ok = problem is None
+    itemsize = sendbuf.dtype.itemsize if ok else 1
+    out = sendbuf if recvbuf is None else recvbuf
+    request = _request(ctx, kind, _size(sendbuf) * itemsize if ok else 0, itemsize,
+                       in_place=recvbuf is None, reduce_op=rop.value)
+    flat_in = _flat(sendbuf) if ok else None
+    fields = dict(sendbuf=flat_in, recvbuf=flat_in if recvbuf is None else _flat(recvbuf),
+                  reduce_op=rop)
+    sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf)),
+           ("reduce_op", _REDUCE_CODES[rop])]
+    return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
+                          itemsize=itemsize, fields=fields, result=out, async_op=async_op),
+                   async_op)
+
+
+def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
+               algo: str | None = None, chunk_bytes: int | None = None):
+    """Block ``i`` of the result is rank ``i``'s ``sendbuf``.
+
+    Shape contract: ``sendbuf`` has the same size on every rank; the result
+    holds ``p * sendbuf.size`` elements (allocated with shape
+    ``(p,) + sendbuf.shape`` when ``recvbuf`` is None). Example, 2 ranks::
+
+        rank 0: sendbuf [a0 a1]  ->  result [[a0 a1] [b0 b1]]
+        rank 1: sendbuf [b0 b1]  ->  result [[a0 a1] [b0 b1]]
+    """
+    kind = CollectiveOp.ALL_GATHER
+    ctx = context(group, sendbuf)
+    p, dev = ctx.group.size, ctx.backend.device
+    problem = check_buffer("sendbuf", sendbuf, device=dev)
+    if problem is None and recvbuf is not None:
+        problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
+                        check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
+        if problem is None and recvbuf.size != p * sendbuf.size:
+            problem = Problem("recvbuf", f"recvbuf: expected {p} x {sendbuf.size} = "
+                                         f"{p * sendbuf.size} elements, got {recvbuf.size}")
+    ok = problem is None
+    itemsize = sendbuf.dtype.itemsize if ok else 1
+    request = _request(ctx, kind, p * _size(sendbuf) * itemsize if ok else 0, itemsize,
+                       max_block=_size(sendbuf) * itemsize if ok else 0)
+    if ok and recvbuf is None:
+        recvbuf = ctx.xp.empty((p,) + tuple(sendbuf.shape), dtype=sendbuf.dtype)
+    counts = np.full(p, max(_size(sendbuf), 0), np.int64)
+    fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), recv_counts=counts)
+    sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf))]
+    return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
+                          itemsize=itemsize, fields=fields, result=recvbuf,
+                          async_op=async_op), async_op)
+
+
+def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
+              algo: str | None = None, chunk_bytes: int | None = None):
+    """Every rank's ``buf`` becomes the root's (same size and dtype everywhere).
+
+    Example, 3 ranks, root 1::
+
+        rank 0: buf [0 0]  ->  [7 8]
+        rank 1: buf [7 8]  ->  [7 8]
+        rank 2: buf [0 0]  ->  [7 8]
+
+    Returns ``buf``.
+    """
+    kind = CollectiveOp.BROADCAST
+    ctx = context(group, buf)
+    p, dev = ctx.group.size, ctx.backend.device
+    problem = first(check_buffer("buf", buf, device=dev, writable=True),
+                    check_peer("root", root, p))
+    ok = problem is None
+    itemsize = buf.dtype.itemsize if ok else 1
+    request = _request(ctx, kind, _size(buf) * itemsize if ok else 0, itemsize,
+                       root=int(root) if ok else 0)
+    fields = dict(recvbuf=_flat(buf), root=int(root) if ok else 0,
+                  members=list(range(p)), identical=True)
+    sig = [("op", OP_CODES[kind]), ("dtype", _dcode(buf)), ("count", _size(buf)),
+           ("root", int(root) if isinstance(root, (int, np.integer)) else -1)]
+    return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
+                          itemsize=itemsize, fields=fields, result=buf, async_op=async_op),
+                   async_op)
+
+
+def _result(handle, async_op: bool):
+    return handle if async_op else handle.wait()
+

@@ -1,0 +1,149 @@
+"""The fabric model of a process group: its shape, its links, its calibration.
+
+:func:`fabric_for` builds the :class:`~collectives.types.FabricModel` the
+selector prices algorithms with: the group's node layout, link parameters
+from the discovered topology when there is one (else the shared-memory
+defaults of :mod:`collectives.types`), then a calibration file
+(``NEOCOMM_CALIBRATION``, written by ``neocomm bench --calibrate``) on top.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import weakref
+from dataclasses import asdict, dataclass, replace
+
+from collectives import settings
+from collectives.types import FabricModel
+
+__all__ = ["Layout", "layout_of", "fabric_for", "load_calibration", "save_calibration",
+           "apply_calibration"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the ranks of a group live: ``node[r]`` (0-based node position) and
+    ``local[r]`` (position within its node) for every group rank ``r``;
+    ``nodes`` lists the group ranks of each node in order."""
+
+    nodes: tuple[tuple[int, ...], ...]
+    node: tuple[int, ...]
+    local: tuple[int, ...]
+
+    @classmethod
+    def from_nodes(cls, nodes) -> "Layout":
+        nodes = tuple(tuple(int(r) for r in n) for n in nodes)
+        size = sum(len(n) for n in nodes)
+        node, local = [0] * size, [0] * size
+        for i, members in enumerate(nodes):
+            for j, r in enumerate(members):
+                node[r], local[r] = i, j
+        return cls(nodes, tuple(node), tuple(local))
+
+    @property
+    def uniform(self) -> bool:
+        """Every node holds the same number of ranks."""
+        return len({len(n) for n in self.nodes}) == 1
+
+    @property
+    def ranks_per_node(self) -> int:
+        return max(len(n) for n in self.nodes)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+
+_LAYOUTS: "weakref.WeakKeyDictionary[object, Layout]" = weakref.WeakKeyDictionary()
+_FABRICS: "weakref.WeakKeyDictionary[object, tuple[str, FabricModel]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def layout_of(group) -> Layout:
+    """The (cached) :class:`Layout` of a process group."""
+    found = _LAYOUTS.get(group)
+    if found is None:
+        found = _LAYOUTS[group] = Layout.from_nodes(group.nodes)
+    return found
+
+
+def fabric_for(group) -> FabricModel:
+    """The (cached) fabric model of ``group``: shape, links, calibration."""
+    path = settings.calibration_path()
+    cached = _FABRICS.get(group)
+    if cached is not None and cached[0] == path:
+        return cached[1]
+    layout = layout_of(group)
+    fabric = _links_from_topology(group) or FabricModel()
+    fabric = fabric.with_shape(layout.ranks_per_node, layout.num_nodes)
+    if path:
+        fabric = apply_calibration(fabric, load_calibration(path))
+    _FABRICS[group] = (path, fabric)
+    return fabric
+
+
+def _links_from_topology(group) -> FabricModel | None:
+    """Links of the discovered topology, when the world carries one."""
+    world = getattr(group, "world", None)
+    topo = getattr(world, "topology", None)
+    if topo is None:
+        return None
+    try:
+        from collectives.topofabric import fabric_from_topology
+    except ImportError:  # pragma: no cover - the module ships with the package
+        return None
+    return fabric_from_topology(topo)
+
+
+def load_calibration(path: str) -> dict:
+    """Read a calibration JSON; ValueError naming the file when it is not one."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"NEOCOMM_CALIBRATION: cannot read {path!r}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"NEOCOMM_CALIBRATION: {path!r} is not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("kind") != "neocomm-calibration":
+        raise ValueError(f"NEOCOMM_CALIBRATION: {path!r} is not a neocomm calibration file "
+                         "(write one with `neocomm bench --calibrate FILE`)")
+    return data
+
+
+def apply_calibration(fabric: FabricModel, data: dict) -> FabricModel:
+    """``fabric`` with the link parameters and algorithm factors of ``data``."""
+    changes: dict = {}
+    for name in ("intra", "inter"):
+        if isinstance(data.get(name), dict):
+            link = getattr(fabric, name)
+            fields = {k: data[name][k] for k in ("latency", "bandwidth", "chunk_bytes")
+                      if k in data[name]}
+            changes[name] = replace(link, **fields)
+    for name in ("copy_bandwidth", "reduce_bandwidth", "step_overhead"):
+        if name in data:
+            changes[name] = float(data[name])
+    factors = dict(fabric.algorithm_factors)
+    factors.update({str(k): float(v) for k, v in data.get("algorithm_factors", {}).items()})
+    changes["algorithm_factors"] = tuple(sorted(factors.items()))
+    changes["source"] = f"{fabric.source}; calibrated by {data.get('source', 'a file')}"
+    return replace(fabric, **changes)
+
+
+def save_calibration(path: str, fabric: FabricModel, factors: dict[str, float],
+                     source: str) -> None:
+    """Write a calibration file with ``fabric``'s links and the measured ``factors``."""
+    data = {"kind": "neocomm-calibration", "version": 1, "source": source,
+            "intra": asdict(fabric.intra), "inter": asdict(fabric.inter),
+            "copy_bandwidth": fabric.copy_bandwidth,
+            "reduce_bandwidth": fabric.reduce_bandwidth,
+            "step_overhead": fabric.step_overhead,
+            "algorithm_factors": dict(sorted(factors.items()))}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, path)
+

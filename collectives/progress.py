@@ -1,0 +1,109 @@
+"""Driving algorithms: blocking, or in the background of a handle.
+
+An algorithm's ``run(call)`` is a generator that posts non-blocking sends
+and receives and yields a tuple of handles: it resumes as soon as *any* of
+them has completed (one handle: when that one has), and checks which. A
+blocking call drives it to the end at once. An ``async_op=True`` call posts
+the first step and returns a :class:`~neocomm.backends.base.Handle`; its
+``wait()`` drives the algorithm, and every other unfinished one of this
+process, so that two outstanding operations waited for in different orders
+on different ranks cannot deadlock.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+
+from neocomm.backends.base import CompletedHandle, Handle
+
+__all__ = ["Operation", "start", "next_tag", "TAG_PHASE"]
+
+#: Tag distance between the phases of one operation (lanes use the tags in between).
+TAG_PHASE = 16
+_TAGS_PER_OP = 16 * TAG_PHASE
+_TAG_SLOTS = 120  # 120 * 256 < 32767, the smallest MPI_TAG_UB MPI allows
+
+_seq: "weakref.WeakKeyDictionary[object, itertools.count]" = weakref.WeakKeyDictionary()
+_seq_lock = threading.Lock()
+
+
+def next_tag(group) -> int:
+    """Base tag of the next operation on ``group`` (the same on every rank, since
+    every rank calls the group's collectives in the same order)."""
+    with _seq_lock:
+        counter = _seq.get(group)
+        if counter is None:
+            counter = _seq[group] = itertools.count()
+        return 1 + _TAGS_PER_OP * (next(counter) % _TAG_SLOTS)
+
+
+class Operation:
+    """One running algorithm: its generator and the handles it waits for."""
+
+    __slots__ = ("_gen", "_pending", "done", "__weakref__")
+
+    def __init__(self, gen):
+        self._gen = gen
+        self._pending = ()
+        self.done = False
+
+    def advance(self, block: bool) -> bool:
+        """Run until the operation is done, or (``block=False``) until it waits on an
+        incomplete handle. Returns ``done``."""
+        while not self.done:
+            pending = self._pending
+            if len(pending) == 1:
+                if block:
+                    pending[0].wait()
+                elif not pending[0].test():
+                    return False
+            elif pending:
+                while not any(h.done or h.test() for h in pending):
+                    if not block:
+                        return False
+            try:
+                self._pending = next(self._gen)
+            except StopIteration:
+                self._pending = ()
+                self.done = True
+        return True
+
+
+_ACTIVE: list[Operation] = []
+
+
+def _drive_until(op: Operation) -> None:
+    while not op.done:
+        others = [o for o in _ACTIVE if o is not op and not o.done]
+        if not others:
+            op.advance(block=True)
+            break
+        op.advance(block=False)
+        for other in others:
+            other.advance(block=False)
+        _ACTIVE[:] = [o for o in _ACTIVE if not o.done]
+    if op in _ACTIVE:
+        _ACTIVE.remove(op)
+
+
+def start(gen, result, async_op: bool) -> Handle:
+    """Run ``gen`` to completion (``async_op=False``) or start it and return a
+    handle whose ``wait()`` finishes it and returns ``result``."""
+    op = Operation(gen)
+    if not async_op:
+        _drive_until(op) if _ACTIVE else op.advance(block=True)
+        return CompletedHandle(result)
+    op.advance(block=False)
+    if op.done:
+        return CompletedHandle(result)
+    _ACTIVE.append(op)
+
+    def wait():
+        _drive_until(op)
+
+    def test():
+        op.advance(block=False)
+        return op.done
+
+    return Handle(wait, test, result)
