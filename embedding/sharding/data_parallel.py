@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags
 from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingStrategy,

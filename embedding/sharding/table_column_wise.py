@@ -79,7 +79,6 @@ class TableColumnWiseSharding(SlotWiseSharding):
     def input_dist(self, kjt: KeyedJagged) -> Pending:
         if not self._hier:
             return super().input_dist(kjt)
-        env = self.env
         c = collectives_api()
         b = kjt.batch_size
         feats = [kjt.feature(f.name) for f in self.features]

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from embedding.jagged import KeyedJagged
-from embedding.kernels import Bags, TableLayout
+from embedding.kernels import Bags
 from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingStrategy,
                                      collectives_api, pack_jagged, unpack_jagged)
 from embedding.types import (OptimizerKind, Pooling, Shard, ShardingType, TableConfig,

@@ -18,7 +18,7 @@ from embedding.collection import ShardedEmbeddingCollection
 from embedding.jagged import KeyedJagged
 from embedding.kernels.reference import bag_grads, pool_bags
 from embedding.optim import dense_reference_update, state_specs
-from embedding.types import (IdPolicy, OptimizerConfig, OptimizerKind, Pooling, Shard,
+from embedding.types import (OptimizerConfig, OptimizerKind, Pooling, Shard,
                              ShardingPlan, ShardingType, TableConfig, TablePlan)
 
 ST = ShardingType
