@@ -161,7 +161,7 @@ class Reference:
                                    touched)
 
 
-def compare_shards(coll, ref, all_ranks, what: str):
+def compare_shards(coll, ref, all_ranks, what: str, rtol: float = RTOL):
     worst = 0.0
     for s in coll.local_shards():
         sh = s.shard
@@ -177,15 +177,15 @@ def compare_shards(coll, ref, all_ranks, what: str):
             if not spec.per_row:
                 exp = exp[:, cols]
             worst = max(worst, float(np.max(np.abs(got - exp) / (1 + np.abs(exp)), initial=0)))
-    all_ranks(worst < RTOL, f"{what}: shard weights/state differ from the reference by {worst}")
+    all_ranks(worst < rtol, f"{what}: shard weights/state differ from the reference by {worst}")
 
 
 def run_steps(world, all_ranks, mix, kind, *, weighted=False, dedup=False, steps=2,
-              pipelined=False):
+              pipelined=False, dtype=None, rtol=RTOL):
     group = world.world
     tables = make_tables(kind)
     plan = make_plan(tables, mix, group)
-    coll = ShardedEmbeddingCollection(tables, plan, group, dedup=dedup)
+    coll = ShardedEmbeddingCollection(tables, plan, group, dedup=dedup, dtype=dtype)
     rng = np.random.default_rng(1234)
     ref = Reference(tables, rng)
     for t in tables:
@@ -206,11 +206,11 @@ def run_steps(world, all_ranks, mix, kind, *, weighted=False, dedup=False, steps
             out = coll.forward(local_kjt(bags, weights, group.rank))
             ctx = None
         err = float(np.max(np.abs(out - expect) / (1 + np.abs(expect)), initial=0))
-        all_ranks(out.shape == expect.shape and err < RTOL,
+        all_ranks(out.shape == expect.shape and err < rtol,
                   f"{mix}/{kind.value} step {i}: forward differs by {err}")
         coll.backward(grad[sl], ctx)
         ref.step(bags, weights, grad)
-    compare_shards(coll, ref, all_ranks, f"{mix}/{kind.value}")
+    compare_shards(coll, ref, all_ranks, f"{mix}/{kind.value}", rtol)
 
 
 def _needs_uniform(mix: str, world) -> bool:
@@ -265,3 +265,10 @@ def test_table_row_wise_rejects_uneven_nodes(world, all_ranks):
         except ValueError as exc:
             raised = "same number of ranks" in str(exc)
     all_ranks(raised, "table_row_wise on uneven nodes must raise ValueError")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind", list(OptimizerKind), ids=lambda k: k.value)
+def test_float32_tables_track_the_reference(world, all_ranks, kind):
+    mix = "mixed_hier" if world.uniform else "mixed"
+    run_steps(world, all_ranks, mix, kind, dtype="float32", rtol=1e-4, weighted=True)
