@@ -1,0 +1,121 @@
+"""The trainer on every world size: the same loss curve as one rank, exact resume, overlap off.
+
+    mpirun -n 4 python -m pytest --with-mpi tests/mpi/test_train.py
+
+A global batch of 48 splits over 1, 2, 3 and 4 ranks; each rank also trains
+the same model alone (on a group of its own) as the one-rank reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embedding.train import Trainer, parse_config
+
+STEPS = 6
+
+
+def small_config(out, **sections):
+    """A model that trains in well under a second: 4 small tables, dim 8, batch 48."""
+    doc = {"tables": {"rows": [50, 70, 30, 200]},
+           "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
+           "data": {"records": 4800, "eval_records": 96},
+           "train": {"steps": STEPS, "batch_size": 48, "eval_every": 0, "log_every": 1},
+           "output": {"dir": str(out)}}
+    for name, body in sections.items():
+        doc.setdefault(name, {}).update(body)
+    return parse_config(doc, "test")
+
+
+def shared_dir(world, tmp_path) -> str:
+    """Rank 0's temporary directory, the same path on every rank."""
+    return world.comm.bcast(str(tmp_path) if world.rank == 0 else None, root=0)
+
+
+def own_group(world):
+    """A group of this rank alone (every rank calls split for every rank: collective)."""
+    mine = None
+    for r in range(world.size):
+        g = world.world.split([r], name=f"alone{r}")
+        if g is not None:
+            mine = g
+    return mine
+
+
+def train(cfg, group, resume=""):
+    t = Trainer(cfg, group)
+    if resume:
+        t.resume(resume)
+    t.train()
+    t.close()
+    return t
+
+
+def state_of(t) -> dict:
+    """Every array a resume must restore: local shards, their optimizer state, dense model."""
+    out = {"dense": t.model.flat_params.copy()}
+    for k, v in t.optimizer.state_dict().items():
+        out[f"dense_opt/{k}"] = np.asarray(v).copy()
+    for s in t.coll.local_shards():
+        key = f"{s.table}/{s.shard.row_offset}/{s.shard.col_offset}"
+        out[key] = np.array(s.weight)
+        for name, arr in s.tables.state.items():
+            out[f"{key}/{name}"] = np.array(arr)
+    return out
+
+
+def test_loss_curve_matches_one_rank(world, tmp_path, all_ranks):
+    base = shared_dir(world, tmp_path)
+    many = train(small_config(f"{base}/many"), world.world)
+    alone = train(small_config(f"{tmp_path}/alone{world.rank}"), own_group(world))
+    a = np.array([l for _, l in many.losses])
+    b = np.array([l for _, l in alone.losses])
+    all_ranks(len(a) == STEPS and len(b) == STEPS, f"{len(a)} and {len(b)} losses")
+    all_ranks(np.allclose(a, b, rtol=2e-5, atol=1e-6), f"{a} vs one rank {b}")
+    all_ranks(a[-1] < a[0], f"the loss did not go down: {a}")
+    ev_many, ev_alone = many.last_eval, alone.last_eval
+    all_ranks(ev_many["records"] == ev_alone["records"] == 96, f"{ev_many} {ev_alone}")
+    all_ranks(abs(ev_many["auc"] - ev_alone["auc"]) < 1e-4, f"{ev_many} vs {ev_alone}")
+
+
+def test_overlap_off_trains_the_same(world, tmp_path, all_ranks):
+    base = shared_dir(world, tmp_path)
+    on = train(small_config(f"{base}/on", train={"bucket_kib": 1}), world.world)
+    off = train(small_config(f"{base}/off", train={"overlap": False}), world.world)
+    a = np.array([l for _, l in on.losses])
+    b = np.array([l for _, l in off.losses])
+    all_ranks(len(on.model.buckets) > 1, "the small buckets should cut the model in several")
+    all_ranks(np.allclose(a, b, rtol=2e-5, atol=1e-6), f"overlap on {a} vs off {b}")
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_resume_continues_exactly(world, tmp_path, all_ranks, broadcast):
+    base = shared_dir(world, tmp_path)
+    opts = dict(checkpoint={"every": 3}, data={"broadcast": broadcast, "shuffle": True},
+                sparse_optimizer={"kind": "adam", "lr": 0.01})
+    straight = train(small_config(f"{base}/straight", **opts), world.world)
+    first = small_config(f"{base}/cut", train={"steps": 4}, **opts)
+    train(first, world.world)  # checkpoints at steps 3 and 4
+    again = train(small_config(f"{base}/cut", **opts), world.world,
+                  resume=f"{base}/cut/checkpoints/step-000000000003")
+    all_ranks(again.losses[0][0] == 4, f"resumed at {again.losses[0]}")
+    a, b = state_of(straight), state_of(again)
+    all_ranks(a.keys() == b.keys(), f"{sorted(a)} vs {sorted(b)}")
+    diff = [k for k in a if not np.array_equal(a[k], b[k])]
+    all_ranks(not diff, f"not bitwise equal after resume: {diff}")
+    la = dict(straight.losses)
+    all_ranks(all(la[s] == v for s, v in again.losses), f"{straight.losses} vs {again.losses}")
+
+
+def test_resume_auto_without_checkpoint_starts_fresh(world, tmp_path, all_ranks):
+    base = shared_dir(world, tmp_path)
+    t = Trainer(small_config(f"{base}/fresh", train={"steps": 2}), world.world)
+    all_ranks(t.resume("auto") == 0)
+    r = t.train()
+    t.close()
+    all_ranks(r.step == 2 and r.steps_run == 2, f"{r}")
+    again = Trainer(small_config(f"{base}/fresh", train={"steps": 2}), world.world)
+    all_ranks(again.resume("auto") == 2)
+    r2 = again.train()  # nothing left to do
+    again.close()
+    all_ranks(r2.steps_run == 0 and r2.step == 2, f"{r2}")
