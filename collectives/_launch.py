@@ -11,7 +11,7 @@ from neocomm.agree import Problem, agree
 from neocomm.config import SettingsError
 from neocomm.errors import CollectiveArgumentError
 
-from collectives import progress
+from collectives import plans, progress
 from collectives.algorithms import Call, registry
 from collectives.chunking import ChunkPolicy, staging_pool
 from collectives.fabric import fabric_for, layout_of
@@ -70,9 +70,10 @@ def fail(ctx: Context, op: CollectiveOp, problem: Problem | None, signature) -> 
 
 def launch(ctx: Context, request: Request, problem: Problem | None, signature, *,
            algo: str | None, chunk_bytes, itemsize: int, fields: dict, result,
-           async_op: bool):
+           async_op: bool, plan_key=None, plan_bufs=()):
     """Select, agree, build the :class:`Call` (``fields`` built lazily when it is a
-    callable) and run it; returns the handle."""
+    callable) and run it; returns the handle. A blocking call without argument
+    agreement leaves a plan under ``plan_key`` (see :mod:`collectives.plans`)."""
     op = request.op
     chosen, policy = None, None
     if problem is None:
@@ -94,4 +95,6 @@ def launch(ctx: Context, request: Request, problem: Problem | None, signature, *
     call = Call(op, ctx.group, ctx.backend, ctx.xp, ctx.fabric, policy,
                 staging_pool(ctx.xp), progress.next_tag(ctx.group), ctx.layout,
                 blocking=not async_op, **fields)
+    if plan_key is not None and not async_op and not ctx.check:
+        plans.remember(plan_key, plan_bufs, call, chosen, result)
     return progress.start(chosen.run(call), result, async_op)

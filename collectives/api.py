@@ -16,10 +16,12 @@ from typing import Sequence
 import numpy as np
 
 from neocomm.agree import Problem
-from neocomm.backends.checks import (check_buffer, check_counts, check_peer, check_same_dtype,
-                                     counts_digest, first)
-from neocomm.types import DTYPE_CODES, ReduceOp
+from neocomm.backends.checks import check_counts, check_peer, check_same_dtype, counts_digest, first
+from neocomm.types import ReduceOp
 
+from collectives._checks import check_array as check_buffer
+from collectives._checks import dtype_code as _dcode
+from collectives import plans
 from collectives._launch import OP_CODES, context, launch
 from collectives.algorithms import displs
 from collectives.types import CollectiveOp, Request
@@ -28,10 +30,6 @@ __all__ = ["all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce", "all_ga
            "broadcast"]
 
 _REDUCE_CODES = {op: i for i, op in enumerate(ReduceOp, start=1)}
-
-
-def _dcode(buf) -> int:
-    return DTYPE_CODES.get(getattr(getattr(buf, "dtype", None), "name", ""), 0)
 
 
 def _size(buf) -> int:
@@ -71,6 +69,12 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     Returns the result (or a handle whose ``wait()`` returns it).
     """
     op = CollectiveOp.ALL_TO_ALL
+    key = None
+    if not async_op and recvbuf is not None:
+        key = (op, group, id(sendbuf), id(recvbuf), algo, chunk_bytes)
+        plan = plans.lookup(key, (sendbuf, recvbuf))
+        if plan is not None:
+            return plan.run()
     ctx = context(group, sendbuf)
     p, dev = ctx.group.size, ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev)
@@ -96,7 +100,8 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     sig = [("op", OP_CODES[op]), ("dtype", _dcode(sendbuf)), ("block", block)]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                           itemsize=itemsize, fields=fields, result=recvbuf,
-                          async_op=async_op), async_op)
+                          async_op=async_op, plan_key=key, plan_bufs=(sendbuf, recvbuf)),
+                   async_op)
 
 
 def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
@@ -116,6 +121,17 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
     Returns ``(recvbuf, recv_counts)`` (or a handle whose ``wait()`` returns them).
     """
     op = CollectiveOp.ALL_TO_ALL_V
+    key = None
+    if not async_op and recvbuf is not None and recv_counts is not None:
+        try:
+            key = (op, group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
+                   np.asarray(send_counts, np.int64).tobytes(),
+                   np.asarray(recv_counts, np.int64).tobytes())
+        except (TypeError, ValueError):
+            key = None
+        plan = plans.lookup(key, (sendbuf, recvbuf)) if key is not None else None
+        if plan is not None:
+            return plan.run()
     ctx = context(group, sendbuf)
     p, dev, comm = ctx.group.size, ctx.backend.device, ctx.group.comm
     problem = check_buffer("sendbuf", sendbuf, device=dev)
@@ -159,7 +175,8 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
                   recv_counts=rc, send_displs=displs(sc), recv_displs=displs(rc)) if ok else {}
     sig = [("op", OP_CODES[op]), ("dtype", _dcode(sendbuf))]
     handle = launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
-                    itemsize=itemsize, fields=fields, result=(recvbuf, rc), async_op=async_op)
+                    itemsize=itemsize, fields=fields, result=(recvbuf, rc), async_op=async_op,
+                    plan_key=key, plan_bufs=(sendbuf, recvbuf))
     return _result(handle, async_op)
 
 
@@ -180,6 +197,12 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
     """
     kind = CollectiveOp.REDUCE_SCATTER
     rop = ReduceOp.parse(op)
+    key = None
+    if not async_op and recvbuf is not None and recv_counts is None:
+        key = (kind, group, id(sendbuf), id(recvbuf), algo, chunk_bytes, rop)
+        plan = plans.lookup(key, (sendbuf, recvbuf))
+        if plan is not None:
+            return plan.run()
     ctx = context(group, sendbuf)
     p, dev = ctx.group.size, ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev, reducible=True)
@@ -213,7 +236,8 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
            ("reduce_op", _REDUCE_CODES[rop]), ("recv_counts", counts_digest(counts))]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                           itemsize=itemsize, fields=fields, result=recvbuf,
-                          async_op=async_op), async_op)
+                          async_op=async_op, plan_key=key, plan_bufs=(sendbuf, recvbuf)),
+                   async_op)
 
 
 def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
@@ -231,6 +255,13 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
     """
     kind = CollectiveOp.ALL_REDUCE
     rop = ReduceOp.parse(op)
+    bufs = (sendbuf,) if recvbuf is None else (sendbuf, recvbuf)
+    key = None
+    if not async_op:
+        key = (kind, group, id(sendbuf), id(recvbuf), algo, chunk_bytes, rop)
+        plan = plans.lookup(key, bufs)
+        if plan is not None:
+            return plan.run()
     ctx = context(group, sendbuf)
     dev = ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev, reducible=True,
@@ -252,8 +283,8 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf)),
            ("reduce_op", _REDUCE_CODES[rop])]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
-                          itemsize=itemsize, fields=fields, result=out, async_op=async_op),
-                   async_op)
+                          itemsize=itemsize, fields=fields, result=out, async_op=async_op,
+                          plan_key=key, plan_bufs=bufs), async_op)
 
 
 def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
@@ -268,6 +299,12 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
         rank 1: sendbuf [b0 b1]  ->  result [[a0 a1] [b0 b1]]
     """
     kind = CollectiveOp.ALL_GATHER
+    key = None
+    if not async_op and recvbuf is not None:
+        key = (kind, group, id(sendbuf), id(recvbuf), algo, chunk_bytes)
+        plan = plans.lookup(key, (sendbuf, recvbuf))
+        if plan is not None:
+            return plan.run()
     ctx = context(group, sendbuf)
     p, dev = ctx.group.size, ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev)
@@ -288,7 +325,8 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf))]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                           itemsize=itemsize, fields=fields, result=recvbuf,
-                          async_op=async_op), async_op)
+                          async_op=async_op, plan_key=key, plan_bufs=(sendbuf, recvbuf)),
+                   async_op)
 
 
 def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
@@ -304,6 +342,12 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
     Returns ``buf``.
     """
     kind = CollectiveOp.BROADCAST
+    key = None
+    if not async_op and isinstance(root, int):
+        key = (kind, group, id(buf), algo, chunk_bytes, root)
+        plan = plans.lookup(key, (buf,))
+        if plan is not None:
+            return plan.run()
     ctx = context(group, buf)
     p, dev = ctx.group.size, ctx.backend.device
     problem = first(check_buffer("buf", buf, device=dev, writable=True),
@@ -317,8 +361,8 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(buf)), ("count", _size(buf)),
            ("root", int(root) if isinstance(root, (int, np.integer)) else -1)]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
-                          itemsize=itemsize, fields=fields, result=buf, async_op=async_op),
-                   async_op)
+                          itemsize=itemsize, fields=fields, result=buf, async_op=async_op,
+                          plan_key=key, plan_bufs=(buf,)), async_op)
 
 
 def _result(handle, async_op: bool):

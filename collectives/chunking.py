@@ -64,16 +64,30 @@ class ChunkPolicy:
     def resolve(cls, fabric: FabricModel, itemsize: int, chunk_bytes=None) -> "ChunkPolicy":
         """The policy for one call: ``chunk_bytes`` (per call), else the
         ``NEOCOMM_CHUNK_BYTES*`` settings, else the fabric's link chunk sizes.
-        With ``NEOCOMM_CHUNKING=0`` every message is one chunk."""
-        depth = settings.pipeline_depth()
-        if not settings.chunking_enabled():
-            return cls(intra=2**62, inter=2**62, lanes=1, depth=depth)
+        With ``NEOCOMM_CHUNKING=0`` every message is one chunk. ValueError or
+        TypeError for a bad chunk size."""
+        if chunk_bytes is not None:
+            check_chunk_bytes(chunk_bytes, itemsize)
+        snap = settings.current()
+        key = (fabric.intra.chunk_bytes, fabric.inter.chunk_bytes, fabric.nics_per_node,
+               fabric.nodes, itemsize, chunk_bytes, snap)
+        hit = _POLICIES.get(key)
+        if hit is None:
+            if snap.error:
+                raise ValueError(snap.error)
+            hit = _POLICIES[key] = cls._resolve(fabric, itemsize, chunk_bytes, snap)
+        return hit
+
+    @classmethod
+    def _resolve(cls, fabric, itemsize, chunk_bytes, snap) -> "ChunkPolicy":
+        if not snap.chunking:
+            return cls(intra=2**62, inter=2**62, lanes=1, depth=snap.depth)
         sizes = []
         for link_class, link in (("intra", fabric.intra), ("inter", fabric.inter)):
             if chunk_bytes is not None:
-                raw = check_chunk_bytes(chunk_bytes, itemsize)
+                raw = int(chunk_bytes)
             else:
-                forced = settings.chunk_override(link_class)
+                forced = snap.chunk_intra if link_class == "intra" else snap.chunk_inter
                 if forced is not None:
                     raw = check_chunk_bytes(forced, itemsize,
                                             f"NEOCOMM_CHUNK_BYTES (for {link_class}-node links)")
@@ -81,10 +95,14 @@ class ChunkPolicy:
                     raw = max(itemsize, int(link.chunk_bytes) - int(link.chunk_bytes) % itemsize)
             sizes.append(align_chunk(raw, itemsize))
         lanes = fabric.nics_per_node if fabric.nodes > 1 else 1
-        return cls(intra=sizes[0], inter=sizes[1], lanes=max(1, lanes), depth=depth)
+        return cls(intra=sizes[0], inter=sizes[1], lanes=max(1, min(8, lanes)),
+                   depth=snap.depth)
 
     def elems(self, inter: bool) -> int:
         return self.inter if inter else self.intra
+
+
+_POLICIES: dict = {}
 
 
 def chunk_ranges(count: int, chunk: int) -> Iterator[tuple[int, int]]:

@@ -17,7 +17,7 @@ import weakref
 
 from neocomm.backends.base import CompletedHandle, Handle
 
-__all__ = ["Operation", "start", "next_tag", "TAG_PHASE"]
+__all__ = ["Operation", "start", "idle", "next_tag", "TAG_PHASE"]
 
 #: Tag distance between the phases of one operation (lanes use the tags in between).
 TAG_PHASE = 16
@@ -31,11 +31,11 @@ _seq_lock = threading.Lock()
 def next_tag(group) -> int:
     """Base tag of the next operation on ``group`` (the same on every rank, since
     every rank calls the group's collectives in the same order)."""
-    with _seq_lock:
-        counter = _seq.get(group)
-        if counter is None:
-            counter = _seq[group] = itertools.count()
-        return 1 + _TAGS_PER_OP * (next(counter) % _TAG_SLOTS)
+    counter = _seq.get(group)
+    if counter is None:
+        with _seq_lock:
+            counter = _seq.setdefault(group, itertools.count())
+    return 1 + _TAGS_PER_OP * (next(counter) % _TAG_SLOTS)
 
 
 class Operation:
@@ -85,6 +85,11 @@ def _drive_until(op: Operation) -> None:
         _ACTIVE[:] = [o for o in _ACTIVE if not o.done]
     if op in _ACTIVE:
         _ACTIVE.remove(op)
+
+
+def idle() -> bool:
+    """True when no asynchronous operation of this process is outstanding."""
+    return not _ACTIVE
 
 
 def start(gen, result, async_op: bool) -> Handle:

@@ -1,13 +1,18 @@
 """The ``NEOCOMM_*`` settings of the collectives layer, declared once.
 
-Read with :func:`neocomm.config.get`; sizes accept K/M/G suffixes.
+They are read from the environment at first use and kept (a collective
+call must not pay for parsing the environment); :func:`reload` re-reads
+them. Sizes accept K/M/G suffixes. Every rank must see the same values.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 from neocomm import config
 
-__all__ = ["algorithm_override", "chunk_override", "chunking_enabled", "pipeline_depth",
-           "staging_buffers", "calibration_path"]
+__all__ = ["Snapshot", "current", "reload", "algorithm_override", "chunk_override",
+           "chunking_enabled", "pipeline_depth", "staging_buffers", "calibration_path"]
 
 config.declare("ALGO_", str, "", "Force the algorithm of one collective, e.g. "
                "NEOCOMM_ALGO_ALL_REDUCE=ring (names: `neocomm bench --list`); empty: the "
@@ -25,33 +30,90 @@ config.declare("PIPELINE_DEPTH", int, 4, "Chunks in flight per stream of a pipel
                "algorithm", unit="chunks", minimum=1)
 config.declare("STAGING_BUFFERS", int, 16, "Most staging buffers (one chunk each) a process "
                "keeps for pipelined algorithms; bounds staging memory", unit="buffers",
-               minimum=2)
+               minimum=4)
 config.declare("CALIBRATION", str, "", "JSON written by `neocomm bench --calibrate`: link "
                "parameters and per-algorithm factors for the cost model (empty: none)")
+
+_ALGO_PREFIX = "NEOCOMM_ALGO_"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The collectives settings as read at one moment (hashable, comparable)."""
+
+    chunking: bool = True
+    depth: int = 4
+    staging: int = 16
+    chunk_intra: int | None = None
+    chunk_inter: int | None = None
+    calibration: str = ""
+    algos: tuple[tuple[str, str], ...] = ()
+    error: str = ""  # a malformed setting, reported by the next call that needs it
+
+
+_SNAPSHOT: Snapshot | None = None
+
+
+def _load() -> Snapshot:
+    try:
+        common = config.get("CHUNK_BYTES")
+        intra = config.get("CHUNK_BYTES_INTRA")
+        inter = config.get("CHUNK_BYTES_INTER")
+        algos = tuple(sorted((key[len(_ALGO_PREFIX):].lower(), value.strip().lower())
+                             for key, value in os.environ.items()
+                             if key.startswith(_ALGO_PREFIX) and value.strip()))
+        staging = int(config.get("STAGING_BUFFERS"))
+        depth = min(int(config.get("PIPELINE_DEPTH")), max(1, (staging - 2) // 2))
+        return Snapshot(chunking=bool(config.get("CHUNKING")), depth=depth, staging=staging,
+                        chunk_intra=intra if intra is not None else common,
+                        chunk_inter=inter if inter is not None else common,
+                        calibration=str(config.get("CALIBRATION")), algos=algos)
+    except config.SettingsError as exc:
+        return Snapshot(error=str(exc))
+
+
+def current() -> Snapshot:
+    """The settings snapshot (read from the environment on first use)."""
+    global _SNAPSHOT
+    if _SNAPSHOT is None:
+        _SNAPSHOT = _load()
+    return _SNAPSHOT
+
+
+def reload() -> Snapshot:
+    """Re-read the settings from the environment (e.g. after changing ``os.environ``)."""
+    global _SNAPSHOT
+    _SNAPSHOT = _load()
+    return _SNAPSHOT
 
 
 def algorithm_override(op_name: str) -> str:
     """``NEOCOMM_ALGO_<OP>`` for ``op_name`` (``"all_reduce"``), or ``""``."""
-    return config.prefixed("ALGO_", op_name.upper()).strip().lower()
+    key = op_name.lower()
+    for name, value in current().algos:
+        if name == key:
+            return value
+    return ""
 
 
 def chunk_override(link_class: str) -> int | None:
     """Chunk bytes forced for ``"intra"`` or ``"inter"`` links (None: not forced)."""
-    specific = config.get("CHUNK_BYTES_" + link_class.upper())
-    return specific if specific is not None else config.get("CHUNK_BYTES")
+    snap = current()
+    return snap.chunk_intra if link_class == "intra" else snap.chunk_inter
 
 
 def chunking_enabled() -> bool:
-    return bool(config.get("CHUNKING"))
+    return current().chunking
 
 
 def pipeline_depth() -> int:
-    return int(config.get("PIPELINE_DEPTH"))
+    """Chunks in flight per stream, capped so that a pipelined exchange fits the pool."""
+    return current().depth
 
 
 def staging_buffers() -> int:
-    return int(config.get("STAGING_BUFFERS"))
+    return current().staging
 
 
 def calibration_path() -> str:
-    return str(config.get("CALIBRATION"))
+    return current().calibration

@@ -7,7 +7,11 @@ non-blocking twin.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+
+from neocomm import watchdog
 
 from collectives.algorithms import Algorithm, Call, displs
 from collectives.types import CollectiveOp
@@ -50,6 +54,52 @@ class Native(Algorithm):
         else:  # pragma: no cover - supports() keeps other ops away
             raise ValueError(f"native: no backend call for {op.value}")
         yield (h,)
+
+    def fast(self, call: Call):
+        """A direct mpi4py call for a repeated blocking call on host buffers of a
+        dtype mpi4py maps by itself (None otherwise): see :mod:`collectives.plans`."""
+        from neocomm.types import BackendKind
+
+        buf = call.sendbuf if call.sendbuf is not None else call.recvbuf
+        if (call.xp.__name__ != "numpy" or call.backend.kind is not BackendKind.MPI
+                or buf.dtype.name not in _AUTO_TYPES):
+            return None
+        from mpi4py import MPI
+
+        comm, op, s, r = call.group.comm, call.op, call.sendbuf, call.recvbuf
+        mop = getattr(MPI, call.reduce_op.name) if call.reduce_op is not None else None
+        if op is CollectiveOp.ALL_TO_ALL:
+            fn = functools.partial(comm.Alltoall, s, r)
+        elif op is CollectiveOp.ALL_TO_ALL_V:
+            fn = functools.partial(
+                comm.Alltoallv, [s, (call.send_counts.tolist(), call.send_displs.tolist())],
+                [r, (call.recv_counts.tolist(), call.recv_displs.tolist())])
+        elif op is CollectiveOp.ALL_REDUCE:
+            fn = functools.partial(comm.Allreduce, MPI.IN_PLACE if r is s else s, r, mop)
+        elif op is CollectiveOp.REDUCE_SCATTER:
+            counts = call.recv_counts
+            if bool((counts == counts[0]).all()):
+                fn = functools.partial(comm.Reduce_scatter_block, s, r, mop)
+            else:
+                fn = functools.partial(comm.Reduce_scatter, s, r, counts.tolist(), mop)
+        elif op is CollectiveOp.ALL_GATHER:
+            fn = functools.partial(comm.Allgather, s, r)
+        elif op is CollectiveOp.BROADCAST:
+            fn = functools.partial(comm.Bcast, r, call.root)
+        else:
+            return None
+        what = op.value
+
+        def run():
+            with watchdog.guard(what):
+                fn()
+
+        return run
+
+
+#: dtypes whose MPI datatype mpi4py infers from the buffer itself.
+_AUTO_TYPES = frozenset({"float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+                         "uint16", "uint32", "uint64"})
 
 
 def _dense_many_to_many(call: Call, kw):

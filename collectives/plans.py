@@ -1,0 +1,76 @@
+"""Plans: the prepared form of a repeated blocking collective call.
+
+Training loops call the same collective on the same buffers step after
+step. When argument checks are off (``NEOCOMM_CHECK_ARGS=0``: nothing is
+agreed per call, so nothing changes between calls but the data), the first
+call leaves a plan keyed by the operation, group, options and the identity
+of the buffers; the next identical call checks that the buffers are still
+the same arrays with the same sizes and runs the plan: no validation,
+selection or chunk planning again. Plans hold weak references only, never
+keep buffers alive, and are skipped while an asynchronous operation of
+this process is outstanding (it must be driven by the waits).
+"""
+from __future__ import annotations
+
+import weakref
+
+from collectives import progress, settings
+
+__all__ = ["Plan", "lookup", "remember", "clear"]
+
+_LIMIT = 256
+
+
+class Plan:
+    """A prepared call: its :class:`~collectives.algorithms.Call`, algorithm and
+    result, and optionally a direct callable (``fast``) for native calls."""
+
+    __slots__ = ("refs", "sizes", "snap", "call", "algo", "result", "fast")
+
+    def __init__(self, bufs, call, algo, result, fast):
+        self.refs = tuple(weakref.ref(b) for b in bufs)
+        self.sizes = tuple(b.size for b in bufs)
+        self.snap = settings.current()
+        self.call, self.algo, self.result, self.fast = call, algo, result, fast
+
+    def run(self):
+        """Run the call again (blocking) and return its result."""
+        call = self.call
+        call.tag = progress.next_tag(call.group)
+        if self.fast is not None:
+            self.fast()
+        else:
+            progress.start(self.algo.run(call), None, False)
+        return self.result
+
+
+_PLANS: dict = {}
+
+
+def lookup(key, bufs) -> Plan | None:
+    """The plan of ``key`` when it still applies to ``bufs``, else None."""
+    plan = _PLANS.get(key)
+    if plan is None or progress._ACTIVE or plan.snap is not settings._SNAPSHOT:
+        return None
+    refs, sizes = plan.refs, plan.sizes
+    for i, buf in enumerate(bufs):
+        if refs[i]() is not buf or buf.size != sizes[i]:
+            return None
+    return plan
+
+
+def remember(key, bufs, call, algo, result) -> None:
+    """Keep a plan for ``key`` (the buffers must support weak references)."""
+    try:
+        fast = algo.fast(call) if hasattr(algo, "fast") else None
+        plan = Plan(bufs, call, algo, result, fast)
+    except TypeError:  # a buffer without weak-reference support: no plan
+        return
+    if len(_PLANS) >= _LIMIT:
+        _PLANS.clear()
+    _PLANS[key] = plan
+
+
+def clear() -> None:
+    """Forget every plan."""
+    _PLANS.clear()
