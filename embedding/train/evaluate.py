@@ -65,7 +65,7 @@ def evaluate(trainer) -> dict:
         problem = NonFiniteError(f"step {step}: held-out logits hold "
                                  f"{int((~np.isfinite(s)).sum())} NaN or inf value(s)",
                                  step=step, tensor="eval_logits")
-    fail_together(group, f"evaluation at step {step}", problem, step=step)
+    fail_together(group, "evaluation", problem, step=step)
     if trainer.size > 1:
         s = collectives.all_gather(s, group=group).reshape(-1)
         y = collectives.all_gather(y, group=group).reshape(-1)

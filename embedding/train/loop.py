@@ -127,6 +127,7 @@ class Trainer:
         self.metrics = MetricsLog(out / "metrics.jsonl", enabled=self.rank == 0)
         self.progress = ProgressBar(tr.steps, stream=stream, every=tr.log_every,
                                     enabled=self.rank == 0)
+        self.losses: list[tuple[int, float]] = []  # (step, global mean loss) of this run
         self.last_eval: dict | None = None
         self.last_checkpoint: Path | None = None
         self.planted_auc: float | None = None
@@ -238,7 +239,7 @@ class Trainer:
             collectives.all_reduce(buf, group=self.group)
         if buf[1] > 0:
             self._drain()
-            fail_together(self.group, f"training step {step}", problem, step=step)
+            fail_together(self.group, "training", problem, step=step)
         return float(buf[0] / self.size)
 
     def _drain(self) -> None:
@@ -275,6 +276,7 @@ class Trainer:
             self._pending = None
             loss = self._step(prep, dist, step, has_next=step < total)
             self.step = step
+            self.losses.append((step, loss))
             losses.append(loss)
             n_log += 1
             now = time.perf_counter()

@@ -59,7 +59,7 @@ def save(trainer) -> Path:
             writer.write(arrays, slices)
         except (OSError, ValueError, TypeError) as e:
             exc = e
-    fail_together(group, f"checkpoint of step {step}", exc, step=step, tag="checkpoint")
+    fail_together(group, "checkpoint", exc, step=step, tag="checkpoint")
     exc = None
     if rank == 0:
         try:
@@ -67,7 +67,7 @@ def save(trainer) -> Path:
                           state=manifest_state(trainer))
         except (OSError, ValueError, TypeError) as e:
             exc = e
-    fail_together(group, f"checkpoint of step {step}", exc, step=step, tag="checkpoint")
+    fail_together(group, "checkpoint", exc, step=step, tag="checkpoint")
     if rank == 0:
         try:
             prune(trainer.checkpoint_dir, trainer.cfg.checkpoint.keep)

@@ -60,12 +60,19 @@ def fail_together(group, what: str, exc: BaseException | None = None, *, step: i
             err = TrainingError(str(agreed), step=step, tensor=agreed.field,
                                 ranks=agreed.ranks)
         else:
+            def bare(m: str) -> str:
+                return m[len(f"step {step}: "):] if step >= 0 and m.startswith(
+                    f"step {step}: ") else m
+
             first = min(per_rank)
             where = f"rank {first}" if len(per_rank) == 1 else f"ranks {sorted(per_rank)}"
-            text = f"{what}: {per_rank[first]} (on {where})"
-            others = {r: m for r, m in per_rank.items() if r != first and m != per_rank[first]}
+            head = f"{what} failed at step {step}" if step >= 0 else what
+            text = f"{head}: {bare(per_rank[first])} (on {where})"
+            others = {r: m for r, m in per_rank.items()
+                      if r != first and bare(m) != bare(per_rank[first])}
             if others:
-                text += "; " + "; ".join(f"rank {r}: {m}" for r, m in sorted(others.items()))
+                text += "; " + "; ".join(f"rank {r}: {bare(m)}"
+                                         for r, m in sorted(others.items()))
             if agreed.field == "config":
                 err = ConfigError("", "", text)
             else:
