@@ -47,7 +47,8 @@ def _total(counts, buf) -> int:
 
 
 def _flat(buf):
-    return None if buf is None else buf.reshape(-1)
+    """``buf`` as a flat view (None for None and for what is not an array)."""
+    return buf.reshape(-1) if hasattr(buf, "reshape") and hasattr(buf, "dtype") else None
 
 
 def _request(ctx, op, nbytes, itemsize, **kw) -> Request:
