@@ -1,0 +1,362 @@
+"""Bandwidth tests of the collectives, in the style of nccl-tests.
+
+For every size of a sweep, every chosen algorithm runs ``warmup`` untimed
+and ``iters`` timed iterations between barriers (the slowest rank's time
+counts), repeated ``repeat`` times with the algorithms interleaved (the
+median is reported, so that a noisy neighbour hurts every algorithm alike).
+The peer, ``mpi``, is the native MPI call (mpi4py's ``Alltoall``,
+``Allreduce`` … directly on the group's communicator), measured in the same
+run. ``check`` iterations then fill the inputs with a known pattern and
+count wrong output elements, summed over the ranks.
+
+Bandwidths follow nccl-tests: ``algbw = size / time``; ``busbw = algbw *
+factor`` with factor ``2 (n - 1) / n`` for AllReduce, ``(n - 1) / n`` for
+ReduceScatter, AllGather, AlltoAll(v) and ManyToMany, 1 for Broadcast and
+OneToMany. ``size`` is the per-rank buffer nccl-tests reports (the send
+buffer of AlltoAll, the input of ReduceScatter, the output of AllGather).
+"""
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+import collectives as C
+from collectives.algorithms import names
+from collectives.chunking import staging_pool
+from collectives.types import CollectiveOp
+from neocomm.types import ReduceOp, bfloat16
+
+__all__ = ["BenchConfig", "Row", "run_bench", "bus_factor", "PEER"]
+
+#: Name of the native MPI peer in tables and JSON.
+PEER = "mpi"
+
+
+@dataclass
+class BenchConfig:
+    """One sweep: ``op`` from ``min_bytes`` to ``max_bytes`` by ``factor``."""
+
+    op: CollectiveOp
+    min_bytes: int = 1 << 16
+    max_bytes: int = 1 << 26
+    factor: float = 2.0
+    iters: int = 20
+    warmup: int = 5
+    check: int = 1
+    repeat: int = 3
+    algos: tuple[str, ...] = ("auto",)
+    dtype: str = "float32"
+    reduce_op: str = "sum"
+    root: int = 0
+
+
+@dataclass
+class Row:
+    """One (size, algorithm) measurement. Times in seconds, bandwidths in GB/s."""
+
+    size: int
+    count: int
+    algo: str
+    time: float
+    algbw: float
+    busbw: float
+    wrong: int
+    ratio: float | None = None  # peer time / this time (> 1: faster than MPI)
+    times: list = field(default_factory=list)
+    chosen: str = ""  # the algorithm "auto" ran
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def bus_factor(op: CollectiveOp, n: int) -> float:
+    """nccl-tests' bus bandwidth factor for ``op`` on ``n`` ranks."""
+    if n <= 1:
+        return 1.0
+    if op is CollectiveOp.ALL_REDUCE:
+        return 2.0 * (n - 1) / n
+    if op in (CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY):
+        return 1.0
+    return (n - 1) / n
+
+
+def _dtype(name: str) -> np.dtype:
+    return np.dtype(bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def _fill(rank: int, idx: np.ndarray, it: int, dtype) -> np.ndarray:
+    """The test pattern: small integers, exact in every dtype and in their sums."""
+    return (((rank * 131 + idx * 7 + it * 3) % 17) - 8).astype(dtype)
+
+
+class _Case:
+    """Buffers and calls of one op at one size on one group."""
+
+    def __init__(self, cfg: BenchConfig, group, size: int):
+        self.cfg, self.group, self.op = cfg, group, cfg.op
+        p, r = group.size, group.rank
+        self.dtype = _dtype(cfg.dtype)
+        item = self.dtype.itemsize
+        op = self.op
+        unit = p if op in (CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V,
+                           CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER,
+                           CollectiveOp.MANY_TO_MANY) else 1
+        self.count = max(unit, size // item // unit * unit)
+        self.size = self.count * item
+        n = self.count
+        self.peers = [(r + d) % p for d in range(1, max(2, p // 2 + 1))] if p > 1 else [r]
+        self.senders = sorted((r - d) % p for d in range(1, max(2, p // 2 + 1))) \
+            if p > 1 else [r]
+        if op is CollectiveOp.ALL_GATHER:
+            self.send, self.recv = np.empty(n // p, self.dtype), np.empty(n, self.dtype)
+        elif op is CollectiveOp.REDUCE_SCATTER:
+            self.send, self.recv = np.empty(n, self.dtype), np.empty(n // p, self.dtype)
+        elif op in (CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY):
+            self.send, self.recv = np.empty(n, self.dtype), np.empty(n, self.dtype)
+        elif op is CollectiveOp.MANY_TO_MANY:
+            per = n // len(self.peers)
+            self.send = np.empty(per * len(self.peers), self.dtype)
+            self.recv = np.empty(per * len(self.senders), self.dtype)
+            self.per = per
+        else:
+            self.send, self.recv = np.empty(n, self.dtype), np.empty(n, self.dtype)
+        self.fill(0)
+
+    def fill(self, it: int) -> None:
+        self.send[:] = _fill(self.group.rank, np.arange(self.send.size), it, self.dtype)
+        self.recv[:] = 0
+
+    # -- the calls ---------------------------------------------------------
+    def mpi(self):
+        """The native MPI peer."""
+        from mpi4py import MPI
+
+        comm, op, s, r = self.group.comm, self.op, self.send, self.recv
+        mop = _mpi_op(self.dtype, ReduceOp.parse(self.cfg.reduce_op))
+        sb, rb = _mpi_buf(s), _mpi_buf(r)
+        if op is CollectiveOp.ALL_TO_ALL:
+            return lambda: comm.Alltoall(sb, rb)
+        if op is CollectiveOp.ALL_TO_ALL_V:
+            c = [s.size // self.group.size] * self.group.size
+            return lambda: comm.Alltoallv([sb, (c, None)], [rb, (c, None)])
+        if op is CollectiveOp.ALL_REDUCE:
+            return lambda: comm.Allreduce(sb, rb, op=mop)
+        if op is CollectiveOp.REDUCE_SCATTER:
+            return lambda: comm.Reduce_scatter_block(sb, rb, op=mop)
+        if op is CollectiveOp.ALL_GATHER:
+            return lambda: comm.Allgather(sb, rb)
+        if op in (CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY):
+            buf = _mpi_buf(s if self.group.rank == self.cfg.root else r)
+            return lambda: comm.Bcast(buf, root=self.cfg.root)
+        p = self.group.size
+        sc, rc = [0] * p, [0] * p
+        for q in self.peers:
+            sc[q] = self.per
+        for q in self.senders:
+            rc[q] = self.per
+        return lambda: comm.Alltoallv([sb, (sc, None)], [rb, (rc, None)])
+
+    def ours(self, algo: str | None):
+        op, s, r, g = self.op, self.send, self.recv, self.group
+        kw = {"algo": algo, "group": g}
+        if op is CollectiveOp.ALL_TO_ALL:
+            return lambda: C.all_to_all(s, r, **kw)
+        if op is CollectiveOp.ALL_TO_ALL_V:
+            c = [s.size // g.size] * g.size
+            return lambda: C.all_to_all_v(s, c, r, c, **kw)
+        if op is CollectiveOp.ALL_REDUCE:
+            return lambda: C.all_reduce(s, r, op=self.cfg.reduce_op, **kw)
+        if op is CollectiveOp.REDUCE_SCATTER:
+            return lambda: C.reduce_scatter(s, r, op=self.cfg.reduce_op, **kw)
+        if op is CollectiveOp.ALL_GATHER:
+            return lambda: C.all_gather(s, r, **kw)
+        if op is CollectiveOp.BROADCAST:
+            buf = s if g.rank == self.cfg.root else r
+            return lambda: C.broadcast(buf, root=self.cfg.root, **kw)
+        if op is CollectiveOp.ONE_TO_MANY:
+            ranks = [q for q in range(g.size) if q != self.cfg.root]
+            root = self.cfg.root
+            return lambda: C.one_to_many(s if g.rank == root else None,
+                                         r if g.rank != root else None, root=root,
+                                         ranks=ranks, **kw)
+        counts = [self.per] * len(self.peers)
+        rcounts = [self.per] * len(self.senders)
+        return lambda: C.many_to_many(s, self.peers, counts, recv_peers=self.senders,
+                                      recv_counts=rcounts, recvbuf=r, **kw)
+
+    # -- checking -----------------------------------------------------------
+    def expected(self, it: int) -> np.ndarray:
+        p, r, op, dt = self.group.size, self.group.rank, self.op, self.dtype
+        n = self.count
+
+        def f(rank, lo, hi):
+            return _fill(rank, np.arange(lo, hi), it, np.float64)
+
+        if op in (CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V):
+            b = n // p
+            return np.concatenate([f(i, r * b, (r + 1) * b) for i in range(p)]).astype(dt)
+        red = {"sum": np.add, "max": np.maximum, "min": np.minimum,
+               "prod": np.multiply}[ReduceOp.parse(self.cfg.reduce_op).value]
+        if op in (CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER):
+            lo, hi = (0, n) if op is CollectiveOp.ALL_REDUCE else (r * (n // p),
+                                                                    (r + 1) * (n // p))
+            acc = f(0, lo, hi)
+            for i in range(1, p):
+                acc = red(acc, f(i, lo, hi))
+            return acc.astype(dt)
+        if op is CollectiveOp.ALL_GATHER:
+            return np.concatenate([f(i, 0, n // p) for i in range(p)]).astype(dt)
+        if op in (CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY):
+            return f(self.cfg.root, 0, n).astype(dt)
+        parts = []
+        for q in self.senders:
+            q_peers = [(q + d) % p for d in range(1, max(2, p // 2 + 1))] if p > 1 else [q]
+            k = q_peers.index(r)
+            parts.append(f(q, k * self.per, (k + 1) * self.per))
+        return np.concatenate(parts).astype(dt)
+
+    def output(self) -> np.ndarray:
+        if self.op in (CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY) \
+                and self.group.rank == self.cfg.root:
+            return self.send
+        return self.recv
+
+    def wrong(self, run, it: int) -> int:
+        """Run once on pattern ``it``; count wrong elements on this rank."""
+        self.fill(it)
+        run()
+        if self.op is CollectiveOp.ONE_TO_MANY and self.group.rank == self.cfg.root:
+            return 0
+        got = self.output().astype(np.float64)
+        return int(np.count_nonzero(got != self.expected(it).astype(np.float64)))
+
+
+def _mpi_buf(a: np.ndarray):
+    """An mpi4py buffer spec; 2-byte float types travel as raw bytes (no reduction)."""
+    if a.dtype.name in ("float16", "bfloat16"):
+        return a.view(np.uint16)
+    return a
+
+
+_HALF_OPS: dict = {}
+
+
+def _mpi_op(dtype: np.dtype, op: ReduceOp):
+    """MPI's reduction op; 2-byte float types get a NumPy user-defined op (MPI has none)."""
+    from mpi4py import MPI
+
+    if dtype.name not in ("float16", "bfloat16"):
+        return getattr(MPI, op.name)
+    key = (dtype, op)
+    if key not in _HALF_OPS:
+        ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum,
+                 "prod": np.multiply}[op.value]
+
+        def reduce(inbuf, outbuf, datatype):
+            a, b = np.frombuffer(inbuf, dtype), np.frombuffer(outbuf, dtype)
+            ufunc(a, b, out=b)
+
+        _HALF_OPS[key] = MPI.Op.Create(reduce, commute=True)
+    return _HALF_OPS[key]
+
+
+def sizes(cfg: BenchConfig) -> list[int]:
+    """The sweep's sizes in bytes."""
+    if cfg.min_bytes <= 0 or cfg.max_bytes < cfg.min_bytes:
+        raise ValueError(f"sizes: expected 0 < -b <= -e, got {cfg.min_bytes}, {cfg.max_bytes}")
+    if cfg.factor <= 1 and cfg.min_bytes != cfg.max_bytes:
+        raise ValueError(f"-f: expected a factor > 1, got {cfg.factor}")
+    out, s = [], float(cfg.min_bytes)
+    while s <= cfg.max_bytes * (1 + 1e-9):
+        out.append(int(s))
+        if cfg.factor <= 1:
+            break
+        s *= cfg.factor
+    return out
+
+
+def _time(group, fn, iters: int) -> float:
+    from mpi4py import MPI
+
+    group.comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    elapsed = (time.perf_counter() - t0) / max(1, iters)
+    return group.comm.allreduce(elapsed, op=MPI.MAX)
+
+
+def run_bench(cfg: BenchConfig, group, on_row=None) -> list[Row]:
+    """Run the sweep on ``group``; ``on_row(size_rows)`` is called after each size."""
+    from mpi4py import MPI
+
+    op = cfg.op
+    wanted = list(cfg.algos) if cfg.algos else ["auto"]
+    if "all" in wanted:
+        wanted = names(op)
+    for name in wanted:
+        if name not in ("auto", PEER) and name not in names(op):
+            raise ValueError(f"--algo: unknown algorithm {name!r} for {op.value}; expected "
+                             f"one of {['auto', PEER] + list(names(op))}")
+    algos = [PEER] + [a for a in wanted if a != PEER]
+    if op in (CollectiveOp.ONE_TO_MANY, CollectiveOp.BROADCAST) and not \
+            0 <= cfg.root < group.size:
+        raise ValueError(f"--root: expected a rank in [0, {group.size}), got {cfg.root}")
+    rows: list[Row] = []
+    for size in sizes(cfg):
+        case = _Case(cfg, group, size)
+        calls = {a: case.mpi() if a == PEER else case.ours(None if a == "auto" else a)
+                 for a in algos}
+        for fn in calls.values():
+            for _ in range(cfg.warmup):
+                fn()
+        times = {a: [] for a in algos}
+        for _ in range(max(1, cfg.repeat)):
+            for a in algos:
+                times[a].append(_time(group, calls[a], cfg.iters))
+        size_rows = []
+        for a in algos:
+            wrong = sum(case.wrong(calls[a], it + 1) for it in range(cfg.check))
+            wrong = group.comm.allreduce(wrong, op=MPI.SUM)
+            t = statistics.median(times[a])
+            algbw = case.size / t / 1e9 if t > 0 else 0.0
+            size_rows.append(Row(case.size, case.count, a, t, algbw,
+                                 algbw * bus_factor(op, group.size), wrong,
+                                 times=times[a], chosen=_chosen(case, a)))
+        peer_time = size_rows[0].time
+        for row in size_rows[1:]:
+            row.ratio = peer_time / row.time if row.time > 0 else None
+        rows.extend(size_rows)
+        if on_row is not None:
+            on_row(size_rows)
+    return rows
+
+
+def _chosen(case: _Case, algo: str) -> str:
+    """The algorithm a call with ``algo`` runs (resolves ``auto``: runs it once)."""
+    if algo != "auto":
+        return algo
+    from collectives import _launch
+
+    _launch.LAST_CHOSEN.pop(case.op, None)
+    case.ours(None)()
+    return _launch.LAST_CHOSEN.get(case.op, "auto")
+
+
+def peak_rss_bytes(group) -> int:
+    """Largest peak resident set size over the group's ranks, bytes."""
+    from mpi4py import MPI
+
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return group.comm.allreduce(int(kib) * 1024, op=MPI.MAX)
+
+
+def staging_high_water(group) -> int:
+    """Largest staging pool high-water mark over the group's ranks, bytes."""
+    from mpi4py import MPI
+
+    return group.comm.allreduce(int(staging_pool(np).high_water), op=MPI.MAX)

@@ -1,0 +1,233 @@
+"""``neocomm bench OP``: collective bandwidth tests in the style of nccl-tests.
+
+Run it on every rank, e.g. ``neocomm run -n 4 -- neocomm bench all_reduce -b 1M
+-e 64M --algo ring,rabenseifner``, or across nodes with ``--hostfile``. Rank 0
+prints one line per size: for the native MPI peer (``mpi``) and each chosen
+algorithm the time (us), algbw and busbw (GB/s), the number of wrong output
+elements of the checked iterations (summed over ranks) and the ratio peer
+time / algorithm time (above 1: faster than MPI).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+__all__ = ["add_arguments", "run"]
+
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _size(text: str) -> int:
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1] if t and t[-1] in "KMG" else ""
+    try:
+        value = float(t[:-1] if unit else t) * _SUFFIX[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 64K, 1M or 1048576, "
+                                         f"got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return int(value)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = ("ops: all_to_all all_to_all_v reduce_scatter all_reduce all_gather broadcast "
+                "one_to_many many_to_many\nexample: neocomm run -n 2 -- neocomm bench "
+                "all_reduce -b 1M -e 64M --algo ring,rabenseifner --json ar.json")
+    p.add_argument("op", nargs="?", help="the collective (see below); omit with --list")
+    p.add_argument("-b", "--minbytes", type=_size, default=_size("64K"),
+                   help="smallest size in bytes (K/M/G suffixes), default 64K")
+    p.add_argument("-e", "--maxbytes", type=_size, default=_size("64M"),
+                   help="largest size, default 64M")
+    p.add_argument("-f", "--stepfactor", type=float, default=2.0,
+                   help="multiply the size by this between steps, default 2")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations, default 20")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5,
+                   help="untimed warm-up iterations, default 5")
+    p.add_argument("-c", "--check", type=int, default=1,
+                   help="checked iterations per size and algorithm (0: none), default 1")
+    p.add_argument("-r", "--repeat", type=int, default=3,
+                   help="timed rounds per size, algorithms interleaved; the median is "
+                        "reported, default 3")
+    p.add_argument("--algo", action="append", default=[],
+                   help="algorithm(s), comma-separated or repeated: names from --list, "
+                        "'auto' (the selector's choice, default) or 'all'")
+    p.add_argument("--dtype", default="float32", help="element type, default float32")
+    p.add_argument("--op", dest="reduce_op", default="sum", help="reduction: sum max min prod")
+    p.add_argument("--root", type=int, default=0, help="root of broadcast / one_to_many")
+    p.add_argument("--group", default="world", choices=["world", "intra_node", "rail"],
+                   help="process group to run on, default world")
+    p.add_argument("--json", default=None, metavar="FILE", help="write every row as JSON")
+    p.add_argument("--calibrate", default=None, metavar="FILE",
+                   help="write (or update) a calibration file for NEOCOMM_CALIBRATION: "
+                        "measured / modelled time of each algorithm")
+    p.add_argument("--check-args", action="store_true",
+                   help="keep argument agreement on in timed calls (off by default, as "
+                        "nccl-tests times the bare collective)")
+    p.add_argument("--list", action="store_true", help="list the algorithms of every op")
+
+
+def _list() -> int:
+    from collectives.algorithms import names
+    from collectives.types import CollectiveOp
+
+    for op in CollectiveOp:
+        print(f"{op.value:15s} {' '.join(names(op))}")
+    return 0
+
+
+def run(args) -> int:
+    if args.list:
+        return _list()
+    if not args.op:
+        print("neocomm bench: an op is required (or --list)", file=sys.stderr)
+        return 2
+    from collectives.types import CollectiveOp
+
+    try:
+        op = CollectiveOp.parse(args.op)
+    except ValueError as exc:
+        print(f"neocomm bench: {exc}", file=sys.stderr)
+        return 2
+    for name, value, low in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0),
+                             ("-c", args.check, 0), ("-r", args.repeat, 1)):
+        if value < low:
+            print(f"neocomm bench: {name}: expected >= {low}, got {value}", file=sys.stderr)
+            return 2
+    if not args.check_args:
+        os.environ["NEOCOMM_CHECK_ARGS"] = "0"
+    import neocomm
+    from collectives.bench import (BenchConfig, peak_rss_bytes, run_bench,
+                                   staging_high_water)
+
+    world = neocomm.init()
+    group = getattr(world, args.group)
+    algos = tuple(a.strip() for item in (args.algo or ["auto"]) for a in item.split(",")
+                  if a.strip())
+    cfg = BenchConfig(op=op, min_bytes=args.minbytes, max_bytes=args.maxbytes,
+                      factor=args.stepfactor, iters=args.iters, warmup=args.warmup_iters,
+                      check=args.check, repeat=args.repeat, algos=algos, dtype=args.dtype,
+                      reduce_op=args.reduce_op, root=args.root)
+    lead = group.rank == 0
+    printer = _Printer(cfg, group, world) if lead else None
+    try:
+        rows = run_bench(cfg, group, on_row=printer.row if printer else None)
+    except (ValueError, TypeError) as exc:
+        if lead:
+            print(f"neocomm bench: {exc}", file=sys.stderr)
+        return 2
+    rss, staging = peak_rss_bytes(group), staging_high_water(group)
+    wrong = sum(r.wrong for r in rows)
+    if lead:
+        printer.footer(rows, rss, staging)
+        if args.json:
+            _write_json(args.json, cfg, group, world, rows, rss, staging)
+    if args.calibrate:
+        _calibrate(args.calibrate, cfg, group, rows, lead)
+    return 1 if wrong else 0
+
+
+class _Printer:
+    def __init__(self, cfg, group, world):
+        self.cfg = cfg
+        self.algos = None
+        layout = f"{group.num_nodes} node(s) x {group.ranks_per_node or 'uneven'}"
+        print(f"# neocomm bench {cfg.op.value}: {group.size} ranks ({layout}), "
+              f"{cfg.dtype}, {cfg.reduce_op}, {cfg.iters} iters, {cfg.warmup} warm-up, "
+              f"{cfg.repeat} rounds (median), {cfg.check} checked", flush=True)
+
+    def row(self, rows) -> None:
+        if self.algos is None:
+            self.algos = [r.algo for r in rows]
+            head1 = f"# {'':>11} {'':>11} " + " ".join(
+                f"{(a if a != 'mpi' else 'mpi (peer)'):^{43 if a == 'mpi' else 50}}"
+                for a in self.algos)
+            cols = ["time(us)", "algbw", "busbw", "#wrong"]
+            head2 = f"# {'size':>11} {'count':>11} " + " ".join(
+                " ".join(f"{c:>10}" for c in cols + ([] if a == "mpi" else ["ratio"]))
+                [:(43 if a == "mpi" else 54)] for a in self.algos)
+            print(head1)
+            print(head2, flush=True)
+        cells = []
+        for r in rows:
+            text = f"{r.time * 1e6:10.1f} {r.algbw:10.3f} {r.busbw:10.3f} {r.wrong:10d}"
+            if r.algo != "mpi":
+                text += f" {r.ratio:10.2f}" if r.ratio else f" {'n/a':>10}"
+            cells.append(text)
+        print(f"  {rows[0].size:>11d} {rows[0].count:>11d} " + " ".join(cells), flush=True)
+
+    def footer(self, rows, rss, staging) -> None:
+        by_algo: dict = {}
+        for r in rows:
+            by_algo.setdefault(r.algo, []).append(r)
+        for algo, rs in by_algo.items():
+            bw = statistics.fmean(r.busbw for r in rs)
+            line = f"# {algo:>14}: avg busbw {bw:.3f} GB/s"
+            ratios = [r.ratio for r in rs if r.ratio]
+            if ratios:
+                line += (f", ratio vs mpi min {min(ratios):.2f} max {max(ratios):.2f}")
+            chosen = sorted({r.chosen for r in rs if r.chosen and r.chosen != r.algo})
+            if chosen:
+                line += f" (ran {', '.join(chosen)})"
+            print(line)
+        print(f"# wrong elements: {sum(r.wrong for r in rows)}; peak RSS {rss / 2**20:.1f} "
+              f"MiB; staging high-water {staging / 2**20:.2f} MiB", flush=True)
+
+
+def _write_json(path, cfg, group, world, rows, rss, staging) -> None:
+    from collectives import settings
+    from collectives.fabric import fabric_for
+
+    data = {"kind": "neocomm-bench", "op": cfg.op.value, "ranks": group.size,
+            "nodes": group.num_nodes, "ranks_per_node": group.ranks_per_node,
+            "group": group.name, "dtype": cfg.dtype, "reduce_op": cfg.reduce_op,
+            "iters": cfg.iters, "warmup": cfg.warmup, "repeat": cfg.repeat,
+            "check": cfg.check, "host": socket.gethostname(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "settings": {k: v for k, v in vars(settings.current()).items()},
+            "fabric_source": fabric_for(group).source,
+            "peak_rss_bytes": rss, "staging_high_water_bytes": staging,
+            "rows": [r.to_dict() for r in rows]}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, default=str)
+        fh.write("\n")
+
+
+def _calibrate(path, cfg, group, rows, lead) -> None:
+    """Per algorithm: median of measured / modelled time over the sweep."""
+    from dataclasses import replace
+
+    from collectives import cost
+    from collectives.fabric import fabric_for, load_calibration, save_calibration
+    from collectives.types import Request
+
+    fabric = fabric_for(group)
+    bare = replace(fabric, algorithm_factors=())
+    factors = {}
+    if os.path.exists(path):
+        factors.update(load_calibration(path).get("algorithm_factors", {}))
+    by_algo: dict = {}
+    for r in rows:
+        name = r.chosen if r.algo == "auto" else r.algo
+        if name in ("mpi", "auto") or name not in cost.FORMULAS[cfg.op]:
+            continue
+        item = 2 if cfg.dtype in ("float16", "bfloat16") else \
+            int(__import__("numpy").dtype(cfg.dtype).itemsize)
+        req = Request(cfg.op, r.size, item, group.size, max_block=r.size // group.size)
+        model = cost.algorithm_cost(cfg.op, name, req, bare)
+        if model > 0:
+            by_algo.setdefault(name, []).append(r.time / model)
+    for name, values in by_algo.items():
+        factors[f"{cfg.op.value}/{name}"] = round(statistics.median(values), 4)
+    if lead:
+        save_calibration(path, bare, factors,
+                         f"neocomm bench --calibrate on {socket.gethostname()} "
+                         f"({group.size} ranks, {time.strftime('%Y-%m-%d')})")
+        print(f"# calibration written to {path}: " + ", ".join(
+            f"{k}={v}" for k, v in sorted(factors.items()) if k.startswith(cfg.op.value)))
