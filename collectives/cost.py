@@ -349,7 +349,7 @@ def algorithm_cost(op: CollectiveOp, algorithm: str, request: Request,
         seconds = _copy(fabric, request.nbytes)
     else:
         seconds = formula(request, fabric)
-    return seconds * fabric.factor(op, algorithm)
+    return seconds * fabric.factor(op, algorithm, request.nbytes)
 
 
 def costs(op: CollectiveOp, nbytes: int, fabric: FabricModel, *,

@@ -100,8 +100,9 @@ class FabricModel:
     is the link between two ranks of a node (per rank), ``inter`` the link of
     one NIC between nodes, ``nics_per_node`` how many NICs a node's ranks
     share for inter-node traffic. ``algorithm_factors`` holds calibration
-    multipliers keyed ``"<op>/<algorithm>"`` (measured time over modelled
-    time), applied by :func:`collectives.cost.algorithm_cost`.
+    multipliers keyed ``"<op>/<algorithm>"`` or ``"<op>/<algorithm>@<log2 size>"``
+    (measured time over modelled time), applied by
+    :func:`collectives.cost.algorithm_cost`.
     """
 
     ranks_per_node: int = 1
@@ -134,13 +135,24 @@ class FabricModel:
         """Number of ranks the model describes."""
         return self.ranks_per_node * self.nodes
 
-    def factor(self, op: CollectiveOp, algorithm: str) -> float:
-        """Calibration multiplier of ``algorithm`` for ``op`` (1.0 when uncalibrated)."""
+    def factor(self, op: CollectiveOp, algorithm: str, nbytes: int | None = None) -> float:
+        """Calibration multiplier of ``algorithm`` for ``op`` (1.0 when uncalibrated).
+
+        Keys are ``"<op>/<algorithm>"`` (any size) or ``"<op>/<algorithm>@<k>"``
+        for sizes in ``[2^k, 2^(k+1))`` bytes; the nearest measured bucket of
+        ``nbytes`` wins over the size-free key.
+        """
         key = f"{op.value}/{algorithm}"
+        plain, buckets = None, []
         for name, value in self.algorithm_factors:
             if name == key:
-                return float(value)
-        return 1.0
+                plain = float(value)
+            elif name.startswith(key + "@"):
+                buckets.append((int(name[len(key) + 1:]), float(value)))
+        if buckets and nbytes is not None:
+            k = max(0, int(nbytes).bit_length() - 1)
+            return min(buckets, key=lambda b: (abs(b[0] - k), b[0]))[1]
+        return 1.0 if plain is None else plain
 
     def inter_share(self, flows_per_node: int) -> float:
         """Bandwidth (bytes/s) one of ``flows_per_node`` concurrent inter-node

@@ -23,7 +23,8 @@ from collectives.algorithms import Algorithm, Call
 from collectives.pipeline import Window
 from collectives.types import CollectiveOp
 
-__all__ = ["Ring", "ring_reduce_scatter", "ring_all_gather", "block_bounds", "ALGORITHMS"]
+__all__ = ["Ring", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "block_bounds",
+           "ALGORITHMS"]
 
 
 def block_bounds(counts) -> list[tuple[int, int]]:
@@ -60,7 +61,7 @@ def ring_reduce_scatter(call: Call, members, src, bounds, *, acc=None, final=Non
     def own(a, b):
         return src[a:b], None
 
-    def target(a, b):
+    def target(s, a, b):
         buf = pool.take(b - a, dtype)
         return buf, (lambda: pool.give(buf))
 
@@ -92,7 +93,7 @@ def ring_all_gather(call: Call, members, buf, bounds, *, tag: int):
     def own(a, b):
         return buf[a:b], None
 
-    def target(a, b):
+    def target(s, a, b):
         return buf[a:b], None
 
     def arrived(s, a, b, view):
@@ -101,11 +102,50 @@ def ring_all_gather(call: Call, members, buf, bounds, *, tag: int):
     yield from _ring_pass(call, members, bounds, tag, own, target, arrived, shift=0)
 
 
-def _ring_pass(call: Call, members, bounds, tag, own, target, arrived, *, shift: int):
-    """The schedule shared by ring ReduceScatter (``shift=1``) and AllGather (0).
+def ring_all_reduce(call: Call, members, src, acc, bounds, *, tag: int):
+    """Generator: ring AllReduce as one pipelined pass of ``2 (m - 1)`` steps.
+
+    The first ``m - 1`` steps are the ReduceScatter (received chunks reduced
+    into ``acc``), the next ``m - 1`` the AllGather (received straight into
+    ``acc``). A chunk goes on to the AllGather as soon as it is fully
+    reduced, so the gathering of chunk ``k`` overlaps the reduction of the
+    chunks after it instead of waiting for the whole ReduceScatter.
+    """
+    m = len(members)
+    if m == 1:
+        if acc is not src:
+            acc[:] = src
+        return
+    pool, ufunc, dtype = call.pool, call.ufunc(), src.dtype
+
+    def own(a, b):
+        return src[a:b], None
+
+    def target(s, a, b):
+        if s < m - 1:
+            buf = pool.take(b - a, dtype)
+            return buf, (lambda: pool.give(buf))
+        return acc[a:b], None
+
+    def arrived(s, a, b, view):
+        if s < m - 1:
+            ufunc(src[a:b], view, out=acc[a:b])
+            pool.give(view)
+            return acc[a:b], None
+        return (None, None) if s == 2 * m - 3 else (view, None)
+
+    yield from _ring_pass(call, members, bounds, tag, own, target, arrived, shift=1,
+                          steps=2 * (m - 1))
+
+
+def _ring_pass(call: Call, members, bounds, tag, own, target, arrived, *, shift: int,
+               steps: int | None = None):
+    """The schedule shared by ring ReduceScatter (``shift=1``), AllGather (0) and
+    AllReduce (``shift=1``, ``2 (m - 1)`` steps).
 
     In step ``s`` member ``i`` sends block ``i - s - shift`` and receives
-    block ``i - s - shift - 1``. Work goes chunk-major: chunk ``k`` of every
+    block ``i - s - shift - 1`` (mod ``m``); what it receives in step ``s``
+    it sends on in step ``s + 1``. Work goes chunk-major: chunk ``k`` of every
     step before chunk ``k + 1``, each received chunk processed by
     ``arrived`` and forwarded at once. A member's own blocks (step 0) travel
     under one tag, forwarded chunks under another, so own chunks can be
@@ -121,8 +161,9 @@ def _ring_pass(call: Call, members, bounds, tag, own, target, arrived, *, shift:
     chunk = min(policy.elems(call.is_inter(right)), policy.elems(call.is_inter(left)))
     lanes, depth = min(policy.lanes, 8), policy.depth
     tag_own, tag_fwd = tag, tag + 8
-    send_block = [(me - s - shift) % m for s in range(m - 1)]
-    recv_block = [(me - s - shift - 1) % m for s in range(m - 1)]
+    steps = m - 1 if steps is None else steps
+    send_block = [(me - s - shift) % m for s in range(steps)]
+    recv_block = [(me - s - shift - 1) % m for s in range(steps)]
 
     def piece(block, k):
         lo, hi = bounds[block]
@@ -130,7 +171,7 @@ def _ring_pass(call: Call, members, bounds, tag, own, target, arrived, *, shift:
         return (a, min(hi, a + chunk)) if a < hi else None
 
     nchunks = max(-(-(hi - lo) // chunk) for lo, hi in bounds)
-    order = [(k, s) for k in range(nchunks) for s in range(m - 1)
+    order = [(k, s) for k in range(nchunks) for s in range(steps)
              if piece(recv_block[s], k) is not None]
     own_order = [k for k in range(nchunks) if piece(send_block[0], k) is not None]
     posted: collections.deque = collections.deque()
@@ -140,7 +181,7 @@ def _ring_pass(call: Call, members, bounds, tag, own, target, arrived, *, shift:
     def post_recv():
         k, s = order[counters["recv"]]
         a, b = piece(recv_block[s], k)
-        view, release = target(a, b)
+        view, release = target(s, a, b)
         if s == 0:
             t = tag_own + k % lanes
         else:
@@ -208,9 +249,8 @@ class Ring(Algorithm):
                                            final=call.recvbuf, tag=call.tags(0))
         elif call.op is CollectiveOp.ALL_REDUCE:
             bounds = block_bounds(even_counts(call.sendbuf.size, call.size))
-            yield from ring_reduce_scatter(call, members, call.sendbuf, bounds,
-                                           acc=call.recvbuf, tag=call.tags(0))
-            yield from ring_all_gather(call, members, call.recvbuf, bounds, tag=call.tags(1))
+            yield from ring_all_reduce(call, members, call.sendbuf, call.recvbuf, bounds,
+                                       tag=call.tags(0))
         else:
             bounds = block_bounds(call.recv_counts)
             lo, hi = bounds[call.rank]

@@ -223,6 +223,8 @@ def _calibrate(path, cfg, group, rows, lead) -> None:
         model = cost.algorithm_cost(cfg.op, name, req, bare)
         if model > 0:
             by_algo.setdefault(name, []).append(r.time / model)
+            bucket = f"{cfg.op.value}/{name}@{r.size.bit_length() - 1}"
+            factors[bucket] = round(r.time / model, 4)
     for name, values in by_algo.items():
         factors[f"{cfg.op.value}/{name}"] = round(statistics.median(values), 4)
     if lead:
@@ -230,4 +232,5 @@ def _calibrate(path, cfg, group, rows, lead) -> None:
                          f"neocomm bench --calibrate on {socket.gethostname()} "
                          f"({group.size} ranks, {time.strftime('%Y-%m-%d')})")
         print(f"# calibration written to {path}: " + ", ".join(
-            f"{k}={v}" for k, v in sorted(factors.items()) if k.startswith(cfg.op.value)))
+            f"{k}={v}" for k, v in sorted(factors.items())
+            if k.startswith(cfg.op.value) and "@" not in k)))

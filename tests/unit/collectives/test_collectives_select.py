@@ -127,3 +127,16 @@ def test_bad_calibration_files(tmp_path):
 def test_names():
     assert "ring" in names(CollectiveOp.ALL_REDUCE)
     assert "sparse" in names(CollectiveOp.MANY_TO_MANY)
+
+
+def test_size_bucketed_factors():
+    fab = FabricModel(ranks_per_node=2, algorithm_factors={
+        "all_reduce/native": 2.0, "all_reduce/native@20": 0.5, "all_reduce/native@26": 4.0})
+    assert fab.factor(CollectiveOp.ALL_REDUCE, "native") == 2.0
+    assert fab.factor(CollectiveOp.ALL_REDUCE, "native", MiB) == 0.5
+    assert fab.factor(CollectiveOp.ALL_REDUCE, "native", 64 * MiB) == 4.0
+    assert fab.factor(CollectiveOp.ALL_REDUCE, "native", 8 * MiB) == 0.5  # nearest: 2^20
+    assert fab.factor(CollectiveOp.ALL_REDUCE, "ring", MiB) == 1.0
+    small = select(Request(CollectiveOp.ALL_REDUCE, MiB, 4, 2), fab)
+    large = select(Request(CollectiveOp.ALL_REDUCE, 64 * MiB, 4, 2), fab)
+    assert small.name == "native" and large.name != "native"
