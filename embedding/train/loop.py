@@ -113,6 +113,7 @@ class Trainer:
                                 bucket_bytes=tr.bucket_kib << 10)
         self.optimizer = make_optimizer(config.dense_optimizer)
         self.stages = EmbeddingStages(self.coll)
+        self.overlap = tr.overlap
         self.grads = GradSync(self.model, group, overlap=tr.overlap)
         self.timer = PhaseTimer()
         self._guard = GuardedDataset(data.train, data.num_dense, data.feature_names)
@@ -186,9 +187,9 @@ class Trainer:
     # -- one step ------------------------------------------------------------------
     def _step(self, prep: Prepared, dist, step: int, has_next: bool) -> float:
         """Train on ``prep``; returns the global mean loss. Starts the next input dist."""
-        timer, cfg = self.timer, self.cfg.train
+        timer = self.timer
         pooled, ctx = self.stages.forward(dist, timer)
-        if cfg.overlap and has_next:
+        if self.overlap and has_next:
             self._pending = self._start(step + 1)
         batch = prep.batch
         b, f = batch.batch_size, len(self.tables)
@@ -214,7 +215,7 @@ class Trainer:
             raise err
         with timer(Phase.OPTIMIZER):
             self.optimizer.step(self.model.flat_params, self.model.flat_grads)
-        if not cfg.overlap and has_next:
+        if not self.overlap and has_next:
             self._pending = self._start(step + 1)
         return loss
 
@@ -267,16 +268,10 @@ class Trainer:
         t_run = time.perf_counter()
         t_log, n_log, losses = t_run, 0, []
         loss = None
-        if self.step < total:
-            self._pending = self._start(self.step + 1)
         self.timer.reset()
         while self.step < total:
-            step = self.step + 1
-            prep, dist = self._pending
-            self._pending = None
-            loss = self._step(prep, dist, step, has_next=step < total)
-            self.step = step
-            self.losses.append((step, loss))
+            loss = self.run(1, horizon=total)[0]
+            step = self.step
             losses.append(loss)
             n_log += 1
             now = time.perf_counter()
@@ -314,6 +309,31 @@ class Trainer:
                            ev.get("auc"), ev.get("log_loss"), self.planted_auc,
                            self.metrics.path if self.rank == 0 else None, self.last_checkpoint)
 
+    def run(self, steps: int, *, horizon: int | None = None) -> list[float]:
+        """Train ``steps`` more steps without evaluating or checkpointing; their global losses.
+
+        Batches up to step ``horizon`` (default: the last of these steps) are
+        read ahead, so consecutive calls keep the input dist overlapped.
+        """
+        horizon = self.step + steps if horizon is None else max(horizon, self.step + steps)
+        out = []
+        for _ in range(steps):
+            step = self.step + 1
+            if self._pending is None:
+                self._pending = self._start(step)
+            prep, dist = self._pending
+            self._pending = None
+            loss = self._step(prep, dist, step, has_next=step < horizon)
+            self.step = step
+            self.losses.append((step, loss))
+            out.append(loss)
+        return out
+
+    def set_overlap(self, on: bool) -> None:
+        """Turn the overlap of the input dist and of the dense AllReduce on or off."""
+        self.overlap = bool(on)
+        self.grads.overlap = bool(on)
+
     def _evaluate_and_log(self) -> dict:
         ev = self.evaluate()
         self.last_eval = ev
@@ -324,6 +344,8 @@ class Trainer:
         return ev
 
     def close(self) -> None:
+        """Finish what is in flight (every rank calls it) and close the outputs."""
+        self._drain()
         self.progress.close()
         self.metrics.close()
 

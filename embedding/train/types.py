@@ -120,7 +120,7 @@ class LoopConfig:
     eval_batch_size: int = 0
     log_every: int = 25
     overlap: bool = True
-    bucket_kib: int = 64
+    bucket_kib: int = 1024
     dedup: bool = False
     threads: int = 0
     seed: int = 0

@@ -119,3 +119,37 @@ def test_resume_auto_without_checkpoint_starts_fresh(world, tmp_path, all_ranks)
     r2 = again.train()  # nothing left to do
     again.close()
     all_ranks(r2.steps_run == 0 and r2.step == 2, f"{r2}")
+
+
+def _criteo_line(i: int) -> str:
+    label = str((i * 7919) % 5 == 0 and 1 or 0)
+    ints = [str((i * (j + 3)) % 50 - 1) for j in range(13)]
+    cats = [f"{(i % (11 + f)) * 2654435761 % (1 << 32):08x}" for f in range(26)]
+    return "\t".join([label] + ints + cats) + "\n"
+
+
+def test_criteo_text_and_binary_files_train(world, tmp_path, all_ranks):
+    from embedding.data import BinaryWriter, SyntheticConfig, SyntheticDataset
+
+    base = shared_dir(world, tmp_path)
+    if world.rank == 0:
+        with open(f"{base}/day.txt", "w") as fh:
+            fh.writelines(_criteo_line(i) for i in range(600))
+        with open(f"{base}/held.txt", "w") as fh:
+            fh.writelines(_criteo_line(i) for i in range(600, 700))
+        ds = SyntheticDataset(SyntheticConfig(table_sizes=(50, 70, 30, 200), seed=1), 600)
+        with BinaryWriter(f"{base}/day.bin", (50, 70, 30, 200)) as w:
+            w.write_batch(ds.read(0, 600))
+    world.comm.Barrier()
+    text = train(small_config(f"{base}/text", tables={"rows": [], "preset": "tiny"},
+                              data={"source": "criteo", "path": f"{base}/day.txt",
+                                    "eval_path": f"{base}/held.txt"},
+                              train={"steps": 3}), world.world)
+    all_ranks(text.step == 3 and len(text.tables) == 26, f"{text.step} {len(text.tables)}")
+    all_ranks(text.last_eval["records"] == 96, f"{text.last_eval}")
+    binary = train(small_config(f"{base}/bin", data={"source": "binary",
+                                                     "path": f"{base}/day.bin"},
+                                train={"steps": 3}), world.world)
+    all_ranks(binary.step == 3 and binary.data.train.num_records == 504,
+              f"{binary.data.train.num_records}")
+    all_ranks(np.isfinite([l for _, l in binary.losses]).all(), f"{binary.losses}")
