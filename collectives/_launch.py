@@ -34,7 +34,7 @@ class Context:
 
     def __init__(self, group, backend, xp):
         self.group, self.backend, self.xp = group, backend, xp
-        self.fabric = fabric_for(group)
+        self.fabric = fabric_for(group, device=xp.__name__ != "numpy")
         self.layout = layout_of(group)
         self.check = bool(getattr(backend, "check_args", True))
 

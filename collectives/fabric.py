@@ -58,8 +58,7 @@ class Layout:
 
 
 _LAYOUTS: "weakref.WeakKeyDictionary[object, Layout]" = weakref.WeakKeyDictionary()
-_FABRICS: "weakref.WeakKeyDictionary[object, tuple[str, FabricModel]]" = \
-    weakref.WeakKeyDictionary()
+_FABRICS: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
 
 
 def layout_of(group) -> Layout:
@@ -70,32 +69,37 @@ def layout_of(group) -> Layout:
     return found
 
 
-def fabric_for(group) -> FabricModel:
-    """The (cached) fabric model of ``group``: shape, links, calibration."""
+def fabric_for(group, device: bool = False) -> FabricModel:
+    """The (cached) fabric model of ``group`` for host (or ``device``) buffers:
+    shape, links from the topology, calibration. The first call on a group is
+    collective over it (the topology of its hosts is gathered)."""
     path = settings.calibration_path()
     cached = _FABRICS.get(group)
-    if cached is not None and cached[0] == path:
-        return cached[1]
+    key = (path, bool(device))
+    if cached is not None and key in cached:
+        return cached[key]
     layout = layout_of(group)
-    fabric = _links_from_topology(group) or FabricModel()
+    fabric = _links_from_topology(group, device) or FabricModel()
     fabric = fabric.with_shape(layout.ranks_per_node, layout.num_nodes)
     if path:
         fabric = apply_calibration(fabric, load_calibration(path))
-    _FABRICS[group] = (path, fabric)
+    _FABRICS.setdefault(group, {})[key] = fabric
     return fabric
 
 
-def _links_from_topology(group) -> FabricModel | None:
-    """Links of the discovered topology, when the world carries one."""
-    world = getattr(group, "world", None)
-    topo = getattr(world, "topology", None)
-    if topo is None:
+_TOPOLOGIES: "weakref.WeakKeyDictionary[object, object]" = weakref.WeakKeyDictionary()
+
+
+def _links_from_topology(group, device: bool) -> FabricModel | None:
+    """Links of the group's discovered topology (None when discovery failed)."""
+    from collectives.topofabric import discover_group_topology, fabric_from_topology
+
+    if group not in _TOPOLOGIES:
+        _TOPOLOGIES[group] = discover_group_topology(group)
+    cluster = _TOPOLOGIES[group]
+    if cluster is None:
         return None
-    try:
-        from collectives.topofabric import fabric_from_topology
-    except ImportError:  # pragma: no cover - the module ships with the package
-        return None
-    return fabric_from_topology(topo)
+    return fabric_from_topology(cluster, device=device)
 
 
 def load_calibration(path: str) -> dict:

@@ -1,0 +1,85 @@
+"""The fabric model from the discovered topology (:mod:`topology`).
+
+Link parameters come from :func:`topology.link_model`: the intra-node link
+class (NVLink or PCIe for device buffers, shared memory for host buffers),
+the inter-node class (InfiniBand, RoCE or TCP; shared memory when the nodes
+are emulated on one host) and the number of active RDMA NICs per node.
+Chunk sizes per link class are ours (below, with their sources).
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+
+from collectives.types import (DEFAULT_COPY_BANDWIDTH, DEFAULT_REDUCE_BANDWIDTH, FabricModel,
+                               Link)
+
+__all__ = ["fabric_from_topology", "discover_group_topology", "CHUNK_BYTES"]
+
+_log = logging.getLogger(__name__)
+
+#: Chunk size per link class, bytes. NVLink and network: NCCL's point-to-point
+#: chunk sizes (512 KiB over NVLink, 128 KiB over the network; DESIGN.md
+#: section 7); PCIe as NVLink. Shared memory: 1 MiB, the smallest size at which
+#: Open MPI's single-copy transport reached its plateau in our chunk sweep
+#: (docs/collectives.md, "Chunk size"). TCP: 256 KiB, a few socket buffers.
+CHUNK_BYTES = {"nvlink": 512 << 10, "pcie": 512 << 10, "shm": 1 << 20, "roce": 128 << 10,
+               "infiniband": 128 << 10, "tcp": 256 << 10}
+
+
+def fabric_from_topology(cluster, *, device: bool = False) -> FabricModel:
+    """A :class:`FabricModel` (shape of ``cluster``) from a ``topology.ClusterTopology``."""
+    from topology import inter_node_kind, intra_node_kind, link_model
+    from topology.linkmodel import memory_bandwidth
+    from topology.types import LinkKind
+
+    links = link_model(cluster)
+    intra_kind = intra_node_kind(cluster, device=device)
+    inter_kind = LinkKind.SHM if cluster.emulated else inter_node_kind(cluster)
+
+    def link(kind) -> Link:
+        params = links.get(kind) or links[LinkKind.SHM]
+        return Link(latency=params.latency, bandwidth=params.bandwidth,
+                    chunk_bytes=CHUNK_BYTES.get(kind.value, 1 << 20))
+
+    nics = 1
+    if inter_kind in (LinkKind.ROCE, LinkKind.INFINIBAND) and cluster.hosts:
+        nics = max(1, min(sum(1 for n in h.nics if n.active and n.link_kind is inter_kind)
+                          for h in cluster.hosts))
+    copy_bw, reduce_bw = DEFAULT_COPY_BANDWIDTH, DEFAULT_REDUCE_BANDWIDTH
+    if device:
+        mem = [memory_bandwidth(g.name) for h in cluster.hosts for g in h.gpus]
+        mem = [m for m in mem if m > 0]
+        if mem:  # a device copy reads and writes; an in-place add streams three arrays
+            copy_bw, reduce_bw = min(mem) / 2, min(mem) / 3
+    nodes = max(1, cluster.num_nodes)
+    per_node = max((len(n) for n in cluster.nodes), default=1) or 1
+    return FabricModel(ranks_per_node=per_node, nodes=nodes, intra=link(intra_kind),
+                       inter=link(inter_kind), nics_per_node=nics, copy_bandwidth=copy_bw,
+                       reduce_bandwidth=reduce_bw,
+                       source=f"topology: {intra_kind.value} within nodes, "
+                              f"{inter_kind.value} x{nics} between nodes")
+
+
+_HOST = None
+
+
+def discover_group_topology(group):
+    """The ``ClusterTopology`` of a group (collective over the group; this host is
+    probed once per process). None when discovery fails (on every rank alike)."""
+    global _HOST
+    from topology import TopologyError, discover_host, discover_world
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # probes warn about missing tools; not our business
+        if _HOST is None:
+            try:
+                _HOST = discover_host()
+            except Exception as exc:  # noqa: BLE001 - any probe failure: no host model
+                _log.debug("host probe failed: %s", exc)
+        node_of = [group.node_of(r) for r in range(group.size)]
+        try:
+            return discover_world(group.comm, node_of, host=_HOST)
+        except (TopologyError, ValueError) as exc:
+            _log.info("topology discovery failed (%s); using the default fabric model", exc)
+            return None
