@@ -233,4 +233,4 @@ def _calibrate(path, cfg, group, rows, lead) -> None:
                          f"({group.size} ranks, {time.strftime('%Y-%m-%d')})")
         print(f"# calibration written to {path}: " + ", ".join(
             f"{k}={v}" for k, v in sorted(factors.items())
-            if k.startswith(cfg.op.value) and "@" not in k)))
+            if k.startswith(cfg.op.value) and "@" not in k))
