@@ -36,6 +36,11 @@ def manifest_state(trainer) -> dict:
         position = trainer.reader.state_dict()
     return {"step": trainer.step, "samples": trainer.step * cfg.train.batch_size,
             "reader": position, "seed": cfg.train.seed,
+            # The only randomness after initialisation: the order of the global batches,
+            # a permutation drawn from (seed, epoch) when shuffling; the position fixes it.
+            "rng": {"data_order": "permutation of (seed, epoch)" if cfg.data.shuffle
+                    else "sequential", "seed": cfg.train.seed,
+                    "epoch": position.get("epoch")},
             "global_batch_size": cfg.train.batch_size, "world_size": trainer.size,
             "eval": trainer.last_eval, **trainer.state_expectations()}
 

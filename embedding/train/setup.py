@@ -53,7 +53,7 @@ def fail_together(group, what: str, exc: BaseException | None = None, *, step: i
         return
     except CollectiveArgumentError as agreed:
         per_rank = dict(agreed.per_rank)
-        if isinstance(exc, ConfigError) and exc is not None:
+        if isinstance(exc, ConfigError):
             exc.agreed = True
             raise exc from None
         if not per_rank:  # the signatures differ

@@ -19,11 +19,9 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-import numpy as np
-
 from embedding.train.types import Phase
 
-__all__ = ["PhaseTimer", "EmbeddingStages", "GradSync"]
+__all__ = ["PhaseTimer", "EmbeddingStages", "GradSync", "finite"]
 
 
 class PhaseTimer:
@@ -156,5 +154,6 @@ class GradSync:
 
 def finite(x) -> bool:
     """True when every element of ``x`` is finite (NumPy or CuPy)."""
-    xp = np if isinstance(x, np.ndarray) else __import__("cupy")
-    return bool(xp.isfinite(x).all())
+    from embedding.dense._xp import array_module
+
+    return bool(array_module(x).isfinite(x).all())

@@ -85,7 +85,7 @@ def run(args) -> int:
     world = neocomm.init()
     try:
         return _train(world, cfg, exc)
-    except (ConfigError, Exception) as e:  # agreed errors end here; anything else aborts
+    except Exception as e:  # agreed errors end here; anything else aborts the job
         if not getattr(e, "agreed", False):
             raise
         if world.rank == 0:

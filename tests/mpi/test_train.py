@@ -153,3 +153,47 @@ def test_criteo_text_and_binary_files_train(world, tmp_path, all_ranks):
     all_ranks(binary.step == 3 and binary.data.train.num_records == 504,
               f"{binary.data.train.num_records}")
     all_ranks(np.isfinite([l for _, l in binary.losses]).all(), f"{binary.losses}")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_next_input_dist_starts_before_the_dense_work(world, tmp_path, overlap, all_ranks):
+    import collectives
+
+    base = shared_dir(world, tmp_path)
+    t = Trainer(small_config(f"{base}/order{overlap}", train={"overlap": overlap,
+                                                              "bucket_kib": 1}), world.world)
+    events = []
+
+    def spy(obj, name, label):
+        original = getattr(obj, name)
+
+        def call(*a, **k):
+            if label != "async all_reduce" or k.get("async_op"):
+                events.append(label)
+            return original(*a, **k)
+
+        setattr(obj, name, call)
+        return original
+
+    spy(t.stages, "start", "input_dist")
+    spy(t.stages, "forward", "lookup")
+    spy(t.model, "forward", "dense")
+    spy(t.optimizer, "step", "optimizer")
+    all_reduce = spy(collectives, "all_reduce", "async all_reduce")
+    try:
+        t.run(3)
+    finally:
+        collectives.all_reduce = all_reduce
+    t.close()
+    # The second step, from its lookup to its optimizer.
+    i = events.index("lookup", events.index("lookup") + 1)
+    second = events[i:events.index("optimizer", i) + 1]
+    n = len(t.model.buckets)
+    all_ranks(n > 1, f"{n} buckets")
+    if overlap:
+        all_ranks(second[:3] == ["lookup", "input_dist", "dense"], f"{second}")
+        asyncs = second.count("async all_reduce")
+        all_ranks(asyncs == (n if world.size > 1 else 0), f"{n} buckets: {second}")
+    else:
+        all_ranks(second == ["lookup", "dense", "optimizer"], f"{second}")
+        all_ranks(events[events.index("optimizer", i) + 1] == "input_dist", f"{events}")
