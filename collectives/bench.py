@@ -28,6 +28,7 @@ import collectives as C
 from collectives.algorithms import names
 from collectives.chunking import staging_pool
 from collectives.types import CollectiveOp
+from neocomm.errors import CollectiveArgumentError
 from neocomm.types import ReduceOp, bfloat16
 
 __all__ = ["BenchConfig", "Row", "run_bench", "bus_factor", "PEER"]
@@ -153,12 +154,12 @@ class _Case:
             buf = _mpi_buf(s if self.group.rank == self.cfg.root else r)
             return lambda: comm.Bcast(buf, root=self.cfg.root)
         p = self.group.size
-        sc, rc = [0] * p, [0] * p
-        for q in self.peers:
-            sc[q] = self.per
-        for q in self.senders:
-            rc[q] = self.per
-        return lambda: comm.Alltoallv([sb, (sc, None)], [rb, (rc, None)])
+        sc, rc, sd, rd = [0] * p, [0] * p, [0] * p, [0] * p
+        for i, q in enumerate(self.peers):  # packed in peer order, not rank order
+            sc[q], sd[q] = self.per, i * self.per
+        for i, q in enumerate(self.senders):
+            rc[q], rd[q] = self.per, i * self.per
+        return lambda: comm.Alltoallv([sb, (sc, sd)], [rb, (rc, rd)])
 
     def ours(self, algo: str | None):
         op, s, r, g = self.op, self.send, self.recv, self.group
@@ -296,8 +297,10 @@ def run_bench(cfg: BenchConfig, group, on_row=None) -> list[Row]:
 
     op = cfg.op
     wanted = list(cfg.algos) if cfg.algos else ["auto"]
+    optional: set = set()
     if "all" in wanted:
-        wanted = names(op)
+        optional = {a for a in names(op) if a not in wanted}
+        wanted = [a for a in wanted if a != "all"] + [a for a in names(op) if a not in wanted]
     for name in wanted:
         if name not in ("auto", PEER) and name not in names(op):
             raise ValueError(f"--algo: unknown algorithm {name!r} for {op.value}; expected "
@@ -311,9 +314,16 @@ def run_bench(cfg: BenchConfig, group, on_row=None) -> list[Row]:
         case = _Case(cfg, group, size)
         calls = {a: case.mpi() if a == PEER else case.ours(None if a == "auto" else a)
                  for a in algos}
-        for fn in calls.values():
-            for _ in range(cfg.warmup):
-                fn()
+        for a in list(algos):
+            try:
+                for _ in range(max(1, cfg.warmup)):
+                    calls[a]()
+            except CollectiveArgumentError as exc:
+                if a in optional and exc.field == "algo":  # cannot run here: leave it out
+                    algos.remove(a)
+                    del calls[a]
+                    continue
+                raise ValueError(f"--algo {a}: {exc}") from None
         times = {a: [] for a in algos}
         for _ in range(max(1, cfg.repeat)):
             for a in algos:

@@ -25,21 +25,23 @@ class Plan:
     """A prepared call: its :class:`~collectives.algorithms.Call`, algorithm and
     result, and optionally a direct callable (``fast``) for native calls."""
 
-    __slots__ = ("refs", "sizes", "snap", "call", "algo", "result", "fast")
+    __slots__ = ("refs", "sizes", "snap", "call", "algo", "result", "fast", "seq")
 
     def __init__(self, bufs, call, algo, result, fast):
         self.refs = tuple(weakref.ref(b) for b in bufs)
         self.sizes = tuple(b.size for b in bufs)
         self.snap = settings.current()
         self.call, self.algo, self.result, self.fast = call, algo, result, fast
+        self.seq = progress.counter(call.group)
 
     def run(self):
         """Run the call again (blocking) and return its result."""
-        call = self.call
-        call.tag = progress.next_tag(call.group)
+        seq = next(self.seq)  # every call numbers its group's operations, fast or not
         if self.fast is not None:
             self.fast()
         else:
+            call = self.call
+            call.tag = progress.tag_of(seq)
             progress.start(self.algo.run(call), None, False)
         return self.result
 

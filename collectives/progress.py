@@ -17,7 +17,7 @@ import weakref
 
 from neocomm.backends.base import CompletedHandle, Handle
 
-__all__ = ["Operation", "start", "idle", "next_tag", "TAG_PHASE"]
+__all__ = ["Operation", "start", "idle", "next_tag", "counter", "tag_of", "TAG_PHASE"]
 
 #: Tag distance between the phases of one operation (lanes use the tags in between).
 TAG_PHASE = 16
@@ -28,14 +28,24 @@ _seq: "weakref.WeakKeyDictionary[object, itertools.count]" = weakref.WeakKeyDict
 _seq_lock = threading.Lock()
 
 
+def counter(group) -> "itertools.count":
+    """The operation counter of ``group`` (shared by every call on the group)."""
+    found = _seq.get(group)
+    if found is None:
+        with _seq_lock:
+            found = _seq.setdefault(group, itertools.count())
+    return found
+
+
+def tag_of(seq: int) -> int:
+    """Base tag of the operation numbered ``seq`` on its group."""
+    return 1 + _TAGS_PER_OP * (seq % _TAG_SLOTS)
+
+
 def next_tag(group) -> int:
     """Base tag of the next operation on ``group`` (the same on every rank, since
     every rank calls the group's collectives in the same order)."""
-    counter = _seq.get(group)
-    if counter is None:
-        with _seq_lock:
-            counter = _seq.setdefault(group, itertools.count())
-    return 1 + _TAGS_PER_OP * (next(counter) % _TAG_SLOTS)
+    return tag_of(next(counter(group)))
 
 
 class Operation:

@@ -1,0 +1,30 @@
+"""The benchmark harness end to end: every op, checked iterations agree across ranks."""
+from __future__ import annotations
+
+import pytest
+
+from collectives.bench import PEER, BenchConfig, run_bench
+from collectives.types import CollectiveOp
+
+pytestmark = pytest.mark.mpi(min_size=1)
+
+
+@pytest.mark.parametrize("op", list(CollectiveOp))
+def test_every_op_benchmarks_without_wrong_elements(world, all_ranks, op):
+    cfg = BenchConfig(op, min_bytes=4096, max_bytes=16384, factor=4, iters=2, warmup=1,
+                      check=1, repeat=1, algos=("auto", "all"))
+    rows = run_bench(cfg, world.world)
+    algos = {r.algo for r in rows}
+    ok = PEER in algos and "auto" in algos and all(r.wrong == 0 for r in rows)
+    ok = ok and all(r.time > 0 and r.busbw >= 0 for r in rows)
+    ok = ok and all(r.ratio is not None for r in rows if r.algo != PEER)
+    all_ranks(ok, str([(r.size, r.algo, r.wrong) for r in rows]))
+
+
+def test_half_precision_reduction_and_unknown_algorithm(world, all_ranks):
+    cfg = BenchConfig(CollectiveOp.ALL_REDUCE, 2048, 2048, 1.0, iters=1, warmup=0, check=2,
+                      repeat=1, algos=("ring",), dtype="float16")
+    rows = run_bench(cfg, world.world)
+    all_ranks(all(r.wrong == 0 for r in rows))
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        run_bench(BenchConfig(CollectiveOp.ALL_REDUCE, algos=("bogus",)), world.world)
