@@ -12,6 +12,7 @@ on different ranks cannot deadlock.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import weakref
 
@@ -72,6 +73,7 @@ class Operation:
                 while not any(h.done or h.test() for h in pending):
                     if not block:
                         return False
+                    _yield()  # let a rank sharing this core run (oversubscribed jobs)
             try:
                 self._pending = next(self._gen)
             except StopIteration:
@@ -81,6 +83,7 @@ class Operation:
 
 
 _ACTIVE: list[Operation] = []
+_yield = getattr(os, "sched_yield", lambda: None)
 
 
 def _drive_until(op: Operation) -> None:
@@ -93,6 +96,8 @@ def _drive_until(op: Operation) -> None:
         for other in others:
             other.advance(block=False)
         _ACTIVE[:] = [o for o in _ACTIVE if not o.done]
+        if not op.done:
+            _yield()
     if op in _ACTIVE:
         _ACTIVE.remove(op)
 
