@@ -46,9 +46,10 @@ def parse(argv=None):
     p.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
     p.add_argument("--pool", type=int, default=6, help="global batches in the memory pool")
     p.add_argument("--threads", type=int, default=0, help="threads per rank (0: cores/ranks)")
-    p.add_argument("--plan", default="planner", metavar="planner|table_wise|row_wise|FILE",
-                   help="the planner's plan (default), every table whole on one rank "
-                   "(round robin), every table in row blocks over all ranks, or a plan file")
+    p.add_argument("--plan", default="planner", metavar="planner|SHARDING|FILE",
+                   help="the planner's plan (default), the planner's plan with one sharding "
+                   "type only (table_wise, row_wise, column_wise, data_parallel ...), or a "
+                   "plan file")
     p.add_argument("--bottom", default="128", help="hidden widths of the bottom MLP, "
                    "comma-separated (the embedding dimension is appended; default 128)")
     p.add_argument("--top", default="128", help="hidden widths of the top MLP, comma-separated "
@@ -80,8 +81,12 @@ def build(args, world):
            "sparse_optimizer": {"kind": args.optimizer, "lr": 0.05},
            "data": {"records": gb * args.pool, "eval_records": gb},
            "output": {"dir": "neocomm-out/bench"}}
-    if args.plan != "planner":
-        doc["plan"] = {"file": plan_file(args, world)}
+    from embedding.types import ShardingType
+
+    if args.plan in [t.value for t in ShardingType]:
+        doc["plan"] = {"shardings": [args.plan]}  # the planner places them
+    elif args.plan != "planner":
+        doc["plan"] = {"file": args.plan}
     cfg = parse_config(doc, "bench_train.py")
     syn = SyntheticConfig(table_sizes=(args.rows,) * args.tables, seed=0)
     full = SyntheticDataset(syn, gb * (args.pool + 1))
@@ -100,35 +105,6 @@ def build(args, world):
                      WindowDataset(mem, gb * args.pool, gb * (args.pool + 1)),
                      syn.table_sizes, tuple(syn.feature_names), syn.num_dense)
     return Trainer(cfg, world.world, data=data, stream=open("/dev/null", "w"))
-
-
-def plan_file(args, world) -> str:
-    """A plan file for ``--plan`` (written by rank 0; the path is the same everywhere)."""
-    if args.plan not in ("table_wise", "row_wise"):
-        return args.plan
-    from embedding.types import Shard, ShardingPlan, ShardingType, TablePlan
-
-    n, p = args.rows, world.size
-    tables = []
-    for i in range(args.tables):
-        if args.plan == "table_wise":
-            tables.append(TablePlan(f"f{i}" if args.tables != 26 else f"C{i + 1}",
-                                    ShardingType.TABLE_WISE, (Shard(i % p, 0, n, 0, args.dim),)))
-        else:
-            cuts = [n * r // p for r in range(p + 1)]
-            tables.append(TablePlan(f"f{i}" if args.tables != 26 else f"C{i + 1}",
-                                    ShardingType.ROW_WISE,
-                                    tuple(Shard(r, cuts[r], cuts[r + 1] - cuts[r], 0, args.dim)
-                                          for r in range(p))))
-    path = f"neocomm-out/bench-plan-{args.plan}-{p}.json"
-    if world.rank == 0:
-        import os
-
-        os.makedirs("neocomm-out", exist_ok=True)
-        with open(path, "w") as fh:
-            fh.write(ShardingPlan(p, world.world.ranks_per_node or 1, tuple(tables)).to_json())
-    world.comm.Barrier()
-    return path
 
 
 def full_steps(trainer, steps: int, overlap: bool) -> tuple[float, dict]:

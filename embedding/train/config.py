@@ -118,6 +118,19 @@ def _paths(v):
     return tuple(v)
 
 
+def _shardings(v):
+    from embedding.types import ShardingType
+
+    items = [v] if isinstance(v, str) else v
+    choices = [t.value for t in ShardingType]
+    if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) for x in items):
+        raise ValueError(f"expected a list of sharding types, got {v!r}")
+    for x in items:
+        if x not in choices:
+            raise ValueError(f"expected sharding types among {choices}, got {x!r}")
+    return tuple(items)
+
+
 def _size_text(v):
     if not isinstance(v, str):
         raise ValueError(f"expected a size such as \"8GiB\", got {type(v).__name__} {v!r}")
@@ -157,7 +170,7 @@ SCHEMA: dict[str, dict[str, Check]] = {
     "train": {"steps": _int(1), "batch_size": _int(1), "eval_every": _int(0),
               "eval_batch_size": _int(0), "log_every": _int(1), "overlap": _bool,
               "bucket_kib": _int(1), "dedup": _bool, "threads": _int(0), "seed": _int(0)},
-    "plan": {"file": _str(), "fabric": _str(), "memory": _size_text},
+    "plan": {"file": _str(), "fabric": _str(), "memory": _size_text, "shardings": _shardings},
     "checkpoint": {"dir": _str(), "every": _int(0), "keep": _int(1), "resume": _str()},
     "output": {"dir": _str(), "plot": _bool},
 }

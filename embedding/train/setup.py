@@ -142,7 +142,8 @@ def _plan_locally(cfg: TrainConfig, tables, group) -> ShardingPlan:
         except PlanError as exc:
             raise ConfigError(cfg.source, "plan.file", f"{cfg.plan.file}: {exc}") from None
         return plan
-    from embedding.planner import PlanDoesNotFitError, Workload, plan_sharding
+    from embedding.planner import (PlanDoesNotFitError, TableConstraints, Workload,
+                                   plan_sharding)
     from embedding.planner.hardware import hardware_for, load_target
     from embedding.train.config import parse_size
 
@@ -160,8 +161,12 @@ def _plan_locally(cfg: TrainConfig, tables, group) -> ShardingPlan:
         memory = host_memory() // ranks_on_host(rpn)
     hardware = hardware_for(target, group.size, ranks_per_node=rpn, device_memory=memory,
                             reserve=0.1)
+    constraints = None
+    if cfg.plan.shardings:
+        constraints = {t.name: TableConstraints(shardings=cfg.plan.shardings) for t in tables}
     try:
-        report = plan_sharding(tables, hardware, Workload(batch_size=cfg.train.batch_size))
+        report = plan_sharding(tables, hardware, Workload(batch_size=cfg.train.batch_size),
+                               constraints=constraints)
     except PlanDoesNotFitError as exc:
         raise TrainingError(f"the tables do not fit: {exc}", tensor="plan") from None
     return report.plan

@@ -128,11 +128,13 @@ class LoopConfig:
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """``[plan]``: a plan file, or the planner's target (``fabric``) and memory per rank."""
+    """``[plan]``: a plan file, or the planner's target (``fabric``), memory per rank and
+    the sharding types it may choose from (``shardings``; empty: any)."""
 
     file: str = ""
     fabric: str = "cpu-host"
     memory: str = ""
+    shardings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

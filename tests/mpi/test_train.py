@@ -197,3 +197,11 @@ def test_the_next_input_dist_starts_before_the_dense_work(world, tmp_path, overl
     else:
         all_ranks(second == ["lookup", "dense", "optimizer"], f"{second}")
         all_ranks(events[events.index("optimizer", i) + 1] == "input_dist", f"{events}")
+
+
+def test_planner_takes_the_allowed_shardings(world, tmp_path, all_ranks):
+    base = shared_dir(world, tmp_path)
+    for kind in ("row_wise", "data_parallel", "table_wise"):
+        t = Trainer(small_config(f"{base}/p", plan={"shardings": [kind]}), world.world)
+        all_ranks(set(t.describe_plan()) == {kind}, f"{kind}: {t.describe_plan()}")
+        t.close()

@@ -54,6 +54,7 @@ batch_size = 12
 overlap = false
 [plan]
 memory = "2GiB"
+shardings = ["table_wise", "row_wise"]
 [checkpoint]
 every = 3
 resume = "auto"
@@ -74,6 +75,7 @@ plot = true
     assert cfg.checkpoint.every == 3 and cfg.checkpoint.resume == "auto"
     assert cfg.output.dir == "runs/x" and cfg.output.plot
     assert cfg.plan.memory == "2GiB"
+    assert cfg.plan.shardings == ("table_wise", "row_wise")
 
 
 def test_printed_config_reads_back_the_same(tmp_path):
@@ -105,6 +107,7 @@ def test_printed_config_reads_back_the_same(tmp_path):
     ("[dense_optimizer]\nbeta1 = 1.0\n", "dense_optimizer.beta1", "< 1"),
     ("[checkpoint]\nkeep = 0\n", "checkpoint.keep", ">= 1"),
     ("[plan]\nmemory = \"lots\"\n", "plan.memory", "size"),
+    ("[plan]\nshardings = [\"diagonal\"]\n", "plan.shardings", "sharding types"),
     ("[train]\neval_batch_size = 100000\n", "train.eval_batch_size", "larger"),
     ("train = 3\n", "train", "section"),
 ])
