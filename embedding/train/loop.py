@@ -343,9 +343,14 @@ class Trainer:
                               f"{ev['log_loss']:.4f} ({ev['records']} records)")
         return ev
 
-    def close(self) -> None:
-        """Finish what is in flight (every rank calls it) and close the outputs."""
-        self._drain()
+    def close(self, drain: bool = True) -> None:
+        """Finish what is in flight (every rank calls it) and close the outputs.
+
+        ``drain=False`` skips waiting for the collectives in flight: for a rank
+        leaving on an error the others did not see (the job is then aborted).
+        """
+        if drain:
+            self._drain()
         self.progress.close()
         self.metrics.close()
 

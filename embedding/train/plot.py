@@ -60,9 +60,9 @@ def plot_metrics(metrics_path, out_path) -> Path:
                             label="planted model AUC")
             h2, l2 = ax2.get_legend_handles_labels()
             handles, labels = handles + h2, labels + l2
-        ax.legend(handles, labels, loc="center right")
         ax.grid(alpha=0.3)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.08, 1, 1))
+        fig.legend(handles, labels, loc="lower center", ncol=len(handles), frameon=False)
         out = Path(out_path)
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out)

@@ -107,13 +107,17 @@ def _train(world, cfg, exc) -> int:
         if cfg.checkpoint.resume:
             trainer.resume(cfg.checkpoint.resume)
         result = trainer.train()
-        plot_line = None
-        if cfg.output.plot and world.rank == 0:
-            plot_line = _plot(trainer)
-        if world.rank == 0:
-            _summary(trainer, result, plot_line, out)
-    finally:
-        trainer.close()
+    except BaseException as e:
+        # An agreed error stopped every rank at the same point: finish what is in flight.
+        # Anything else is this rank's alone: do not wait for peers, let the job abort.
+        trainer.close(drain=bool(getattr(e, "agreed", False)))
+        raise
+    trainer.close()
+    plot_line = None
+    if cfg.output.plot and world.rank == 0:
+        plot_line = _plot(trainer)
+    if world.rank == 0:
+        _summary(trainer, result, plot_line, out)
     return 0
 
 
