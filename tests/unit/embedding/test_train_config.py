@@ -159,3 +159,14 @@ def test_sizes():
     assert parse_size("1GB") == 10**9
     with pytest.raises(ValueError):
         parse_size("0")
+
+
+def test_print_config_needs_no_mpi(tmp_path, capsys):
+    from neocomm.cli import main
+
+    assert main(["train", "--print-config", "--steps", "42"]) == 0
+    printed = capsys.readouterr().out
+    assert parse_config(tomllib.loads(printed), "printed").train.steps == 42
+    p = write(tmp_path, "[train]\nsteps = -1\n")
+    assert main(["train", "--print-config", "--config", str(p)]) == 2
+    assert f"{p}: train.steps: expected an int >= 1" in capsys.readouterr().err
