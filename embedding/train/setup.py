@@ -168,7 +168,7 @@ def _plan_locally(cfg: TrainConfig, tables, group) -> ShardingPlan:
         report = plan_sharding(tables, hardware, Workload(batch_size=cfg.train.batch_size),
                                constraints=constraints)
     except PlanDoesNotFitError as exc:
-        raise TrainingError(f"the tables do not fit: {exc}", tensor="plan") from None
+        raise TrainingError(f"the planner found no plan: {exc}", tensor="plan") from None
     return report.plan
 
 

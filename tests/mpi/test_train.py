@@ -201,7 +201,8 @@ def test_the_next_input_dist_starts_before_the_dense_work(world, tmp_path, overl
 
 def test_planner_takes_the_allowed_shardings(world, tmp_path, all_ranks):
     base = shared_dir(world, tmp_path)
-    for kind in ("row_wise", "data_parallel", "table_wise"):
+    kinds = ("row_wise", "data_parallel", "table_wise") if world.size > 1 else ("table_wise",)
+    for kind in kinds:
         t = Trainer(small_config(f"{base}/p", plan={"shardings": [kind]}), world.world)
         all_ranks(set(t.describe_plan()) == {kind}, f"{kind}: {t.describe_plan()}")
         t.close()
