@@ -11,7 +11,7 @@ Importing this package does not initialise MPI.
 """
 from __future__ import annotations
 
-from collectives import settings as _settings  # noqa: F401 - declares NEOCOMM_* settings
+from collectives import settings  # noqa: F401 - declares the NEOCOMM_* settings
 from collectives.api import (all_gather, all_reduce, all_to_all, all_to_all_v, broadcast,
                              reduce_scatter)
 from collectives.api_sparse import many_to_many, one_to_many

@@ -101,4 +101,4 @@ def launch(ctx: Context, request: Request, problem: Problem | None, signature, *
     LAST_CHOSEN[op] = chosen.name
     if plan_key is not None and not async_op and not ctx.check:
         plans.remember(plan_key, plan_bufs, call, chosen, result)
-    return progress.start(chosen.run(call), result, async_op)
+    return progress.start(chosen.run(call), result, async_op, f"{op.value} ({chosen.name})")

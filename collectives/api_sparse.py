@@ -174,7 +174,7 @@ def many_to_many(sendbuf, send_peers: Sequence[int], send_counts: Sequence[int] 
     """
     kind = CollectiveOp.MANY_TO_MANY
     ctx = context(group, sendbuf)
-    p, me, dev, comm = ctx.group.size, ctx.group.rank, ctx.backend.device, ctx.group.comm
+    p, dev, comm = ctx.group.size, ctx.backend.device, ctx.group.comm
     problem = check_buffer("sendbuf", sendbuf, device=dev)
     pp, speers = _peers("send_peers", send_peers, p)
     problem = problem or pp

@@ -134,8 +134,6 @@ class _Case:
     # -- the calls ---------------------------------------------------------
     def mpi(self):
         """The native MPI peer."""
-        from mpi4py import MPI
-
         comm, op, s, r = self.group.comm, self.op, self.send, self.recv
         mop = _mpi_op(self.dtype, ReduceOp.parse(self.cfg.reduce_op))
         sb, rb = _mpi_buf(s), _mpi_buf(r)

@@ -207,7 +207,7 @@ def transfer(call, sends: Sequence[tuple[int, object]], recvs: Sequence[tuple[in
     Chunk ``k`` of a message travels under tag ``tag + k % lanes`` (``tag``
     defaults to the call's base tag).
     """
-    backend, policy = call.backend, call.policy
+    policy = call.policy
     streams = [_Stream(p, v, True, policy.elems(call.is_inter(p))) for p, v in sends if v.size]
     streams += [_Stream(p, v, False, policy.elems(call.is_inter(p))) for p, v in recvs if v.size]
     lanes, depth = policy.lanes, policy.depth
@@ -221,9 +221,9 @@ def transfer(call, sends: Sequence[tuple[int, object]], recvs: Sequence[tuple[in
                 piece = st.view[k * st.chunk:min(count, (k + 1) * st.chunk)]
                 t = base + k % lanes
                 if st.send:
-                    h = backend.send(piece, st.peer, tag=t, async_op=True, validate=False)
+                    h = call.isend(piece, st.peer, t)
                 else:
-                    h = backend.recv(piece, st.peer, tag=t, async_op=True, validate=False)
+                    h = call.irecv(piece, st.peer, t)
                 st.next += 1
                 st.inflight += 1
                 inflight.append((h, st))

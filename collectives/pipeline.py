@@ -107,7 +107,7 @@ def exchange_segments(call, send_peer: int, send: Segments, recv_peer: int, recv
     such callers pass ``stage_send=True``: both directions then go through
     staging, so that no receive lands before the send has packed its data.
     """
-    policy, pool, backend = call.policy, call.pool, call.backend
+    policy, pool = call.policy, call.pool
     dtype = send.buf.dtype
     c_send = policy.elems(call.is_inter(send_peer))
     c_recv = policy.elems(call.is_inter(recv_peer))
@@ -121,8 +121,7 @@ def exchange_segments(call, send_peer: int, send: Segments, recv_peer: int, recv
     def post_recv(j):
         lo, hi = j * c_recv, min(recv.total, (j + 1) * c_recv)
         target = recv_direct[lo:hi] if recv_direct is not None else pool.take(hi - lo, dtype)
-        h = backend.recv(target, recv_peer, tag=tag + j % policy.lanes, async_op=True,
-                         validate=False)
+        h = call.irecv(target, recv_peer, tag + j % policy.lanes)
         recvs.append((j, lo, hi, target, h))
 
     for j in range(min(depth, n_recv)):
@@ -136,8 +135,7 @@ def exchange_segments(call, send_peer: int, send: Segments, recv_peer: int, recv
                 piece = pool.take(hi - lo, dtype)
                 send.gather(lo, hi, piece)
                 release = (lambda v: (lambda: pool.give(v)))(piece)
-            h = backend.send(piece, send_peer, tag=tag + j % policy.lanes, async_op=True,
-                             validate=False)
+            h = call.isend(piece, send_peer, tag + j % policy.lanes)
             yield from sends.push((h,), release)
         if j < n_recv:
             _, lo, hi, target, h = recvs.popleft()

@@ -25,7 +25,7 @@ class Plan:
     """A prepared call: its :class:`~collectives.algorithms.Call`, algorithm and
     result, and optionally a direct callable (``fast``) for native calls."""
 
-    __slots__ = ("refs", "sizes", "snap", "call", "algo", "result", "fast", "seq")
+    __slots__ = ("refs", "sizes", "snap", "call", "algo", "result", "fast", "seq", "what")
 
     def __init__(self, bufs, call, algo, result, fast):
         self.refs = tuple(weakref.ref(b) for b in bufs)
@@ -33,6 +33,7 @@ class Plan:
         self.snap = settings.current()
         self.call, self.algo, self.result, self.fast = call, algo, result, fast
         self.seq = progress.counter(call.group)
+        self.what = f"{call.op.value} ({algo.name})"
 
     def run(self):
         """Run the call again (blocking) and return its result."""
@@ -42,7 +43,7 @@ class Plan:
         else:
             call = self.call
             call.tag = progress.tag_of(seq)
-            progress.start(self.algo.run(call), None, False)
+            progress.start(self.algo.run(call), None, False, self.what)
         return self.result
 
 

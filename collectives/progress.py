@@ -16,6 +16,7 @@ import os
 import threading
 import weakref
 
+from neocomm import watchdog
 from neocomm.backends.base import CompletedHandle, Handle
 
 __all__ = ["Operation", "start", "idle", "next_tag", "counter", "tag_of", "TAG_PHASE"]
@@ -107,12 +108,14 @@ def idle() -> bool:
     return not _ACTIVE
 
 
-def start(gen, result, async_op: bool) -> Handle:
+def start(gen, result, async_op: bool, what: str = "collective") -> Handle:
     """Run ``gen`` to completion (``async_op=False``) or start it and return a
-    handle whose ``wait()`` finishes it and returns ``result``."""
+    handle whose ``wait()`` finishes it and returns ``result``. Blocking waits
+    run under the stall watchdog as one guarded wait named ``what``."""
     op = Operation(gen)
     if not async_op:
-        _drive_until(op) if _ACTIVE else op.advance(block=True)
+        with watchdog.guard(what):
+            _drive_until(op) if _ACTIVE else op.advance(block=True)
         return CompletedHandle(result)
     op.advance(block=False)
     if op.done:
@@ -120,7 +123,8 @@ def start(gen, result, async_op: bool) -> Handle:
     _ACTIVE.append(op)
 
     def wait():
-        _drive_until(op)
+        with watchdog.guard(what):
+            _drive_until(op)
 
     def test():
         op.advance(block=False)

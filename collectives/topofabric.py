@@ -20,10 +20,12 @@ _log = logging.getLogger(__name__)
 
 #: Chunk size per link class, bytes. NVLink and network: NCCL's point-to-point
 #: chunk sizes (512 KiB over NVLink, 128 KiB over the network; DESIGN.md
-#: section 7); PCIe as NVLink. Shared memory: 1 MiB, the smallest size at which
-#: Open MPI's single-copy transport reached its plateau in our chunk sweep
-#: (docs/collectives.md, "Chunk size"). TCP: 256 KiB, a few socket buffers.
-CHUNK_BYTES = {"nvlink": 512 << 10, "pcie": 512 << 10, "shm": 1 << 20, "roce": 128 << 10,
+#: section 7); PCIe as NVLink. Shared memory: 4 MiB. Over shared memory the
+#: receiving process copies every message itself (single-copy CMA) and only
+#: while it is inside MPI, so a chunk buys no overlap and costs a rendezvous;
+#: our chunk sweep (docs/collectives.md, "Chunk size") found AllReduce
+#: fastest from 4 MiB chunks up. TCP: 256 KiB, a few socket buffers.
+CHUNK_BYTES = {"nvlink": 512 << 10, "pcie": 512 << 10, "shm": 4 << 20, "roce": 128 << 10,
                "infiniband": 128 << 10, "tcp": 256 << 10}
 
 

@@ -77,10 +77,11 @@ class Link:
 #   the lower end is taken because ranks share the memory bus.
 # - Reductions: an in-place add streams three arrays where a copy streams
 #   two, so two thirds of the copy rate.
-#: Intra-node link of an unknown host (shared memory), 1 us, 4.2e9 B/s, 1 MiB chunks.
-DEFAULT_INTRA_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=1 << 20)
+#: Intra-node link of an unknown host (shared memory), 1 us, 4.2e9 B/s, 4 MiB chunks
+#: (the shared-memory chunk size of :mod:`collectives.topofabric`).
+DEFAULT_INTRA_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=4 << 20)
 #: Inter-node link of an unknown host: emulated nodes also use shared memory.
-DEFAULT_INTER_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=1 << 20)
+DEFAULT_INTER_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=4 << 20)
 #: Local copy throughput per rank, bytes/s (np.copyto, see above).
 DEFAULT_COPY_BANDWIDTH = 13.0e9
 #: Local element-wise reduction throughput per rank, bytes/s of output.

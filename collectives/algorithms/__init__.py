@@ -69,7 +69,7 @@ class Call:
                "recv_displs", "reduce_op", "root", "members", "identical", "send_peers",
                "recv_peers", "blocking")
     __slots__ = ("op", "group", "backend", "xp", "fabric", "policy", "pool", "tag",
-                 "layout", "rank", "size") + _FIELDS
+                 "layout", "rank", "size", "isend", "irecv") + _FIELDS
 
     def __init__(self, op: CollectiveOp, group, backend, xp, fabric, policy, pool, tag,
                  layout, **fields):
@@ -77,6 +77,11 @@ class Call:
         self.fabric, self.policy, self.pool, self.tag = fabric, policy, pool, tag
         self.layout = layout
         self.rank, self.size = group.rank, group.size
+        from collectives.transport import transport_for
+
+        p2p = transport_for(backend)
+        #: ``isend(buf, peer, tag)`` / ``irecv(buf, peer, tag)``: non-blocking, return handles
+        self.isend, self.irecv = p2p.isend, p2p.irecv
         for name in self._FIELDS:
             setattr(self, name, fields.pop(name, None))
         if fields:

@@ -26,7 +26,7 @@ def payload(call: Call):
 def tree_broadcast(call: Call, buf, parent: int | None, children, chunk: int, *, tag: int):
     """Generator: receive ``buf`` from ``parent`` (None at the root) in chunks of
     ``chunk`` elements and forward every chunk to each child as it arrives."""
-    backend, policy = call.backend, call.policy
+    policy = call.policy
     depth, lanes = policy.depth, policy.lanes
     n = buf.size
     pieces = [(a, min(n, a + chunk)) for a in range(0, n, chunk)]
@@ -35,8 +35,7 @@ def tree_broadcast(call: Call, buf, parent: int | None, children, chunk: int, *,
 
     def forward(i, a, b):
         for child in children:
-            sends.append(backend.send(buf[a:b], child, tag=tag + i % lanes, async_op=True,
-                                      validate=False))
+            sends.append(call.isend(buf[a:b], child, tag + i % lanes))
         while sends and sends[0].test():
             sends.popleft()
 
@@ -48,8 +47,7 @@ def tree_broadcast(call: Call, buf, parent: int | None, children, chunk: int, *,
     else:
         def post(i):
             a, b = pieces[i]
-            posted.append((i, a, b, backend.recv(buf[a:b], parent, tag=tag + i % lanes,
-                                                 async_op=True, validate=False)))
+            posted.append((i, a, b, call.irecv(buf[a:b], parent, tag + i % lanes)))
 
         for i in range(min(depth, len(pieces))):
             post(i)

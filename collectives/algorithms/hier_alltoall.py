@@ -76,7 +76,7 @@ def _count_matrix(call: Call) -> np.ndarray:
 def _step(call: Call, counts, mine, dest, source, i: int):
     """One remote node: relay ``mine -> dest[i]``, receive ``source[i] -> me``."""
     me, xp_dtype = call.rank, call.sendbuf.dtype
-    backend, pool, policy = call.backend, call.pool, call.policy
+    pool, policy = call.pool, call.policy
     chunk, depth, lanes = policy.inter, policy.depth, policy.lanes
     send, sd = call.sendbuf, call.send_displs
     tag_piece, tag_rail = call.tags(1), call.tags(2)
@@ -97,8 +97,8 @@ def _step(call: Call, counts, mine, dest, source, i: int):
         pos = lo
         while pos < hi:
             stop = min(hi, (pos // chunk + 1) * chunk)
-            intra_sends.append(backend.send(send[base + pos - lo:base + stop - lo], relay,
-                                            tag=tag_piece, async_op=True, validate=False))
+            intra_sends.append(call.isend(send[base + pos - lo:base + stop - lo], relay,
+                                          tag_piece))
             pos = stop
     # What I receive from ``origin``: blocks (source[k] -> me).
     in_segs = Segments(call.recvbuf, call.recv_displs[list(source)],
@@ -123,15 +123,13 @@ def _step(call: Call, counts, mine, dest, source, i: int):
                 base = int(sd[target]) + s_lo - int(out_off[k])
                 buf[s_lo - lo:s_hi - lo] = send[base:base + s_hi - s_lo]
             else:
-                handles.append(backend.recv(buf[s_lo - lo:s_hi - lo], sender, tag=tag_piece,
-                                            async_op=True, validate=False))
+                handles.append(call.irecv(buf[s_lo - lo:s_hi - lo], sender, tag_piece))
         assembling.append((q, buf, handles))
 
     def post_in(q):
         lo, hi = q * chunk, min(total_in, (q + 1) * chunk)
         buf = in_direct[lo:hi] if in_direct is not None else pool.take(hi - lo, xp_dtype)
-        rail_recvs.append((q, lo, hi, buf, backend.recv(buf, origin, tag=tag_rail + q % lanes,
-                                                        async_op=True, validate=False)))
+        rail_recvs.append((q, lo, hi, buf, call.irecv(buf, origin, tag_rail + q % lanes)))
 
     while True:
         while next_out < n_out and len(assembling) + len(rail_sends) < depth:
@@ -143,8 +141,7 @@ def _step(call: Call, counts, mine, dest, source, i: int):
         # Complete chunks leave over the rail in order (before waiting on anything).
         while assembling and all(h.done or h.test() for h in assembling[0][2]):
             q, buf, _ = assembling.popleft()
-            rail_sends.append((backend.send(buf, target, tag=tag_rail + q % lanes,
-                                            async_op=True, validate=False), buf))
+            rail_sends.append((call.isend(buf, target, tag_rail + q % lanes), buf))
         done_sends = [x for x in rail_sends if x[0].done or x[0].test()]
         for _, buf in done_sends:
             pool.give(buf)

@@ -51,11 +51,10 @@ def _segments(bounds, rem: int, pof2: int):
 def _swap_reduce(call: Call, peer: int, send_view, cur, acc, lo: int, hi: int, tag: int):
     """Send ``send_view`` to ``peer`` while receiving its copy of ``[lo, hi)`` and
     reducing it into ``acc[lo:hi] = cur[lo:hi] (op) received``, chunk by chunk."""
-    backend, pool, policy = call.backend, call.pool, call.policy
+    pool, policy = call.pool, call.policy
     ufunc, dtype = call.ufunc(), acc.dtype
     chunk, depth, lanes = policy.elems(call.is_inter(peer)), policy.depth, policy.lanes
-    sends = [backend.send(send_view[a:a + chunk], peer, tag=tag + (i % lanes), async_op=True,
-                          validate=False)
+    sends = [call.isend(send_view[a:a + chunk], peer, tag + (i % lanes))
              for i, a in enumerate(range(0, send_view.size, chunk))]
     pieces = [(a, min(hi, a + chunk)) for a in range(lo, hi, chunk)]
     posted: collections.deque = collections.deque()
@@ -63,8 +62,7 @@ def _swap_reduce(call: Call, peer: int, send_view, cur, acc, lo: int, hi: int, t
     def post(i):
         a, b = pieces[i]
         buf = pool.take(b - a, dtype)
-        posted.append((a, b, buf, backend.recv(buf, peer, tag=tag + (i % lanes),
-                                               async_op=True, validate=False)))
+        posted.append((a, b, buf, call.irecv(buf, peer, tag + (i % lanes))))
 
     for i in range(min(depth, len(pieces))):
         post(i)

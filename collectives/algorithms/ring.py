@@ -157,7 +157,7 @@ def _ring_pass(call: Call, members, bounds, tag, own, target, arrived, *, shift:
     m = len(members)
     me = members.index(call.rank)
     right, left = members[(me + 1) % m], members[(me - 1) % m]
-    backend, policy = call.backend, call.policy
+    policy = call.policy
     chunk = min(policy.elems(call.is_inter(right)), policy.elems(call.is_inter(left)))
     lanes, depth = min(policy.lanes, 8), policy.depth
     tag_own, tag_fwd = tag, tag + 8
@@ -187,7 +187,7 @@ def _ring_pass(call: Call, members, bounds, tag, own, target, arrived, *, shift:
         else:
             t = tag_fwd + counters["recv_fwd"] % lanes
             counters["recv_fwd"] += 1
-        h = backend.recv(view, left, tag=t, async_op=True, validate=False)
+        h = call.irecv(view, left, t)
         posted.append((k, s, a, b, view, h))
         counters["recv"] += 1
 
@@ -196,8 +196,7 @@ def _ring_pass(call: Call, members, bounds, tag, own, target, arrived, *, shift:
         a, b = piece(send_block[0], k)
         view, release = own(a, b)
         counters["own"] += 1
-        return backend.send(view, right, tag=tag_own + k % lanes, async_op=True,
-                            validate=False), release
+        return call.isend(view, right, tag_own + k % lanes), release
 
     own_sends: collections.deque = collections.deque()
 
@@ -221,7 +220,7 @@ def _ring_pass(call: Call, members, bounds, tag, own, target, arrived, *, shift:
         if fwd is not None:
             t = tag_fwd + counters["fwd"] % lanes
             counters["fwd"] += 1
-            h = backend.send(fwd, right, tag=t, async_op=True, validate=False)
+            h = call.isend(fwd, right, t)
             yield from sends.push((h,), release)
         if counters["recv"] < len(order):
             post_recv()

@@ -1,0 +1,71 @@
+"""Point-to-point transport of the algorithms: the backend's send/recv, or a
+lean path straight to mpi4py for host buffers over MPI.
+
+An algorithm posts dozens of chunk messages per call; the backend's
+public ``send``/``recv`` (argument checks off) still build a full handle
+and enter the stall watchdog for every chunk. For NumPy buffers on the MPI
+backend the lean path posts ``Isend``/``Irecv`` on the group's communicator
+with the bytes as ``MPI.BYTE`` (the algorithms reduce with NumPy, MPI only
+moves bytes, so every dtype travels alike) and returns a small request.
+The stall watchdog then guards the whole collective once
+(:func:`collectives.progress.start`) instead of every chunk.
+"""
+from __future__ import annotations
+
+from neocomm.types import BackendKind
+
+__all__ = ["Transport", "transport_for"]
+
+
+class _Request:
+    """An mpi4py request with the handle interface the algorithms use."""
+
+    __slots__ = ("req", "done")
+
+    def __init__(self, req):
+        self.req = req
+        self.done = False
+
+    def test(self) -> bool:
+        if not self.done and self.req.Test():
+            self.done = True
+        return self.done
+
+    def wait(self) -> None:
+        if not self.done:
+            self.req.Wait()
+            self.done = True
+
+
+class Transport:
+    """``isend(buf, peer, tag)`` / ``irecv(buf, peer, tag)`` returning handles."""
+
+    __slots__ = ("isend", "irecv", "lean")
+
+    def __init__(self, backend):
+        comm = getattr(backend, "comm", None)
+        self.lean = (backend.kind is BackendKind.MPI and not backend.device
+                     and comm is not None)
+        if self.lean:
+            from mpi4py import MPI
+
+            byte, isend, irecv = MPI.BYTE, comm.Isend, comm.Irecv
+            self.isend = lambda buf, peer, tag: _Request(isend([buf, byte], peer, tag))
+            self.irecv = lambda buf, peer, tag: _Request(irecv([buf, byte], peer, tag))
+        else:
+            send, recv = backend.send, backend.recv
+            self.isend = lambda buf, peer, tag: send(buf, peer, tag=tag, async_op=True,
+                                                     validate=False)
+            self.irecv = lambda buf, peer, tag: recv(buf, peer, tag=tag, async_op=True,
+                                                     validate=False)
+
+
+_CACHE: dict = {}
+
+
+def transport_for(backend) -> Transport:
+    """The (cached) transport of a backend."""
+    found = _CACHE.get(id(backend))
+    if found is None or found[0] is not backend:
+        found = _CACHE[id(backend)] = (backend, Transport(backend))
+    return found[1]
