@@ -24,8 +24,9 @@ before any id moves: a bad id on one rank raises the same
 """
 from __future__ import annotations
 
+import contextlib
 import zlib
-from typing import Mapping, Sequence
+from typing import Callable, ContextManager, Mapping, Sequence
 
 import numpy as np
 
@@ -34,7 +35,15 @@ from embedding.sharding import STRATEGIES, ShardingEnv
 from embedding.sharding.base import LocalShard
 from embedding.types import IdPolicy, ShardingPlan, ShardingType, TableConfig
 
-__all__ = ["ShardedEmbeddingCollection", "DistributedBatch", "init_weights"]
+__all__ = ["ShardedEmbeddingCollection", "DistributedBatch", "init_weights", "STAGES"]
+
+#: The stages of a step, as named to a ``timer``: ``timer(stage)`` is entered around each.
+STAGES = ("input_dist", "lookup", "output_dist", "backward")
+Timer = Callable[[str], ContextManager]
+
+
+def _untimed(stage: str) -> ContextManager:
+    return contextlib.nullcontext()
 
 
 class DistributedBatch:
@@ -212,8 +221,15 @@ class ShardedEmbeddingCollection:
         self._last_ctx = ctx
         return pooled
 
-    def forward_with_context(self, batch: KeyedJagged | DistributedBatch):
-        """``(pooled, ctx)``; pass ``ctx`` to :meth:`backward` (for pipelined use)."""
+    def forward_with_context(self, batch: KeyedJagged | DistributedBatch, *,
+                             timer: Timer | None = None):
+        """``(pooled, ctx)``; pass ``ctx`` to :meth:`backward` (for pipelined use).
+
+        ``timer(stage)``, when given, is entered around the ``input_dist``
+        wait, the local ``lookup`` and the ``output_dist`` wait, so a trainer
+        can time each stage.
+        """
+        timer = timer or _untimed
         if isinstance(batch, KeyedJagged):
             batch = self.input_dist(batch)
         if not isinstance(batch, DistributedBatch):
@@ -222,9 +238,12 @@ class ShardedEmbeddingCollection:
         if batch._used:
             raise ValueError("batch: this DistributedBatch was already forwarded")
         batch._used = True
-        dist = batch.wait()._dist
-        pending = [s.forward(d) for s, d in zip(self.strategies, dist)]
-        results = [p.wait() for p in pending]
+        with timer("input_dist"):
+            dist = batch.wait()._dist
+        with timer("lookup"):
+            pending = [s.forward(d) for s, d in zip(self.strategies, dist)]
+        with timer("output_dist"):
+            results = [p.wait() for p in pending]
         b = batch.batch_size
         if self._identity:
             pooled = results[0][0]
@@ -235,8 +254,11 @@ class ShardedEmbeddingCollection:
                     pooled[:, dst:dst + d] = part[:, src:src + d]
         return pooled, ([ctx for _, ctx in results], b)
 
-    def backward(self, grad, ctx=None) -> None:
-        """Reverse the output dists and apply the optimizers (``grad``: d loss / d pooled)."""
+    def backward(self, grad, ctx=None, *, timer: Timer | None = None) -> None:
+        """Reverse the output dists and apply the optimizers (``grad``: d loss / d pooled).
+
+        ``timer("backward")``, when given, is entered around all of it.
+        """
         if ctx is None:
             ctx, self._last_ctx = self._last_ctx, None
             if ctx is None:
@@ -247,17 +269,18 @@ class ShardedEmbeddingCollection:
             raise ValueError(f"grad: expected shape {(b, self.out_dim)}, got "
                              f"{tuple(grad.shape)}")
         grad = grad.astype(self.env.dtype, copy=False)
-        pending = []
-        for strat, sctx, cmap in zip(self.strategies, ctxs, self._maps):
-            if self._identity:
-                part = self.xp.ascontiguousarray(grad)
-            else:
-                part = self.xp.empty((b, strat.out_dim), self.env.dtype)
-                for src, dst, d in cmap:
-                    part[:, src:src + d] = grad[:, dst:dst + d]
-            pending.append(strat.backward(sctx, part))
-        for p in pending:
-            p.wait()
+        with (timer or _untimed)("backward"):
+            pending = []
+            for strat, sctx, cmap in zip(self.strategies, ctxs, self._maps):
+                if self._identity:
+                    part = self.xp.ascontiguousarray(grad)
+                else:
+                    part = self.xp.empty((b, strat.out_dim), self.env.dtype)
+                    for src, dst, d in cmap:
+                        part[:, src:src + d] = grad[:, dst:dst + d]
+                pending.append(strat.backward(sctx, part))
+            for p in pending:
+                p.wait()
 
 
 # -- initialisation -------------------------------------------------------------

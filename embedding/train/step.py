@@ -1,11 +1,10 @@
 """The pieces of one training step: timed embedding stages and the dense gradient AllReduce.
 
 :class:`EmbeddingStages` drives a
-:class:`~embedding.collection.ShardedEmbeddingCollection` through its
-strategies' four steps (:mod:`embedding.sharding.base`) so that each is
-timed on its own: waiting for the input dist, the local lookup, waiting for
-the output dist, and the backward (reverse output dist + fused sparse
-optimizer). The input dist is started by the collection
+:class:`~embedding.collection.ShardedEmbeddingCollection` with a timer, so
+that each of its stages is timed on its own: waiting for the input dist, the
+local lookup, waiting for the output dist, and the backward (reverse output
+dist + fused sparse optimizer). The input dist is started by the collection
 (:meth:`~embedding.collection.ShardedEmbeddingCollection.input_dist`),
 which checks the ids on every rank first.
 
@@ -49,63 +48,31 @@ class PhaseTimer:
 
 
 class EmbeddingStages:
-    """A collection's forward and backward, stage by stage (module doc).
+    """A collection's forward and backward with each stage timed (module doc).
 
-    ``forward(dist)`` takes the :class:`~embedding.collection.DistributedBatch`
-    of :meth:`start` and returns ``(pooled [B, out_dim], ctx)``;
-    ``backward(grad, ctx)`` applies ``d loss / d pooled``.
+    ``forward(dist, timer)`` takes the
+    :class:`~embedding.collection.DistributedBatch` of :meth:`start` and
+    returns ``(pooled [B, out_dim], ctx)``; ``backward(grad, ctx, timer)``
+    applies ``d loss / d pooled``.
     """
+
+    _PHASES = {"input_dist": Phase.INPUT_DIST, "lookup": Phase.LOOKUP,
+               "output_dist": Phase.OUTPUT_DIST, "backward": Phase.EMB_BACKWARD}
 
     def __init__(self, collection):
         self.coll = collection
-        self.strategies = list(collection.strategies)
-        cols = collection.columns()
-        self._maps = [[(f.col, cols[f.name][0], f.dim) for f in s.features]
-                      for s in self.strategies]
-        self._identity = (len(self.strategies) == 1
-                          and all(a == b for a, b, _ in self._maps[0])
-                          and self.strategies[0].out_dim == collection.out_dim)
         self.out_dim = collection.out_dim
-        self.xp = collection.xp
-        self.dtype = collection.env.dtype
 
     def start(self, kjt):
         """Check ``kjt`` on every rank and start its input dist (returns at once)."""
         return self.coll.input_dist(kjt)
 
     def forward(self, dist, timer: PhaseTimer):
-        with timer(Phase.INPUT_DIST):
-            local = [p.wait() for p in dist.pending]
-        with timer(Phase.LOOKUP):
-            pending = [s.forward(d) for s, d in zip(self.strategies, local)]
-        with timer(Phase.OUTPUT_DIST):
-            results = [p.wait() for p in pending]
-        b = dist.batch_size
-        if self._identity:
-            pooled = results[0][0]
-        else:
-            pooled = self.xp.empty((b, self.out_dim), self.dtype)
-            for (part, _), cmap in zip(results, self._maps):
-                for src, dst, d in cmap:
-                    pooled[:, dst:dst + d] = part[:, src:src + d]
-        return pooled, ([ctx for _, ctx in results], b)
+        return self.coll.forward_with_context(dist, timer=lambda s: timer(self._PHASES[s]))
 
     def backward(self, grad, ctx, timer: PhaseTimer) -> None:
-        ctxs, b = ctx
-        xp = self.xp
-        grad = xp.asarray(grad).reshape(b, self.out_dim).astype(self.dtype, copy=False)
-        with timer(Phase.EMB_BACKWARD):
-            pending = []
-            for strat, sctx, cmap in zip(self.strategies, ctxs, self._maps):
-                if self._identity:
-                    part = xp.ascontiguousarray(grad)
-                else:
-                    part = xp.empty((b, strat.out_dim), self.dtype)
-                    for src, dst, d in cmap:
-                        part[:, src:src + d] = grad[:, dst:dst + d]
-                pending.append(strat.backward(sctx, part))
-            for p in pending:
-                p.wait()
+        grad = self.coll.xp.asarray(grad).reshape(ctx[1], self.out_dim)
+        self.coll.backward(grad, ctx, timer=lambda s: timer(self._PHASES[s]))
 
 
 class GradSync:
