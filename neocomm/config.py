@@ -110,6 +110,8 @@ declare("LOG_LEVEL", str, "WARNING", "Logging level of the rank-aware log format
         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 declare("LAUNCHER", str, "", "MPI launcher for `neocomm run` (default: mpirun or mpiexec next to "
         "this Python, else on PATH)")
+declare("STDOUT_TTY", bool, False, "Set by `neocomm run` when its own output is a terminal "
+        "(under a launcher every rank sees a pseudo-terminal, so ranks cannot tell)")
 declare("ABORT_ON_EXCEPTION", bool, True, "An unhandled exception on any rank aborts the job")
 
 

@@ -96,6 +96,8 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
     failing rank's. Ctrl-C is forwarded to the job.
     """
     timeout = kw.pop("timeout", None)
+    if sys.stdout.isatty():
+        os.environ["NEOCOMM_STDOUT_TTY"] = "1"  # exported to every rank by build_command
     argv = build_command(find_launcher(), nprocs, command, **kw)
     env = dict(os.environ)
     if kw.get("ranks_per_node"):

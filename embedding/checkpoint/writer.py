@@ -159,7 +159,7 @@ class CheckpointWriter:
         rdir.mkdir()
         records = []
         for i, (name, arr) in enumerate(arrays.items()):
-            a = np.ascontiguousarray(arr)
+            a = np.require(arr, requirements='C')  # keeps 0-d arrays 0-d
             rel = f"{rdir.name}/{i:05d}-{name.replace('/', '.')}.npy"
             h = _Hasher(self.checksum)
             with open(self.tmp / rel, "wb") as f:

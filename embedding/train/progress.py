@@ -8,8 +8,10 @@ steps and on the last step, so logs stay readable::
 
 Under an MPI launcher a rank cannot tell whether the launcher's output is
 a terminal (Open MPI gives every rank a pseudo-terminal either way), so
-there the default is one line every ``every`` steps; ``NEOCOMM_PROGRESS=bar``
-asks for the in-place bar, ``lines`` for lines, ``off`` for silence.
+there the default is one line every ``every`` steps, unless ``neocomm run``
+said its own output is a terminal (``NEOCOMM_STDOUT_TTY``);
+``NEOCOMM_PROGRESS=bar`` asks for the in-place bar, ``lines`` for lines,
+``off`` for silence.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def progress_mode(stream, environ=None) -> str:
     if mode != "auto":
         return mode
     if any(k in env for k in _LAUNCHER_VARS):
-        return "lines"
+        return "bar" if config.get("STDOUT_TTY", env) else "lines"
     return "bar" if bool(getattr(stream, "isatty", lambda: False)()) else "lines"
 
 

@@ -60,7 +60,7 @@ def dense_arrays(model, optimizer) -> dict:
     """The dense model's parameters and optimizer state (rank 0 writes them)."""
     out = {"dense/params": to_numpy(model.flat_params)}
     for name, value in optimizer.state_dict().items():
-        out[f"dense/opt/{name}"] = np.asarray(value).reshape(-1)  # 0-d (steps) as shape (1,)
+        out[f"dense/opt/{name}"] = np.asarray(value)
     return out
 
 
@@ -94,8 +94,7 @@ def load_dense(ckpt, model, optimizer) -> None:
     for name in ckpt.names():
         if name.startswith("dense/opt/"):
             key = name[len("dense/opt/"):]
-            value = ckpt.read_array(name)
-            state[key] = value.reshape(()) if key == "steps" else value
+            state[key] = ckpt.read_array(name)
     try:
         optimizer.load_state_dict(state, xp=model.xp)
     except ValueError as exc:

@@ -63,6 +63,7 @@ def test_progress_mode_under_a_launcher():
     assert progress_mode(Tty(), {}) == "bar"
     assert progress_mode(io.StringIO(), {}) == "lines"
     assert progress_mode(Tty(), {"OMPI_COMM_WORLD_SIZE": "4"}) == "lines"
+    assert progress_mode(Tty(), {"OMPI_COMM_WORLD_SIZE": "4", "NEOCOMM_STDOUT_TTY": "1"}) == "bar"
     assert progress_mode(io.StringIO(), {"NEOCOMM_PROGRESS": "bar"}) == "bar"
 
 
