@@ -19,6 +19,7 @@ from collectives._checks import check_array as check_buffer
 from collectives._launch import OP_CODES, context, fail, launch
 from collectives.algorithms import displs
 from collectives.api import _dcode, _flat, _request, _result
+from collectives.fabric import fabric_for
 from collectives.types import CollectiveOp
 
 __all__ = ["one_to_many", "many_to_many"]
@@ -77,11 +78,16 @@ def one_to_many(sendbuf=None, recvbuf=None, *, root: int, ranks: Sequence[int],
         rank 1: recvbuf None       ->  returns [a b]
         rank 2: recvbuf None       ->  returns [c]
 
-    Returns the received payload on receivers, None on other ranks.
+    Returns the received payload on receivers, None on other ranks. The
+    algorithm is priced with the host links (ranks outside ``ranks`` may have
+    no buffer to tell them the array kind).
     """
     kind = CollectiveOp.ONE_TO_MANY
     probe = sendbuf if sendbuf is not None else recvbuf
     ctx = context(group, probe if probe is not None else np.empty(0, np.uint8))
+    # Ranks outside ``ranks`` may hold no buffer: every rank prices the algorithms
+    # with the host fabric, so that all of them select alike.
+    ctx.fabric = fabric_for(ctx.group)
     p, me, dev = ctx.group.size, ctx.group.rank, ctx.backend.device
     problem = check_peer("root", root, p)
     pp, members = _peers("ranks", ranks, p)

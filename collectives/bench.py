@@ -128,7 +128,10 @@ class _Case:
         self.fill(0)
 
     def fill(self, it: int) -> None:
-        self.send[:] = _fill(self.group.rank, np.arange(self.send.size), it, self.dtype)
+        step = 1 << 22  # in pieces: no temporaries as large as the buffer
+        for lo in range(0, self.send.size, step):
+            hi = min(self.send.size, lo + step)
+            self.send[lo:hi] = _fill(self.group.rank, np.arange(lo, hi), it, self.dtype)
         self.recv[:] = 0
 
     # -- the calls ---------------------------------------------------------

@@ -115,9 +115,12 @@ class StagingPool:
     """A bounded set of reusable staging buffers for one array module.
 
     ``take(count, dtype)`` returns a 1-D array of ``count`` elements viewed
-    on a pooled byte buffer; ``give(array)`` returns it. At most ``limit``
-    buffers exist at once; a buffer too small for a request is replaced, so
-    the pool holds at most ``limit`` times the largest chunk in use.
+    on a pooled byte buffer; ``give(array)`` returns it. The pool keeps at
+    most ``limit`` buffers; a buffer too small for a request is replaced, so
+    it holds at most ``limit`` times the largest chunk in use. One operation
+    never needs more than ``2 * depth + 2`` buffers; when many asynchronous
+    operations are in flight at once, buffers beyond the limit are lent and
+    dropped when given back (counted in ``overflows``).
     """
 
     def __init__(self, xp, limit: int):
@@ -127,6 +130,7 @@ class StagingPool:
         self._busy: list = []  # (view, raw)
         self._lock = threading.Lock()
         self.high_water = 0  # bytes held at most, over the pool's life
+        self.overflows = 0  # buffers lent beyond the limit (many operations in flight)
 
     @property
     def held_bytes(self) -> int:
@@ -140,13 +144,11 @@ class StagingPool:
             if fits:
                 raw = self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
             else:
-                if len(self._free) + len(self._busy) >= self.limit:
-                    if not self._free:
-                        raise RuntimeError(f"staging pool exhausted: {self.limit} buffers in "
-                                           "use (raise NEOCOMM_STAGING_BUFFERS or lower "
-                                           "NEOCOMM_PIPELINE_DEPTH)")
+                if len(self._free) + len(self._busy) >= self.limit and self._free:
                     smallest = min(range(len(self._free)), key=lambda i: self._free[i].nbytes)
-                    self._free.pop(smallest)
+                    self._free.pop(smallest)  # replaced by a larger one
+                elif len(self._busy) >= self.limit:
+                    self.overflows += 1  # many operations in flight: lent, not kept
                 size = -(-need // ROCE_MTU) * ROCE_MTU
                 raw = self.xp.empty(size, dtype=np.uint8)
             view = raw[:need].view(dtype)[:count]
@@ -159,7 +161,8 @@ class StagingPool:
             for i, (v, raw) in enumerate(self._busy):
                 if v is view:
                     del self._busy[i]
-                    self._free.append(raw)
+                    if len(self._free) + len(self._busy) < self.limit:
+                        self._free.append(raw)
                     return
         raise ValueError("give: the array was not taken from this pool")
 
