@@ -20,9 +20,6 @@ from collectives.types import CollectiveOp, Request
 
 __all__ = ["Context", "context", "launch", "fail", "OP_CODES"]
 
-#: op -> name of the algorithm its last call ran (read by the benchmark harness).
-LAST_CHOSEN: dict = {}
-
 #: Stable op codes of the collectives layer in agreement signatures.
 OP_CODES = {op: 101 + i for i, op in enumerate(CollectiveOp)}
 
@@ -98,7 +95,7 @@ def launch(ctx: Context, request: Request, problem: Problem | None, signature, *
     call = Call(op, ctx.group, ctx.backend, ctx.xp, ctx.fabric, policy,
                 staging_pool(ctx.xp), progress.next_tag(ctx.group), ctx.layout,
                 blocking=not async_op, **fields)
-    LAST_CHOSEN[op] = chosen.name
+    plans.LAST_CHOSEN[op] = chosen.name
     if plan_key is not None and not async_op and not ctx.check:
         plans.remember(plan_key, plan_bufs, call, chosen, result)
     return progress.start(chosen.run(call), result, async_op, f"{op.value} ({chosen.name})")

@@ -351,11 +351,11 @@ def _chosen(case: _Case, algo: str) -> str:
     """The algorithm a call with ``algo`` runs (resolves ``auto``: runs it once)."""
     if algo != "auto":
         return algo
-    from collectives import _launch
+    from collectives import plans
 
-    _launch.LAST_CHOSEN.pop(case.op, None)
+    plans.LAST_CHOSEN.pop(case.op, None)
     case.ours(None)()
-    return _launch.LAST_CHOSEN.get(case.op, "auto")
+    return plans.LAST_CHOSEN.get(case.op, "auto")
 
 
 def peak_rss_bytes(group) -> int:

@@ -38,6 +38,7 @@ class Plan:
     def run(self):
         """Run the call again (blocking) and return its result."""
         seq = next(self.seq)  # every call numbers its group's operations, fast or not
+        LAST_CHOSEN[self.call.op] = self.algo.name
         if self.fast is not None:
             self.fast()
         else:
@@ -48,6 +49,9 @@ class Plan:
 
 
 _PLANS: dict = {}
+
+#: op -> name of the algorithm its last call ran (read by the benchmark harness).
+LAST_CHOSEN: dict = {}
 
 
 def lookup(key, bufs) -> Plan | None:

@@ -22,9 +22,10 @@ _log = logging.getLogger(__name__)
 #: chunk sizes (512 KiB over NVLink, 128 KiB over the network; DESIGN.md
 #: section 7); PCIe as NVLink. Shared memory: 4 MiB. Over shared memory the
 #: receiving process copies every message itself (single-copy CMA) and only
-#: while it is inside MPI, so a chunk buys no overlap and costs a rendezvous;
-#: our chunk sweep (docs/collectives.md, "Chunk size") found AllReduce
-#: fastest from 4 MiB chunks up. TCP: 256 KiB, a few socket buffers.
+#: while it is inside MPI, so a chunk buys little overlap and costs a
+#: rendezvous; in our chunk sweep (docs/collectives.md, "Chunk size") 1, 2
+#: and 4 MiB chunks were within the noise of each other and 4 MiB best at 4
+#: and 16 MiB. TCP: 256 KiB, a few socket buffers.
 CHUNK_BYTES = {"nvlink": 512 << 10, "pcie": 512 << 10, "shm": 4 << 20, "roce": 128 << 10,
                "infiniband": 128 << 10, "tcp": 256 << 10}
 

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-__all__ = ["load", "plot", "markdown"]
+__all__ = ["load", "plot", "markdown", "compact"]
 
 
 def load(path: str) -> dict:
@@ -45,11 +45,15 @@ def plot(runs: list[dict], out: str, title: str | None = None) -> bool:
               "no picture written", file=sys.stderr)
         return False
     fig, ax = plt.subplots(figsize=(8, 5))
+    colors = [plt.cm.tab10(i % 10) for i in range(10)] + \
+        [plt.cm.tab20b(i % 20) for i in range(20)]
+    k = 0
     for run in runs:
         algos = []
         for row in run["rows"]:
             if row["algo"] not in algos:
                 algos.append(row["algo"])
+        paired = len(algos) == 2  # MPI and one algorithm: one colour, MPI dashed
         for algo in algos:
             rows = [r for r in run["rows"] if r["algo"] == algo]
             label = f"{run['op']} n={run['ranks']}: {algo}"
@@ -57,7 +61,9 @@ def plot(runs: list[dict], out: str, title: str | None = None) -> bool:
                 label += " (native MPI)"
             ax.plot([r["size"] for r in rows], [r["busbw"] for r in rows],
                     linestyle="--" if algo == "mpi" else "-", marker="o", markersize=3,
-                    label=label)
+                    label=label, color=colors[k % len(colors)])
+            if not paired or algo != "mpi":
+                k += 1
     ax.set_xscale("log", base=2)
     ax.set_xlabel("size (bytes per rank)")
     ax.set_ylabel("bus bandwidth (GB/s)")
@@ -70,6 +76,36 @@ def plot(runs: list[dict], out: str, title: str | None = None) -> bool:
     return True
 
 
+def compact(run: dict) -> str:
+    """A narrower table: MPI time and busbw, then each algorithm's busbw and
+    ratio against MPI (above 1: faster), and what ``auto`` ran."""
+    algos = []
+    for row in run["rows"]:
+        if row["algo"] not in algos:
+            algos.append(row["algo"])
+    ran = "auto" in algos and any(r.get("chosen") not in (None, "", "auto")
+                                  for r in run["rows"] if r["algo"] == "auto")
+    head = ["size", "mpi us", "mpi GB/s"] + [f"{a} GB/s (x mpi)" for a in algos
+                                             if a != "mpi"] + (["auto ran"] if ran else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for size in sorted({r["size"] for r in run["rows"]}):
+        by = {r["algo"]: r for r in run["rows"] if r["size"] == size}
+        cells = [_human(size), f"{by['mpi']['time'] * 1e6:.0f}", f"{by['mpi']['busbw']:.2f}"]
+        for a in algos:
+            if a != "mpi":
+                ratio = by[a].get("ratio")
+                cells.append(f"{by[a]['busbw']:.2f} ({ratio:.2f})" if ratio else
+                             f"{by[a]['busbw']:.2f}")
+        if ran:
+            cells.append(by["auto"].get("chosen", ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    wrong = sum(r["wrong"] for r in run["rows"])
+    lines.append("")
+    lines.append(f"{run['op']}, {run['ranks']} ranks: busbw in GB/s, median of "
+                 f"{run['repeat']} rounds of {run['iters']} iterations; #wrong {wrong}.")
+    return "\n".join(lines)
+
+
 def markdown(run: dict) -> str:
     """A markdown table of one run: per size, time and busbw of each algorithm and
     its ratio against the MPI peer."""
@@ -77,8 +113,10 @@ def markdown(run: dict) -> str:
     for row in run["rows"]:
         if row["algo"] not in algos:
             algos.append(row["algo"])
+    ran = "auto" in algos and any(r.get("chosen") not in (None, "", "auto")
+                                  for r in run["rows"] if r["algo"] == "auto")
     head = ["size"] + [f"{a} us" for a in algos] + [f"{a} busbw" for a in algos] + \
-        [f"{a} / mpi" for a in algos if a != "mpi"]
+        [f"{a} / mpi" for a in algos if a != "mpi"] + (["auto ran"] if ran else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     sizes = sorted({r["size"] for r in run["rows"]})
     for size in sizes:
@@ -88,6 +126,8 @@ def markdown(run: dict) -> str:
         cells += [f"{by[a]['busbw']:.2f}" for a in algos]
         cells += [f"{by[a]['ratio']:.2f}" if by[a].get("ratio") else "-" for a in algos
                   if a != "mpi"]
+        if ran:
+            cells.append(by["auto"].get("chosen", ""))
         lines.append("| " + " | ".join(cells) + " |")
     wrong = sum(r["wrong"] for r in run["rows"])
     lines.append("")
@@ -105,15 +145,16 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--output", default=None, help="PNG to write")
     p.add_argument("--title", default=None)
     p.add_argument("--markdown", action="store_true", help="print markdown tables")
+    p.add_argument("--compact", action="store_true", help="print narrower markdown tables")
     args = p.parse_args(argv)
     try:
         runs = [load(f) for f in args.files]
     except (OSError, ValueError) as exc:
         print(f"plot_bench: {exc}", file=sys.stderr)
         return 2
-    if args.markdown:
+    if args.markdown or args.compact:
         for run in runs:
-            print(markdown(run))
+            print(compact(run) if args.compact else markdown(run))
             print()
     if args.output:
         plot(runs, args.output, args.title)
