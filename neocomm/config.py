@@ -13,7 +13,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Setting", "declare", "settings", "get", "prefixed", "table", "SettingsError"]
+__all__ = ["Setting", "declare", "settings", "get", "prefixed", "table", "load_declarations",
+           "SettingsError"]
 
 _log = logging.getLogger(__name__)
 
@@ -132,9 +133,34 @@ def prefixed(name: str, suffix: str, environ: dict | None = None) -> Any:
     return setting.default if raw is None or raw == "" else setting.parse(raw, key)
 
 
+_DECLARATIONS_LOADED = False
+
+
+def load_declarations() -> None:
+    """Import every module registered under the ``neocomm.settings`` entry point.
+
+    Packages above the core declare their settings at import time; loading
+    them here (once) lets the table be complete before unknown names are
+    warned about, whatever the program imported so far.
+    """
+    global _DECLARATIONS_LOADED
+    if _DECLARATIONS_LOADED:
+        return
+    _DECLARATIONS_LOADED = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="neocomm.settings"):
+        try:
+            ep.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plug-in must not stop the job
+            warnings.warn(f"settings of {ep.value} could not be loaded: {exc}", stacklevel=2)
+
+
 def settings(environ: dict | None = None, *, warn_unknown: bool = True) -> dict[str, Any]:
     """Read every declared setting; warn about unknown ``NEOCOMM_*`` variables."""
     env = os.environ if environ is None else environ
+    if warn_unknown:
+        load_declarations()
     out = {s.name: get(s.name, env) for s in table() if not s.prefix}
     if warn_unknown:
         for key in sorted(env):

@@ -38,14 +38,8 @@ class Watchdog:
     def stop(self) -> None:
         self._stop.set()
 
-    @contextlib.contextmanager
-    def guard(self, what: str):
-        key = next(self._ids)
-        self._open[key] = (what, time.monotonic())
-        try:
-            yield
-        finally:
-            self._open.pop(key, None)
+    def guard(self, what: str) -> "_Guard":
+        return _Guard(self._open, next(self._ids), what)
 
     def _loop(self) -> None:
         interval = min(1.0, max(self.timeout / 4, 0.05))
@@ -60,6 +54,23 @@ class Watchdog:
                     sys.stderr.flush()
                     self._abort(msg)
                     return
+
+
+class _Guard:
+    """Registers one open wait with the watchdog (a plain class: this is the hot path)."""
+
+    __slots__ = ("_open", "_key", "_what")
+
+    def __init__(self, open_waits: dict, key: int, what: str):
+        self._open = open_waits
+        self._key = key
+        self._what = what
+
+    def __enter__(self) -> None:
+        self._open[self._key] = (self._what, time.monotonic())
+
+    def __exit__(self, *exc) -> None:
+        self._open.pop(self._key, None)
 
 
 def _mpi_abort(msg: str) -> None:  # pragma: no cover - ends the process
@@ -84,14 +95,12 @@ def configure(timeout: float, rank: int) -> Watchdog:
     return _ACTIVE
 
 
-@contextlib.contextmanager
-def _null():
-    yield
+_NULL = contextlib.nullcontext()
 
 
 def guard(what: str):
     """Context manager around a blocking wait; a no-op before ``neocomm.init()``."""
     wd = _ACTIVE
     if wd is None or wd.timeout <= 0:
-        return _null()
-    return wd.guard(what)
+        return _NULL
+    return _Guard(wd._open, next(wd._ids), what)

@@ -47,7 +47,7 @@ def check_buffer(name: str, buf, *, device: bool, writable: bool = False,
     if reducible and dt not in _REDUCIBLE:
         return Problem(name, f"{name}: dtype {dt} cannot be reduced; expected one of "
                              f"{sorted(_REDUCIBLE)}")
-    if writable and not buf.flags.writeable:
+    if writable and not getattr(buf.flags, "writeable", True):  # CuPy arrays are always writable
         return Problem(name, f"{name}: is read-only, but the operation writes into it")
     return None
 

@@ -73,18 +73,29 @@ class MpiBackend(Backend):
         return True, None
 
     def _handle(self, req, what: str, result=None, check=None) -> Handle:
-        def wait():
-            with watchdog.guard(what):
-                if check is None:
+        """A handle on ``req``; ``check(status)`` runs once it completes, by wait() or test()."""
+        if check is None:
+            def wait():
+                with watchdog.guard(what):
                     req.Wait()
-                else:
-                    from mpi4py import MPI
 
-                    status = MPI.Status()
-                    req.Wait(status)
-                    check(status)
+            return Handle(wait, req.Test, result)
+        from mpi4py import MPI
 
-        return Handle(wait, req.Test, result)
+        status = MPI.Status()
+
+        def wait_checked():
+            with watchdog.guard(what):
+                req.Wait(status)
+            check(status)
+
+        def test_checked():
+            done = req.Test(status)
+            if done:
+                check(status)
+            return done
+
+        return Handle(wait_checked, test_checked, result)
 
     def _blocking(self, what: str, fn, *args, **kw) -> Handle:
         with watchdog.guard(what):

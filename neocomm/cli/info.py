@@ -45,13 +45,6 @@ def collect() -> dict:
         out["launcher"] = f"missing: {exc}"
     out["backends"] = {k.value: ("available" if ok else f"unavailable: {why}")
                        for k, (ok, why) in availability().items()}
-    import importlib
-
-    for package in ("topology", "collectives", "embedding"):  # their settings join the table
-        try:
-            importlib.import_module(package)
-        except ImportError:
-            pass
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         values = config.settings()

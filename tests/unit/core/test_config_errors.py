@@ -64,3 +64,16 @@ def test_errors_survive_pickling():
     assert stall.seconds == 3.0 and stall.ranks == (4,)
     unavailable = pickle.loads(pickle.dumps(BackendUnavailableError("nccl", "no GPU")))
     assert unavailable.reason == "no GPU" and "not available: no GPU" in str(unavailable)
+
+
+def test_settings_of_packages_above_are_known_before_they_are_imported():
+    """A fresh process that imports only the core does not warn about NEOCOMM_ALGO_* or CHUNK_BYTES."""
+    import subprocess
+    import sys
+
+    code = ("import warnings; warnings.simplefilter('error'); from neocomm import config; "
+            "s = config.settings({'NEOCOMM_ALGO_ALL_REDUCE': 'ring', 'NEOCOMM_CHUNK_BYTES': '1M', "
+            "'NEOCOMM_PROGRESS': 'off'}); print(s['CHUNK_BYTES'], s['PROGRESS'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(1 << 20), "off"]
