@@ -105,18 +105,12 @@ def load_host(spec: str):
 
 def target_of_host(host) -> Target:
     """The target of hosts like ``host`` (a :class:`~topology.types.HostTopology`)."""
-    from topology import linkmodel
-    from topology.types import ClusterTopology, LinkKind
+    from collectives.topofabric import fabric_from_topology
+    from topology.types import ClusterTopology
 
-    cluster = ClusterTopology.single(host)
-    params = linkmodel.link_model(cluster)
-    intra_kind = linkmodel.intra_node_kind(cluster, device=bool(host.gpus))
-    inter_kind = linkmodel.inter_node_kind(cluster)
-    nics = 1
-    if inter_kind in (LinkKind.INFINIBAND, LinkKind.ROCE):
-        nics = sum(1 for n in host.nics if n.active and n.link_kind is inter_kind)
-    fabric = _links(intra_kind, params[intra_kind].bandwidth, inter_kind,
-                    params[inter_kind].bandwidth, nics, f"link model of host {host.hostname}")
+    fabric = fabric_from_topology(ClusterTopology.single(host), device=bool(host.gpus))
+    fabric = replace(fabric, source=f"link model of host {host.hostname}: "
+                                    f"{fabric.source.removeprefix('topology: ')}")
     sizes = [g.memory_bytes for g in host.gpus if g.memory_bytes]
     return Target(host.hostname, fabric, len(host.gpus) or max(1, host.cpus),
                   min(sizes) if sizes else None, _gpu_bandwidth([g.name for g in host.gpus]))
