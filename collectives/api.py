@@ -19,8 +19,8 @@ from neocomm.agree import Problem
 from neocomm.backends.checks import check_counts, check_peer, check_same_dtype, counts_digest, first
 from neocomm.types import ReduceOp
 
-from collectives._checks import check_array as check_buffer
-from collectives._checks import dtype_code as _dcode
+from neocomm.backends.checks import check_buffer
+from neocomm.backends.checks import dtype_code_of as _dcode
 from collectives import plans
 from collectives._launch import OP_CODES, context, launch
 from collectives.algorithms import displs

@@ -15,7 +15,7 @@ from neocomm.agree import Problem
 from neocomm.backends.checks import check_peer, check_same_dtype, first
 from neocomm.types import bfloat16, dtype_from_code
 
-from collectives._checks import check_array as check_buffer
+from neocomm.backends.checks import check_buffer
 from collectives._launch import OP_CODES, context, fail, launch
 from collectives.algorithms import displs
 from collectives.api import _dcode, _flat, _request, _result

@@ -23,9 +23,10 @@ import numpy as np
 
 from neocomm.agree import Problem, agree
 from neocomm.backends.checks import (OP_CODES, REDUCE_CODES, check_buffer, check_counts,
-                                     check_peer, check_same_dtype, counts_digest, first)
+                                     check_peer, check_same_dtype, counts_digest, dtype_code_of,
+                                     first)
 from neocomm.errors import CollectiveArgumentError
-from neocomm.types import DTYPE_CODES, BackendKind, ReduceOp
+from neocomm.types import BackendKind, ReduceOp
 
 __all__ = ["Backend", "Handle", "CompletedHandle", "cuda_availability"]
 
@@ -141,9 +142,7 @@ class Backend(abc.ABC):
     def _buf(self, name, buf, **kw) -> Problem | None:
         return check_buffer(name, buf, device=self.device, **kw)
 
-    @staticmethod
-    def _dcode(buf) -> int:
-        return DTYPE_CODES.get(getattr(getattr(buf, "dtype", None), "name", ""), 0)
+    _dcode = staticmethod(dtype_code_of)
 
     @staticmethod
     def _finish(handle: Handle, async_op: bool) -> Handle:

@@ -15,7 +15,7 @@ import numpy as np
 from neocomm.agree import Problem
 from neocomm.types import DTYPE_CODES, ReduceOp
 
-__all__ = ["OP_CODES", "REDUCE_CODES", "check_buffer", "check_same_dtype", "check_counts", "check_peer", "first",
+__all__ = ["OP_CODES", "REDUCE_CODES", "check_buffer", "dtype_code_of", "check_same_dtype", "check_counts", "check_peer", "first",
            "counts_digest"]
 
 #: Stable op codes carried in signatures (a rank calling another op is a mismatch).
@@ -26,9 +26,45 @@ _REDUCIBLE = {"float16", "bfloat16", "float32", "float64", "int8", "uint8", "int
               "uint16", "int32", "int64", "uint32", "uint64"}
 
 
+_INFO: dict = {}  # np.dtype -> (wire code, reducible); dtype.name is slow on the hot path
+
+
+def _info(dtype) -> tuple[int, bool]:
+    info = _INFO.get(dtype)
+    if info is None:
+        name = np.dtype(dtype).name
+        info = _INFO[dtype] = (DTYPE_CODES.get(name, 0), name in _REDUCIBLE)
+    return info
+
+
+def dtype_code_of(buf) -> int:
+    """The wire code of ``buf``'s dtype; 0 for anything that is not a supported array."""
+    dtype = getattr(buf, "dtype", None)
+    if dtype is None:
+        return 0
+    try:
+        return _info(dtype)[0]
+    except TypeError:
+        return 0
+
+
 def check_buffer(name: str, buf, *, device: bool, writable: bool = False,
                  reducible: bool = False) -> Problem | None:
-    """The array kind, contiguity, dtype and writability of one buffer."""
+    """The array kind, contiguity, dtype and writability of one buffer.
+
+    The common case (a contiguous array of a supported dtype) costs a few
+    attribute reads and one dict lookup; the rest writes the message.
+    """
+    if (type(buf) is np.ndarray) != bool(device) and hasattr(buf, "dtype"):
+        flags = buf.flags
+        code, can_reduce = _info(buf.dtype)
+        if (code and flags.c_contiguous and (can_reduce or not reducible)
+                and (not writable or getattr(flags, "writeable", True))):  # CuPy: no flag
+            return None
+    return _explain(name, buf, device, writable, reducible)
+
+
+def _explain(name: str, buf, device: bool, writable: bool, reducible: bool) -> Problem | None:
     is_device = hasattr(buf, "__cuda_array_interface__")
     if device and not is_device:
         return Problem(name, f"{name}: expected a CuPy (device) array for this backend, "

@@ -54,8 +54,29 @@ def _op(name: str, op: ReduceOp):
     return MPI.Op.Create(reduce, commute=True)
 
 
+_BY_DTYPE: dict = {}  # np.dtype -> MPI datatype; dtype.name is slow on the hot path
+
+
+def _mpi_type(dtype):
+    t = _BY_DTYPE.get(dtype)
+    if t is None:
+        t = _BY_DTYPE[dtype] = _datatype(dtype.name)
+    return t
+
+
+_OP_BY_DTYPE: dict = {}
+
+
+def _mpi_op(dtype, op: ReduceOp):
+    key = (dtype, op)
+    mop = _OP_BY_DTYPE.get(key)
+    if mop is None:
+        mop = _OP_BY_DTYPE[key] = _op(dtype.name, op)
+    return mop
+
+
 def _spec(buf):
-    return [buf, _datatype(buf.dtype.name)]
+    return [buf, _mpi_type(buf.dtype)]
 
 
 class MpiBackend(Backend):
@@ -109,7 +130,7 @@ class MpiBackend(Backend):
         return self._blocking(f"send to {peer}", self.comm.Send, _spec(buf), peer, tag)
 
     def _recv(self, buf, peer, tag, async_op):
-        dt = _datatype(buf.dtype.name)
+        dt = _mpi_type(buf.dtype)
 
         def check(status):
             got = status.Get_count(dt)
@@ -144,7 +165,7 @@ class MpiBackend(Backend):
         return self._blocking("all_to_all", self.comm.Alltoall, _spec(sendbuf), _spec(recvbuf))
 
     def _all_to_all_v(self, sendbuf, recvbuf, send_counts, recv_counts, async_op):
-        dt = _datatype(sendbuf.dtype.name)
+        dt = _mpi_type(sendbuf.dtype)
         sdispl = np.concatenate(([0], np.cumsum(send_counts[:-1]))).astype(np.int64)
         rdispl = np.concatenate(([0], np.cumsum(recv_counts[:-1]))).astype(np.int64)
         s = [sendbuf, (send_counts, sdispl), dt]
@@ -156,7 +177,7 @@ class MpiBackend(Backend):
     def _all_reduce(self, sendbuf, recvbuf, op, async_op):
         from mpi4py import MPI
 
-        mop = _op(sendbuf.dtype.name, op)
+        mop = _mpi_op(sendbuf.dtype, op)
         if recvbuf is None:
             s, r, out = MPI.IN_PLACE, _spec(sendbuf), sendbuf
         else:
@@ -168,7 +189,7 @@ class MpiBackend(Backend):
         return CompletedHandle(out)
 
     def _reduce_scatter(self, sendbuf, recvbuf, op, recv_counts, async_op):
-        mop = _op(sendbuf.dtype.name, op)
+        mop = _mpi_op(sendbuf.dtype, op)
         s, r = _spec(sendbuf), _spec(recvbuf)
         if recv_counts is None:
             if async_op:
