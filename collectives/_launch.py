@@ -72,8 +72,8 @@ def launch(ctx: Context, request: Request, problem: Problem | None, signature, *
            algo: str | None, chunk_bytes, itemsize: int, fields: dict, result,
            async_op: bool, plan_key=None, plan_bufs=()):
     """Select, agree, build the :class:`Call` (``fields`` built lazily when it is a
-    callable) and run it; returns the handle. A blocking call without argument
-    agreement leaves a plan under ``plan_key`` (see :mod:`collectives.plans`)."""
+    callable) and run it; returns the handle. A blocking call leaves a plan under
+    ``plan_key`` (see :mod:`collectives.plans`)."""
     op = request.op
     chosen, policy = None, None
     if problem is None:
@@ -88,14 +88,17 @@ def launch(ctx: Context, request: Request, problem: Problem | None, signature, *
             problem = Problem("chunk_bytes", str(exc))
     index = registry()[op].index(chosen) if chosen is not None else -1
     chunk_sig = 0 if policy is None else policy.intra ^ (policy.inter << 1)
-    fail(ctx, op, problem, list(signature) + [("algo", index),
-                                              ("chunk", chunk_sig & 0x7FFFFFFF)])
+    signature = list(signature) + [("algo", index), ("chunk", chunk_sig & 0x7FFFFFFF)]
+    fail(ctx, op, problem, signature)
     if callable(fields):
         fields = fields()
     call = Call(op, ctx.group, ctx.backend, ctx.xp, ctx.fabric, policy,
                 staging_pool(ctx.xp), progress.next_tag(ctx.group), ctx.layout,
                 blocking=not async_op, **fields)
     plans.LAST_CHOSEN[op] = chosen.name
-    if plan_key is not None and not async_op and not ctx.check:
-        plans.remember(plan_key, plan_bufs, call, chosen, result)
+    # A checked AlltoAll(v) exchanges its counts before the agreement; its plan would
+    # skip that exchange on one rank while another rank (without a plan) runs it.
+    if plan_key is not None and not async_op and not (ctx.check and op is CollectiveOp.ALL_TO_ALL_V):
+        agreement = (ctx.group.comm, op.value, signature) if ctx.check else None
+        plans.remember(plan_key, plan_bufs, call, chosen, result, agreement)
     return progress.start(chosen.run(call), result, async_op, f"{op.value} ({chosen.name})")
