@@ -62,6 +62,7 @@ class TableColumnWiseSharding(SlotWiseSharding):
             for fi in fs:
                 self._node_col[fi] = c
                 c += self.features[fi].dim
+        self._node_moves = self.owner_moves(self._node_col)
         me = env.node
         self._pos_in_node = {fi: p for p, fi in enumerate(self._node_features[me])}
         self._peers = list(env.nodes[me])  # intra-node ranks, by local rank
@@ -173,12 +174,8 @@ class TableColumnWiseSharding(SlotWiseSharding):
         for jp, r in enumerate(self._peers):
             blk = recv3[at:at + m_count * b * widths[jp]].reshape(m_count, b, widths[jp])
             at += m_count * b * widths[jp]
-            c0 = 0
-            for i in self._by_owner[r]:
-                s = self.slots[i]
-                dst = self._node_col[s.feature] + s.shard.col_offset
-                full[:, :, dst:dst + s.shard.num_cols] = blk[:, :, c0:c0 + s.shard.num_cols]
-                c0 += s.shard.num_cols
+            for c0, dst, w in self._node_moves[r]:
+                full[:, :, dst:dst + w] = blk[:, :, c0:c0 + w]
         h = c.all_to_all_v(full.reshape(-1), np.full(m_count, b * self._node_dim[me], np.int64),
                            recv_counts=np.asarray([b * d for d in self._node_dim], np.int64),
                            group=self._rail, async_op=True)
@@ -227,12 +224,8 @@ class TableColumnWiseSharding(SlotWiseSharding):
         send = []
         for jp, r in enumerate(self._peers):
             blk = xp.empty((m_count, b, widths[jp]), env.dtype)
-            c0 = 0
-            for i in self._by_owner[r]:
-                s = self.slots[i]
-                src = self._node_col[s.feature] + s.shard.col_offset
-                blk[:, :, c0:c0 + s.shard.num_cols] = gfull[:, :, src:src + s.shard.num_cols]
-                c0 += s.shard.num_cols
+            for c0, src, w in self._node_moves[r]:
+                blk[:, :, c0:c0 + w] = gfull[:, :, src:src + w]
             send.append(blk.reshape(-1))
         h = c.all_to_all_v(xp.concatenate(send),
                            np.asarray([m_count * b * w for w in widths], np.int64),

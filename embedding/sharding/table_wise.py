@@ -103,6 +103,7 @@ class SlotWiseSharding(ShardingStrategy):
                           for r in range(size)]
         self._dims_of = np.array([sum(slots[i].shard.num_cols for i in self._by_owner[r])
                                   for r in range(size)], np.int64)
+        self._moves = self.owner_moves([f.col for f in self.features])
         mine = self._by_owner[env.rank]
         cols, c = [], 0
         for i in mine:
@@ -204,38 +205,41 @@ class SlotWiseSharding(ShardingStrategy):
 
         return Pending((h,), finish)
 
+    def owner_moves(self, col_of) -> list[list[tuple[int, int, int]]]:
+        """Per owner rank: ``(column in the owner's block, column in a layout, width)``
+        of each of its slots, where feature ``f`` starts at column ``col_of[f]`` of the layout."""
+        moves = []
+        for r in range(self.env.size):
+            c0, mine = 0, []
+            for i in self._by_owner[r]:
+                s = self.slots[i]
+                mine.append((c0, col_of[s.feature] + s.shard.col_offset, s.shard.num_cols))
+                c0 += s.shard.num_cols
+            moves.append(mine)
+        return moves
+
     def _assemble(self, recv, b: int):
         """``[B, out_dim]`` from the per-owner blocks ``[B, dims of owner]``."""
-        xp = self.env.xp
-        out = xp.empty((b, self.out_dim), self.env.dtype)
+        out = self.env.xp.empty((b, self.out_dim), self.env.dtype)
         start = 0
-        for r in range(self.env.size):
+        for r, moves in enumerate(self._moves):
             d_r = int(self._dims_of[r])
             blk = recv[start:start + b * d_r].reshape(b, d_r)
             start += b * d_r
-            c0 = 0
-            for i in self._by_owner[r]:
-                s = self.slots[i]
-                dst = self.features[s.feature].col + s.shard.col_offset
-                out[:, dst:dst + s.shard.num_cols] = blk[:, c0:c0 + s.shard.num_cols]
-                c0 += s.shard.num_cols
+            for c0, dst, w in moves:
+                out[:, dst:dst + w] = blk[:, c0:c0 + w]
         return out
 
     def _split_grad(self, grad, b: int):
         """Send buffer of gradient columns for each owner (inverse of :meth:`_assemble`)."""
-        xp = self.env.xp
-        buf = xp.empty(int(self._dims_of.sum()) * b, self.env.dtype)
+        buf = self.env.xp.empty(int(self._dims_of.sum()) * b, self.env.dtype)
         start = 0
-        for r in range(self.env.size):
+        for r, moves in enumerate(self._moves):
             d_r = int(self._dims_of[r])
             blk = buf[start:start + b * d_r].reshape(b, d_r)
             start += b * d_r
-            c0 = 0
-            for i in self._by_owner[r]:
-                s = self.slots[i]
-                src = self.features[s.feature].col + s.shard.col_offset
-                blk[:, c0:c0 + s.shard.num_cols] = grad[:, src:src + s.shard.num_cols]
-                c0 += s.shard.num_cols
+            for c0, src, w in moves:
+                blk[:, c0:c0 + w] = grad[:, src:src + w]
         return buf
 
     # -- backward -------------------------------------------------------------------
