@@ -142,13 +142,7 @@ class BinaryWriter:
             i = int(np.flatnonzero(~finite)[0])
             raise DataFormatError("dense features hold NaN or inf", path=self.path,
                                   record=base + i)
-        low = -1 if self.empty_bags else 0
-        out = (ids < low) | (ids >= np.asarray(self.table_sizes))
-        if out.any():
-            i, f = (int(x) for x in np.argwhere(out)[0])
-            raise DataFormatError(f"id {int(ids[i, f])} of feature {f} is outside "
-                                  f"[{low}, {self.table_sizes[f]})", path=self.path,
-                                  record=base + i)
+        _check_ids(ids, self.table_sizes, self.empty_bags, self.path, base)
         rec = np.zeros(n, self.dtype)
         rec["label"] = labels
         rec["dense"] = dense
@@ -312,13 +306,7 @@ class BinaryDataset:
             raise DataFormatError(f"label {int(labels[i])} is not 0 or 1", path=self.path,
                                   record=start + i)
         ids = np.asarray(rec["ids"], np.int64)
-        low = -1 if self.empty_bags else 0
-        out = (ids < low) | (ids >= np.asarray(self.table_sizes))
-        if out.any():
-            i, f = (int(x) for x in np.argwhere(out)[0])
-            raise DataFormatError(f"id {int(ids[i, f])} of feature {f} is outside "
-                                  f"[{low}, {self.table_sizes[f]})", path=self.path,
-                                  record=start + i)
+        _check_ids(ids, self.table_sizes, self.empty_bags, self.path, start)
         return Batch.from_ids(np.asarray(rec["dense"], np.float32), labels.astype(np.float32),
                               ids, self.feature_names)
 
@@ -350,3 +338,13 @@ def convert_text(inputs, output, preprocessor, *, chunk_lines: int = 1 << 16,
             for raw in iter_raw_chunks(path, chunk_lines):
                 w.write(*preprocessor(raw))
         return w.num_records
+
+
+def _check_ids(ids: np.ndarray, table_sizes, empty_bags: bool, path, first_record: int) -> None:
+    """DataFormatError naming the record when an id lies outside its table (-1: empty bag)."""
+    low = -1 if empty_bags else 0
+    out = (ids < low) | (ids >= np.asarray(table_sizes))
+    if out.any():
+        i, f = (int(x) for x in np.argwhere(out)[0])
+        raise DataFormatError(f"id {int(ids[i, f])} of feature {f} is outside "
+                              f"[{low}, {table_sizes[f]})", path=path, record=first_record + i)
