@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Setting", "declare", "settings", "get", "prefixed", "table", "load_declarations",
-           "SettingsError"]
+           "parse_size", "SettingsError"]
 
 _log = logging.getLogger(__name__)
 
@@ -52,12 +53,16 @@ class Setting:
                 else:
                     raise ValueError(raw)
             elif self.type is int:
-                value = _parse_size(raw) if self.unit == "bytes" else int(raw)
+                # A plain integer stays as given (range checks name the setting); sizes with
+                # units go through parse_size.
+                plain = re.fullmatch(r"\s*[-+]?[0-9]+\s*", raw)
+                value = parse_size(raw) if self.unit == "bytes" and not plain else int(raw)
             else:
                 value = self.type(raw)
-        except ValueError:
+        except ValueError as exc:
+            why = f"; {exc}" if self.unit == "bytes" else ""
             raise SettingsError(f"{env}={raw!r}: expected {self.type.__name__}"
-                                f"{' (' + self.unit + ')' if self.unit else ''}") from None
+                                f"{' (' + self.unit + ')' if self.unit else ''}{why}") from None
         if self.choices is not None and value not in self.choices:
             raise SettingsError(f"{env}={raw!r}: expected one of {list(self.choices)}")
         if self.minimum is not None and value < self.minimum:
@@ -65,17 +70,23 @@ class Setting:
         return value
 
 
-_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "kb": 1 << 10, "mb": 1 << 20,
-             "gb": 1 << 30, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20,
+          "mib": 1 << 20, "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+          "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
 
 
-def _parse_size(raw: str) -> int:
-    """Parse ``'512K'``, ``'4MiB'``, ``'1048576'`` into bytes."""
-    text = raw.strip().lower()
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
-        if text.endswith(suffix):
-            return int(float(text[: -len(suffix)]) * _SUFFIXES[suffix])
-    return int(text)
+def parse_size(text: str) -> int:
+    """Bytes of ``"80GiB"``, ``"80GB"`` (10^9), ``"512M"`` (binary), ``"1048576"``.
+
+    ValueError for anything else, zero or negative sizes included.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"expected a size such as 80GiB, 80GB or 512M, got {text!r}")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"expected a positive size, got {text!r}")
+    return value
 
 
 _TABLE: dict[str, Setting] = {}

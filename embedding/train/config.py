@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from typing import Any, Callable, Mapping
 
 from embedding.dense.types import DenseOptimizerConfig, DenseOptimizerKind
@@ -43,6 +42,7 @@ from embedding.train.types import (CheckpointConfig, ConfigError, DataConfig, Da
                                    LoopConfig, ModelConfig, OutputConfig, PlanConfig,
                                    TablesConfig, TrainConfig)
 from embedding.types import IdPolicy, OptimizerConfig, OptimizerKind, Pooling
+from neocomm.config import parse_size
 
 __all__ = ["load_config", "parse_config", "apply_overrides", "config_to_dict", "to_toml",
            "parse_size"]
@@ -368,17 +368,3 @@ def _toml_value(v) -> str:
     return "[" + ", ".join(_toml_value(x) for x in v) + "]"
 
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20,
-          "mib": 1 << 20, "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
-          "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
-
-
-def parse_size(text: str) -> int:
-    """Bytes of ``"8GiB"``, ``"8GB"`` (10^9), ``"512M"`` (binary) or ``"1048576"``."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"expected a size such as 8GiB, 8GB or 512M, got {text!r}")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"expected a positive size, got {text!r}")
-    return value

@@ -9,29 +9,13 @@ tables do not fit (or ``--check`` found a mismatch), 2 bad input.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
+
+from neocomm.config import parse_size
 
 __all__ = ["add_arguments", "run", "parse_size"]
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20,
-          "mib": 1 << 20, "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
-          "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
 _GIB = float(1 << 30)
-
-
-def parse_size(text: str) -> int:
-    """Bytes of ``"80GiB"``, ``"80GB"`` (10^9), ``"512M"`` (binary), ``"1048576"``.
-
-    ValueError for anything else, zero or negative sizes included.
-    """
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"expected a size such as 80GiB, 80GB or 512M, got {text!r}")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"expected a positive size, got {text!r}")
-    return value
 
 
 def _size(text: str) -> int:
