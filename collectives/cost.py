@@ -291,10 +291,36 @@ def _m2m_native(req: Request, fab: FabricModel) -> float:
     return _a2a_native(dense, fab)
 
 
+# ---------------------------------------------------------------- symmetric memory
+
+
+def _sym_sync(fab: FabricModel) -> float:
+    """One barrier of the group (dissemination: log2 p shared-memory hops)."""
+    return _log2ceil(fab.size) * fab.intra.latency + fab.step_overhead
+
+
+def _symmetric(req: Request, fab: FabricModel) -> float:
+    """Direct loads from the peers' symmetric buffers: syncs plus local memory work.
+    Infinite when the send side is not symmetric (the algorithm cannot run)."""
+    if not req.symmetric & 1:
+        return math.inf
+    p, n, op = fab.size, req.nbytes, req.op
+    if op is CollectiveOp.REDUCE_SCATTER:
+        block = req.max_block or n / p
+        return 2 * _sym_sync(fab) + (p - 1) * block / fab.reduce_bandwidth
+    if op is CollectiveOp.ALL_REDUCE:
+        if req.symmetric & 2:  # two-shot
+            seg = n / p
+            return (3 * _sym_sync(fab) + (p - 1) * seg / fab.reduce_bandwidth
+                    + (p - 1) * seg / fab.copy_bandwidth)
+        return 2 * _sym_sync(fab) + (p - 1) * n / fab.reduce_bandwidth
+    return 2 * _sym_sync(fab) + _copy(fab, n)  # AlltoAll, AllGather, Broadcast
+
+
 # ---------------------------------------------------------------- tables
 
 _A2A = {"native": _a2a_native, "pairwise": _a2a_pairwise, "bruck": _a2a_bruck,
-        "hierarchical": _a2a_hierarchical}
+        "hierarchical": _a2a_hierarchical, "symmetric": _symmetric}
 _A2AV = {"native": _a2a_native, "pairwise": _a2a_pairwise, "hierarchical": _a2a_hierarchical}
 
 #: op -> algorithm name -> formula. Candidate order is the tie-break order.
@@ -302,13 +328,14 @@ FORMULAS: dict[CollectiveOp, dict[str, _Formula]] = {
     CollectiveOp.ALL_TO_ALL: _A2A,
     CollectiveOp.ALL_TO_ALL_V: _A2AV,
     CollectiveOp.REDUCE_SCATTER: {"native": _rs_native, "ring": _rs_ring,
-                                  "rabenseifner": _rs_rabenseifner},
+                                  "rabenseifner": _rs_rabenseifner, "symmetric": _symmetric},
     CollectiveOp.ALL_REDUCE: {"native": _ar_native, "ring": _ar_ring,
                               "rabenseifner": _ar_rabenseifner,
-                              "hierarchical": _ar_hierarchical},
+                              "hierarchical": _ar_hierarchical, "symmetric": _symmetric},
     CollectiveOp.ALL_GATHER: {"native": _ag_native, "ring": _ag_ring_cost,
-                              "doubling": _ag_doubling},
-    CollectiveOp.BROADCAST: {"native": _bcast_native, "binomial": _binomial, "chain": _chain},
+                              "doubling": _ag_doubling, "symmetric": _symmetric},
+    CollectiveOp.BROADCAST: {"native": _bcast_native, "binomial": _binomial, "chain": _chain,
+                             "symmetric": _symmetric},
     CollectiveOp.ONE_TO_MANY: {"direct": _one_to_many_direct, "binomial": _binomial,
                                "chain": _chain},
     CollectiveOp.MANY_TO_MANY: {"sparse": _m2m_sparse, "native": _m2m_native},
@@ -330,6 +357,8 @@ def shape_reason(op: CollectiveOp, algorithm: str, fabric: FabricModel) -> str |
             return "needs at least 2 nodes"
         if fabric.ranks_per_node < 2:
             return "needs at least 2 ranks per node"
+    if algorithm == "symmetric" and fabric.nodes > 1:
+        return "needs a group within one node (shared memory)"
     if algorithm == "doubling" and fabric.size & (fabric.size - 1):
         return f"needs a power-of-two group size, got {fabric.size}"
     return None
@@ -359,8 +388,9 @@ def costs(op: CollectiveOp, nbytes: int, fabric: FabricModel, *,
     if int(nbytes) < 0:
         raise ValueError(f"nbytes: expected bytes >= 0, got {nbytes}")
     request = Request(op, int(nbytes), itemsize, fabric.size)
-    return {name: algorithm_cost(op, name, request, fabric) for name in FORMULAS[op]
-            if shape_reason(op, name, fabric) is None}
+    found = {name: algorithm_cost(op, name, request, fabric) for name in FORMULAS[op]
+             if shape_reason(op, name, fabric) is None}
+    return {name: t for name, t in found.items() if t < math.inf}
 
 
 def estimate(op: CollectiveOp, nbytes: int, fabric: FabricModel) -> float:

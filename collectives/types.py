@@ -180,6 +180,9 @@ class Request:
     of receivers of OneToMany or the largest number of peers of a rank in
     ManyToMany; ``identical`` says whether OneToMany sends one payload to all.
     ``uniform_nodes`` is False when the group's nodes hold different numbers of ranks.
+    ``symmetric`` has bit 1 set when the send side (the input, or the buffer of an
+    in-place call) is symmetric memory of the group (:mod:`collectives.symmetric`),
+    bit 2 when the receive side is.
     """
 
     op: CollectiveOp
@@ -195,6 +198,7 @@ class Request:
     in_place: bool = False
     reduce_op: str = "sum"
     uniform_nodes: bool = True
+    symmetric: int = 0
     extra: tuple[tuple[str, object], ...] = field(default=())
 
     def __post_init__(self):

@@ -27,7 +27,7 @@ from collectives.types import CollectiveOp, FabricModel, Request
 __all__ = ["Algorithm", "Call", "registry", "lookup", "names", "displs", "UFUNCS"]
 
 _MODULES = ("native", "pairwise", "bruck", "hier_alltoall", "ring", "rabenseifner",
-            "hier_allreduce", "doubling", "binomial", "chain", "direct", "sparse")
+            "hier_allreduce", "doubling", "binomial", "chain", "direct", "sparse", "symmetric")
 
 #: ReduceOp value -> ufunc name (looked up on the array module of the buffers).
 UFUNCS = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "multiply"}
@@ -67,7 +67,7 @@ class Call:
 
     _FIELDS = ("sendbuf", "recvbuf", "send_counts", "recv_counts", "send_displs",
                "recv_displs", "reduce_op", "root", "members", "identical", "send_peers",
-               "recv_peers", "blocking")
+               "recv_peers", "blocking", "peer_send", "peer_recv", "sym_check")
     __slots__ = ("op", "group", "backend", "xp", "fabric", "policy", "pool", "tag",
                  "layout", "rank", "size", "isend", "irecv") + _FIELDS
 

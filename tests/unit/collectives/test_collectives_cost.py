@@ -136,3 +136,22 @@ def test_op_parse():
     assert CollectiveOp.parse("allreduce") is CollectiveOp.ALL_REDUCE
     assert CollectiveOp.parse("ALL_TO_ALL_V") is CollectiveOp.ALL_TO_ALL_V
     assert CollectiveOp.parse("many-to-many") is CollectiveOp.MANY_TO_MANY
+
+
+def test_symmetric_memory_is_priced_only_when_the_buffers_are_symmetric():
+    fab = FabricModel(ranks_per_node=4, nodes=1)
+    op = CollectiveOp.ALL_REDUCE
+    plain = Request(op, 16 << 20, 4, 4)
+    two_shot = Request(op, 16 << 20, 4, 4, symmetric=3)
+    one_shot = Request(op, 16 << 20, 4, 4, symmetric=1)
+    assert math.isinf(cost.algorithm_cost(op, "symmetric", plain, fab))
+    # loads from shared memory beat every message-passing algorithm on one node
+    others = [cost.algorithm_cost(op, a, plain, fab) for a in ("native", "ring", "rabenseifner")]
+    assert cost.algorithm_cost(op, "symmetric", two_shot, fab) < min(others)
+    # two-shot reads each input once; one-shot reads every input on every rank
+    assert (cost.algorithm_cost(op, "symmetric", two_shot, fab)
+            < cost.algorithm_cost(op, "symmetric", one_shot, fab))
+    # the planner's estimate never assumes symmetric buffers
+    assert "symmetric" not in cost.costs(op, 16 << 20, fab)
+    assert cost.shape_reason(op, "symmetric", FabricModel(ranks_per_node=2, nodes=2))
+    assert cost.shape_reason(op, "symmetric", fab) is None

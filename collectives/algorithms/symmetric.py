@@ -1,0 +1,156 @@
+"""Collectives on symmetric memory (:mod:`collectives.symmetric`): loads, not messages.
+
+When a call's buffers lie in a symmetric region, every rank of the group
+(one node) can read its peers' buffers in place, so the data never goes
+through MPI: ranks synchronise (a small all-reduce that also checks that
+every rank passed the same offsets and sizes, then barriers) and copy or
+reduce straight from the peers' memory.
+
+- AlltoAll: rank ``r`` copies block ``r`` of every peer's send buffer.
+- ReduceScatter: rank ``r`` reduces block ``r`` of every send buffer into
+  its result, in cache-sized pieces.
+- AllReduce, two-shot (the output is symmetric too, or in place): rank
+  ``r`` reduces segment ``r`` of every input into its own output, a barrier,
+  then it copies the other segments from their owners' outputs. One-shot
+  (only the input is symmetric): every rank reduces the whole buffer, in
+  the same order everywhere, so the results are bitwise identical.
+- AllGather: rank ``r`` copies every peer's send buffer.
+- Broadcast: every rank copies the root's buffer.
+
+A last barrier keeps a rank from returning (and overwriting its buffers)
+while a peer still reads them. Host memory only; the group must lie within
+one node.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from neocomm.errors import CollectiveArgumentError
+
+from collectives import symmetric as sym
+from collectives.algorithms import Algorithm, Call, displs
+from collectives.types import CollectiveOp, FabricModel, Request
+
+__all__ = ["Symmetric", "ALGORITHMS"]
+
+#: Elements per piece of a multi-peer reduction (the accumulator stays in cache).
+_PIECE_BYTES = 256 << 10
+
+
+class Symmetric(Algorithm):
+    """Direct loads from the peers' symmetric buffers."""
+
+    name = "symmetric"
+    ops = frozenset({CollectiveOp.ALL_TO_ALL, CollectiveOp.REDUCE_SCATTER,
+                     CollectiveOp.ALL_REDUCE, CollectiveOp.ALL_GATHER,
+                     CollectiveOp.BROADCAST})
+
+    def supports(self, request: Request, fabric: FabricModel) -> str | None:
+        reason = super().supports(request, fabric)
+        if reason is not None:
+            return reason
+        if request.device:
+            return "host buffers only"
+        if not request.symmetric & sym.SEND:
+            return ("the buffers are not symmetric memory of this group "
+                    "(allocate them with collectives.symmetric.empty)")
+        return None
+
+    def run(self, call: Call):
+        op = call.op
+        yield from _enter(call)
+        if op is CollectiveOp.ALL_TO_ALL:
+            _all_to_all(call)
+        elif op is CollectiveOp.REDUCE_SCATTER:
+            lo = int(displs(call.recv_counts)[call.rank])
+            n = int(call.recv_counts[call.rank])
+            _reduce(call, [v[lo:lo + n] for v in call.peer_send], call.recvbuf,
+                    first=call.rank)
+        elif op is CollectiveOp.ALL_GATHER:
+            n = call.sendbuf.size
+            for q, view in enumerate(call.peer_send):
+                call.recvbuf[q * n:(q + 1) * n] = view
+        elif op is CollectiveOp.BROADCAST:
+            if call.rank != call.root:
+                call.recvbuf[...] = call.peer_send[call.root]
+        elif call.peer_recv is not None:  # ALL_REDUCE, two-shot
+            yield from _all_reduce_two_shot(call)
+        else:  # ALL_REDUCE, one-shot
+            _reduce(call, call.peer_send, call.recvbuf, first=0)
+        yield from _sync(call)
+
+
+def _all_to_all(call: Call) -> None:
+    r, out = call.rank, call.recvbuf
+    for q, view in enumerate(call.peer_send):
+        n = int(call.recv_counts[q])
+        lo, at = int(call.send_displs[r]), int(call.recv_displs[q])
+        out[at:at + n] = view[lo:lo + n]
+
+
+def _all_reduce_two_shot(call: Call):
+    p, r, n = call.size, call.rank, call.recvbuf.size
+    seg = -(-n // p)
+    a, b = min(n, r * seg), min(n, (r + 1) * seg)
+    _reduce(call, [v[a:b] for v in call.peer_send], call.recvbuf[a:b], first=r)
+    yield from _sync(call)
+    for q, view in enumerate(call.peer_recv):
+        if q != r:
+            a, b = min(n, q * seg), min(n, (q + 1) * seg)
+            call.recvbuf[a:b] = view[a:b]
+
+
+def _reduce(call: Call, inputs, out, first: int) -> None:
+    """``out = inputs[first] op inputs[first+1] op ...`` (cyclic order), in pieces;
+    ``out`` may be ``inputs[first]`` itself (in place)."""
+    ufunc = call.ufunc()
+    order = [inputs[(first + i) % len(inputs)] for i in range(len(inputs))]
+    if len(order) == 1:
+        if not np.shares_memory(out, order[0]):
+            out[...] = order[0]
+        return
+    n = out.size
+    piece = max(1, n if len(order) == 2 else _PIECE_BYTES // out.itemsize)
+    for s in range(0, n, piece):
+        e = min(n, s + piece)
+        acc = out[s:e]
+        ufunc(order[0][s:e], order[1][s:e], out=acc)
+        for view in order[2:]:
+            ufunc(acc, view[s:e], out=acc)
+
+
+def _enter(call: Call):
+    """Every rank's inputs are ready, and every rank passed the same offsets and sizes."""
+    mine = np.asarray(call.sym_check, np.int64)
+    vec = np.concatenate([mine, -mine])
+    out = np.empty_like(vec)
+    from mpi4py import MPI
+
+    comm = call.group.comm
+    if call.blocking:
+        comm.Allreduce(vec, out, op=MPI.MAX)
+    else:
+        from collectives.transport import _Request
+
+        yield (_Request(comm.Iallreduce(vec, out, op=MPI.MAX)),)
+    k = len(mine)
+    if not np.array_equal(out[:k], -out[k:]):
+        fields = ("send allocation", "send offset", "send bytes", "receive allocation",
+                  "receive offset", "receive bytes")
+        bad = [fields[i] for i in range(k) if out[i] != -out[k + i]]
+        msg = (f"{call.op.value}: symmetric buffers differ across ranks ({', '.join(bad)}): "
+               f"every rank must pass the same slice of the same symmetric allocation")
+        raise CollectiveArgumentError(msg, op=call.op.value, field="sendbuf")
+
+
+def _sync(call: Call):
+    comm = call.group.comm
+    if call.blocking:
+        comm.Barrier()
+    else:
+        from collectives.transport import _Request
+
+        yield (_Request(comm.Ibarrier()),)
+
+
+ALGORITHMS = (Symmetric(),)
