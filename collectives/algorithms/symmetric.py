@@ -3,8 +3,9 @@
 When a call's buffers lie in a symmetric region, every rank of the group
 (one node) can read its peers' buffers in place, so the data never goes
 through MPI: ranks synchronise (a small all-reduce that also checks that
-every rank passed the same offsets and sizes, then barriers) and copy or
-reduce straight from the peers' memory.
+every rank passed the same allocations, offsets and sizes, then barriers;
+tagged messages instead for ``async_op=True`` calls) and copy or reduce
+straight from the peers' memory.
 
 - AlltoAll: rank ``r`` copies block ``r`` of every peer's send buffer.
 - ReduceScatter: rank ``r`` reduces block ``r`` of every send buffer into
@@ -77,7 +78,7 @@ class Symmetric(Algorithm):
             yield from _all_reduce_two_shot(call)
         else:  # ALL_REDUCE, one-shot
             _reduce(call, call.peer_send, call.recvbuf, first=0)
-        yield from _sync(call)
+        yield from _sync(call, 2)
 
 
 def _all_to_all(call: Call) -> None:
@@ -93,7 +94,7 @@ def _all_reduce_two_shot(call: Call):
     seg = -(-n // p)
     a, b = min(n, r * seg), min(n, (r + 1) * seg)
     _reduce(call, [v[a:b] for v in call.peer_send], call.recvbuf[a:b], first=r)
-    yield from _sync(call)
+    yield from _sync(call, 1)
     for q, view in enumerate(call.peer_recv):
         if q != r:
             a, b = min(n, q * seg), min(n, (q + 1) * seg)
@@ -120,37 +121,54 @@ def _reduce(call: Call, inputs, out, first: int) -> None:
 
 
 def _enter(call: Call):
-    """Every rank's inputs are ready, and every rank passed the same offsets and sizes."""
+    """Every rank's inputs are ready, and every rank passed the same allocations,
+    offsets and sizes (else every rank raises)."""
     mine = np.asarray(call.sym_check, np.int64)
-    vec = np.concatenate([mine, -mine])
-    out = np.empty_like(vec)
-    from mpi4py import MPI
-
-    comm = call.group.comm
     if call.blocking:
-        comm.Allreduce(vec, out, op=MPI.MAX)
-    else:
-        from collectives.transport import _Request
+        vec = np.concatenate([mine, -mine])
+        out = np.empty_like(vec)
+        from mpi4py import MPI
 
-        yield (_Request(comm.Iallreduce(vec, out, op=MPI.MAX)),)
-    k = len(mine)
-    if not np.array_equal(out[:k], -out[k:]):
+        call.group.comm.Allreduce(vec, out, op=MPI.MAX)
+        k = len(mine)
+        lo, hi = -out[k:], out[:k]
+    else:
+        got = yield from _all_pairs(call, 0, mine)
+        lo, hi = got.min(axis=0), got.max(axis=0)
+    if not np.array_equal(lo, hi):
         fields = ("send allocation", "send offset", "send bytes", "receive allocation",
                   "receive offset", "receive bytes")
-        bad = [fields[i] for i in range(k) if out[i] != -out[k + i]]
+        bad = [fields[i] for i in range(len(mine)) if lo[i] != hi[i]]
         msg = (f"{call.op.value}: symmetric buffers differ across ranks ({', '.join(bad)}): "
                f"every rank must pass the same slice of the same symmetric allocation")
         raise CollectiveArgumentError(msg, op=call.op.value, field="sendbuf")
 
 
-def _sync(call: Call):
-    comm = call.group.comm
+def _sync(call: Call, phase: int):
+    """A barrier of the group. Blocking: MPI's. Asynchronous: tagged messages, since
+    a background operation's steps interleave with other calls in an order that
+    differs across ranks, and MPI matches collectives by their order."""
     if call.blocking:
-        comm.Barrier()
+        call.group.comm.Barrier()
     else:
-        from collectives.transport import _Request
+        yield from _all_pairs(call, phase, np.zeros(0, np.int64))
 
-        yield (_Request(comm.Ibarrier()),)
+
+def _all_pairs(call: Call, phase: int, payload: np.ndarray):
+    """Send ``payload`` to every peer and receive theirs; returns them by rank."""
+    p, r = call.size, call.rank
+    got = np.empty((p, payload.size), np.int64)
+    got[r] = payload
+    tag = call.tags(phase)
+    handles = []
+    for q in range(p):
+        if q != r:
+            handles.append(call.irecv(got[q], q, tag))
+            handles.append(call.isend(payload, q, tag))
+    for h in handles:
+        if not h.test():
+            yield (h,)
+    return got
 
 
 ALGORITHMS = (Symmetric(),)
