@@ -47,16 +47,21 @@ def plan_buckets(specs: list[tuple[str, int]], itemsize: int,
 
 
 class FlatBuffers:
-    """Parameters ``(name, shape)`` (in gradient-completion order) in flat buffers of ``xp``."""
+    """Parameters ``(name, shape)`` (in gradient-completion order) in flat buffers of ``xp``.
+
+    ``grad_alloc(numel, dtype)``, when given, allocates the flat gradient
+    buffer (zeroed), e.g. in symmetric memory for a faster AllReduce.
+    """
 
     def __init__(self, specs: list[tuple[str, tuple[int, ...]]], dtype, xp=np,
-                 bucket_bytes: int = 25 << 20):
+                 bucket_bytes: int = 25 << 20, grad_alloc=None):
         self.xp = xp
         self.dtype = np.dtype(dtype)
         sizes = [(name, int(np.prod(shape))) for name, shape in specs]
         self.numel = sum(n for _, n in sizes)
         self.params = xp.zeros(self.numel, self.dtype)
-        self.grads = xp.zeros(self.numel, self.dtype)
+        self.grads = (xp.zeros(self.numel, self.dtype) if grad_alloc is None
+                      else grad_alloc(self.numel, self.dtype))
         self.shapes = {name: tuple(shape) for name, shape in specs}
         self.offsets: dict[str, int] = {}
         offset = 0

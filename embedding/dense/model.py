@@ -33,7 +33,8 @@ class DenseModel:
     Parameters are initialised from ``seed`` as in the DLRM reference
     (weights ``N(0, 2 / (fan_in + fan_out))``, biases ``N(0, 1 / fan_out)``),
     drawn with NumPy in forward order, so every rank and both array modules
-    start from the same values. ``bucket_bytes`` sizes the gradient buckets.
+    start from the same values. ``bucket_bytes`` sizes the gradient buckets;
+    ``grad_alloc(numel, dtype)`` allocates the flat gradient buffer (see FlatBuffers).
 
     The loss of :meth:`forward_backward` is the mean over the local batch;
     with equal local batches, the global-batch gradient is the mean of the
@@ -41,7 +42,7 @@ class DenseModel:
     """
 
     def __init__(self, config: DenseConfig | None = None, *, seed: int = 0, xp=np,
-                 bucket_bytes: int = 25 << 20):
+                 bucket_bytes: int = 25 << 20, grad_alloc=None):
         self.config = config or DenseConfig()
         self.xp = xp
         self.dtype = np.dtype(self.config.dtype)
@@ -51,7 +52,7 @@ class DenseModel:
         specs = []
         for name, fan_in, fan_out in reversed(self.layers):
             specs += [(f"{name}.weight", (fan_in, fan_out)), (f"{name}.bias", (fan_out,))]
-        self.buffers = FlatBuffers(specs, self.dtype, xp, bucket_bytes)
+        self.buffers = FlatBuffers(specs, self.dtype, xp, bucket_bytes, grad_alloc)
         rng = np.random.default_rng(seed)
         for name, fan_in, fan_out in self.layers:
             w = rng.normal(0.0, np.sqrt(2.0 / (fan_in + fan_out)), (fan_in, fan_out))

@@ -31,7 +31,8 @@ from embedding.train.metrics import MetricsLog
 from embedding.train.progress import ProgressBar
 from embedding.train.setup import (build_tables, fail_together, id_policy_of, make_plan,
                                    make_reader)
-from embedding.train.step import EmbeddingStages, GradSync, PhaseTimer, finite
+from embedding.train.step import (EmbeddingStages, GradSync, PhaseTimer, finite,
+                                  symmetric_grads)
 from embedding.train.types import ConfigError, DataSource, Phase, TrainConfig, TrainingError
 
 __all__ = ["Trainer", "TrainResult", "Prepared"]
@@ -110,7 +111,8 @@ class Trainer:
                                         bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp,
                                         dtype=m.dtype)
         self.model = DenseModel(self.dense_config, seed=tr.seed, xp=self.coll.xp,
-                                bucket_bytes=tr.bucket_kib << 10)
+                                bucket_bytes=tr.bucket_kib << 10,
+                                grad_alloc=symmetric_grads(group, self.coll.xp))
         self.optimizer = make_optimizer(config.dense_optimizer)
         self.stages = EmbeddingStages(self.coll)
         self.overlap = tr.overlap

@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
+import numpy as np
+
 from embedding.train.types import Phase
 
 __all__ = ["PhaseTimer", "EmbeddingStages", "GradSync", "finite"]
@@ -73,6 +75,17 @@ class EmbeddingStages:
     def backward(self, grad, ctx, timer: PhaseTimer) -> None:
         grad = self.coll.xp.asarray(grad).reshape(ctx[1], self.out_dim)
         self.coll.backward(grad, ctx, timer=lambda s: timer(self._PHASES[s]))
+
+
+def symmetric_grads(group, xp):
+    """The dense gradients' allocator: symmetric memory when ``group`` (several
+    ranks, host arrays) lies within one node, so that their AllReduce can read
+    the peers' gradients in place (:mod:`collectives.symmetric`); else None."""
+    if xp is not np or group.size < 2 or group.num_nodes != 1:
+        return None
+    from collectives import symmetric
+
+    return lambda numel, dtype: symmetric.zeros(numel, dtype, group=group)
 
 
 class GradSync:
