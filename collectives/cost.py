@@ -301,10 +301,15 @@ def _sym_sync(fab: FabricModel) -> float:
 
 def _symmetric(req: Request, fab: FabricModel) -> float:
     """Direct loads from the peers' symmetric buffers: syncs plus local memory work.
-    Infinite when the send side is not symmetric (the algorithm cannot run)."""
+
+    A copy out of a peer's buffer crosses cores as a shared-memory transfer
+    does (intra-node bandwidth); a reduction streams the peers' inputs at the
+    reduction throughput, with no transport copy before it. Infinite when
+    the send side is not symmetric (the algorithm cannot run)."""
     if not req.symmetric & 1:
         return math.inf
     p, n, op = fab.size, req.nbytes, req.op
+    peer_bw = fab.intra.bandwidth
     if op is CollectiveOp.REDUCE_SCATTER:
         block = req.max_block or n / p
         return 2 * _sym_sync(fab) + (p - 1) * block / fab.reduce_bandwidth
@@ -312,9 +317,12 @@ def _symmetric(req: Request, fab: FabricModel) -> float:
         if req.symmetric & 2:  # two-shot
             seg = n / p
             return (3 * _sym_sync(fab) + (p - 1) * seg / fab.reduce_bandwidth
-                    + (p - 1) * seg / fab.copy_bandwidth)
+                    + (p - 1) * seg / peer_bw)
         return 2 * _sym_sync(fab) + (p - 1) * n / fab.reduce_bandwidth
-    return 2 * _sym_sync(fab) + _copy(fab, n)  # AlltoAll, AllGather, Broadcast
+    if op is CollectiveOp.BROADCAST:
+        return 2 * _sym_sync(fab) + n / peer_bw
+    block = req.max_block or n / p  # AlltoAll: n is the send buffer; AllGather: the output
+    return 2 * _sym_sync(fab) + (p - 1) * block / peer_bw + _copy(fab, block)
 
 
 # ---------------------------------------------------------------- tables

@@ -155,3 +155,17 @@ def test_symmetric_memory_is_priced_only_when_the_buffers_are_symmetric():
     assert "symmetric" not in cost.costs(op, 16 << 20, fab)
     assert cost.shape_reason(op, "symmetric", FabricModel(ranks_per_node=2, nodes=2))
     assert cost.shape_reason(op, "symmetric", fab) is None
+
+
+def test_symmetric_copies_cost_what_the_transport_does_plus_synchronisation():
+    fab = FabricModel(ranks_per_node=4, nodes=1)
+    op = CollectiveOp.ALL_TO_ALL
+    req = Request(op, 16 << 20, 4, 4, max_block=4 << 20, symmetric=1)
+    # reading a peer's buffer crosses cores like the shared-memory transport: no
+    # gain for pure copies by default (calibration may still show one)
+    assert (cost.algorithm_cost(op, "symmetric", req, fab)
+            > cost.algorithm_cost(op, "native", req, fab))
+    cheap = FabricModel(ranks_per_node=4, nodes=1,
+                        algorithm_factors={"all_to_all/symmetric": 0.5})
+    assert (cost.algorithm_cost(op, "symmetric", req, cheap)
+            < cost.algorithm_cost(op, "native", req, cheap))
