@@ -95,10 +95,8 @@ def launch(ctx: Context, request: Request, problem: Problem | None, signature, *
     call = Call(op, ctx.group, ctx.backend, ctx.xp, ctx.fabric, policy,
                 staging_pool(ctx.xp), progress.next_tag(ctx.group), ctx.layout,
                 blocking=not async_op, **fields)
-    plans.LAST_CHOSEN[op] = chosen.name
-    # A checked AlltoAll(v) exchanges its counts before the agreement; its plan would
-    # skip that exchange on one rank while another rank (without a plan) runs it.
-    if plan_key is not None and not async_op and not (ctx.check and op is CollectiveOp.ALL_TO_ALL_V):
+    plans.LAST_CHOSEN[op.value] = chosen.name
+    if plan_key is not None and not async_op:
         agreement = (ctx.group.comm, op.value, signature) if ctx.check else None
         plans.remember(plan_key, plan_bufs, call, chosen, result, agreement)
     return progress.start(chosen.run(call), result, async_op, f"{op.value} ({chosen.name})")

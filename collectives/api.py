@@ -69,13 +69,13 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
 
     Returns the result (or a handle whose ``wait()`` returns it).
     """
-    op = CollectiveOp.ALL_TO_ALL
     key = None
     if not async_op and recvbuf is not None:
-        key = (op, group, id(sendbuf), id(recvbuf), algo, chunk_bytes)
-        plan = plans.lookup(key, (sendbuf, recvbuf))
-        if plan is not None:
-            return plan.run()
+        key = ("all_to_all", group, id(sendbuf), id(recvbuf), algo, chunk_bytes)
+        out = plans.replay(key, (sendbuf, recvbuf))
+        if out is not None:
+            return out
+    op = CollectiveOp.ALL_TO_ALL
     ctx = context(group, sendbuf)
     p, dev = ctx.group.size, ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev)
@@ -121,18 +121,18 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
 
     Returns ``(recvbuf, recv_counts)`` (or a handle whose ``wait()`` returns them).
     """
-    op = CollectiveOp.ALL_TO_ALL_V
     key = None
     if not async_op and recvbuf is not None and recv_counts is not None:
         try:
-            key = (op, group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
+            key = ("all_to_all_v", group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
                    np.asarray(send_counts, np.int64).tobytes(),
                    np.asarray(recv_counts, np.int64).tobytes())
         except (TypeError, ValueError):
             key = None
-        plan = plans.lookup(key, (sendbuf, recvbuf)) if key is not None else None
-        if plan is not None:
-            return plan.run()
+        out = plans.replay(key, (sendbuf, recvbuf)) if key is not None else None
+        if out is not None:
+            return out
+    op = CollectiveOp.ALL_TO_ALL_V
     ctx = context(group, sendbuf)
     p, dev, comm = ctx.group.size, ctx.backend.device, ctx.group.comm
     problem = check_buffer("sendbuf", sendbuf, device=dev)
@@ -196,14 +196,20 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
 
     Returns the result (allocated when ``recvbuf`` is None).
     """
+    key = None
+    if not async_op and recvbuf is not None:
+        key = ("reduce_scatter", group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
+               op if op.__class__ is str else getattr(op, "_value_", None))
+        if recv_counts is not None:
+            try:
+                key += (np.asarray(recv_counts, np.int64).tobytes(),)
+            except (TypeError, ValueError):
+                key = None
+        out = plans.replay(key, (sendbuf, recvbuf)) if key is not None else None
+        if out is not None:
+            return out
     kind = CollectiveOp.REDUCE_SCATTER
     rop = ReduceOp.parse(op)
-    key = None
-    if not async_op and recvbuf is not None and recv_counts is None:
-        key = (kind, group, id(sendbuf), id(recvbuf), algo, chunk_bytes, rop)
-        plan = plans.lookup(key, (sendbuf, recvbuf))
-        if plan is not None:
-            return plan.run()
     ctx = context(group, sendbuf)
     p, dev = ctx.group.size, ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev, reducible=True)
@@ -254,15 +260,16 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
 
     Returns the result buffer.
     """
-    kind = CollectiveOp.ALL_REDUCE
-    rop = ReduceOp.parse(op)
     bufs = (sendbuf,) if recvbuf is None else (sendbuf, recvbuf)
     key = None
     if not async_op:
-        key = (kind, group, id(sendbuf), id(recvbuf), algo, chunk_bytes, rop)
-        plan = plans.lookup(key, bufs)
-        if plan is not None:
-            return plan.run()
+        key = ("all_reduce", group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
+               op if op.__class__ is str else getattr(op, "_value_", None))
+        out = plans.replay(key, bufs)
+        if out is not None:
+            return out
+    kind = CollectiveOp.ALL_REDUCE
+    rop = ReduceOp.parse(op)
     ctx = context(group, sendbuf)
     dev = ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev, reducible=True,
@@ -299,13 +306,13 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
         rank 0: sendbuf [a0 a1]  ->  result [[a0 a1] [b0 b1]]
         rank 1: sendbuf [b0 b1]  ->  result [[a0 a1] [b0 b1]]
     """
-    kind = CollectiveOp.ALL_GATHER
     key = None
     if not async_op and recvbuf is not None:
-        key = (kind, group, id(sendbuf), id(recvbuf), algo, chunk_bytes)
-        plan = plans.lookup(key, (sendbuf, recvbuf))
-        if plan is not None:
-            return plan.run()
+        key = ("all_gather", group, id(sendbuf), id(recvbuf), algo, chunk_bytes)
+        out = plans.replay(key, (sendbuf, recvbuf))
+        if out is not None:
+            return out
+    kind = CollectiveOp.ALL_GATHER
     ctx = context(group, sendbuf)
     p, dev = ctx.group.size, ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev)
@@ -342,13 +349,13 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
 
     Returns ``buf``.
     """
-    kind = CollectiveOp.BROADCAST
     key = None
     if not async_op and isinstance(root, int):
-        key = (kind, group, id(buf), algo, chunk_bytes, root)
-        plan = plans.lookup(key, (buf,))
-        if plan is not None:
-            return plan.run()
+        key = ("broadcast", group, id(buf), algo, chunk_bytes, root)
+        out = plans.replay(key, (buf,))
+        if out is not None:
+            return out
+    kind = CollectiveOp.BROADCAST
     ctx = context(group, buf)
     p, dev = ctx.group.size, ctx.backend.device
     problem = first(check_buffer("buf", buf, device=dev, writable=True),

@@ -353,9 +353,9 @@ def _chosen(case: _Case, algo: str) -> str:
         return algo
     from collectives import plans
 
-    plans.LAST_CHOSEN.pop(case.op, None)
+    plans.LAST_CHOSEN.pop(case.op.value, None)
     case.ours(None)()
-    return plans.LAST_CHOSEN.get(case.op, "auto")
+    return plans.LAST_CHOSEN.get(case.op.value, "auto")
 
 
 def peak_rss_bytes(group) -> int:

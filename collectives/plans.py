@@ -3,80 +3,172 @@
 Training loops call the same collective on the same buffers step after
 step. The first blocking call leaves a plan keyed by the operation, group,
 options and the identity of the buffers; the next identical call checks
-that the buffers are still the same arrays with the same sizes and runs the
-plan: no validation, selection or chunk planning again. With argument
-checks on (``NEOCOMM_CHECK_ARGS``), the plan still agrees its signature
-across the group first — the same one small all-reduce the unplanned call
-makes — so a rank whose arguments changed (and so has no plan) and a rank
-that runs its plan stay in step, and a mismatch raises on every rank. Plans hold weak references only, never
-keep buffers alive, and are skipped while an asynchronous operation of
-this process is outstanding (it must be driven by the waits).
+that the buffers are still the same arrays with the same sizes and replays
+the plan (:func:`replay`): no validation, selection or chunk planning again.
+With argument checks on (``NEOCOMM_CHECK_ARGS``), the plan still agrees its
+signature across the group first — the same one small all-reduce the
+unplanned call makes — so a rank whose arguments changed (and so has no
+plan) and a rank that runs its plan stay in step, and a mismatch raises on
+every rank. A plan is skipped when the settings snapshot or the backend's
+argument-check flag changed since it was made, and while an asynchronous
+operation of this process is outstanding (it must be driven by the waits).
+
+Plans hold weak references to the buffers only and never keep them alive:
+the caller passes the buffers again on every replay, and a plan's
+:class:`~collectives.algorithms.Call` holds them only while it runs.
 """
 from __future__ import annotations
 
+from time import monotonic as _now
+import copy
 import weakref
 
 from neocomm.agree import agree
+from neocomm.watchdog import OPEN as _OPEN
+from neocomm.watchdog import Slot
 
 from collectives import progress, settings
 
-__all__ = ["Plan", "lookup", "remember", "clear"]
+__all__ = ["Plan", "replay", "remember", "capture", "clear", "LAST_CHOSEN"]
 
 _LIMIT = 256
 
 
 class Plan:
-    """A prepared call: its :class:`~collectives.algorithms.Call`, algorithm and
-    result, and optionally a direct callable (``fast``) for native calls."""
+    """A prepared call: its :class:`~collectives.algorithms.Call` (buffers left out),
+    algorithm, how the result is made of the buffers, and optionally a direct
+    callable (``fast``, see :meth:`collectives.algorithms.native.Native.fast`)."""
 
-    __slots__ = ("refs", "sizes", "snap", "call", "algo", "result", "fast", "seq", "what",
-                 "agreement")
+    __slots__ = ("refs", "sizes", "snap", "backend", "checked", "call", "algo", "fast",
+                 "seq", "slot", "agreement", "op_name", "algo_name", "result_at",
+                 "result_rest", "send_at", "recv_at")
 
     def __init__(self, bufs, call, algo, result, fast, agreement=None):
-        self.refs = tuple(weakref.ref(b) for b in bufs)
+        self.refs = tuple(weakref.ref(b) for b in bufs)  # TypeError: no plan
         self.sizes = tuple(b.size for b in bufs)
+        self.result_at, self.result_rest = _result_shape(result, bufs)
         self.snap = settings.current()
-        self.call, self.algo, self.result, self.fast = call, algo, result, fast
+        self.backend = call.backend
+        self.checked = bool(call.backend.check_args)
+        call = copy.copy(call)  # the running call keeps its buffers; this copy does not
+        self.call, self.algo, self.fast = call, algo, fast
+        self.op_name, self.algo_name = call.op.value, algo.name
+        # Which of ``bufs`` the Call's flat buffers view: (send, recv) or (buf,).
+        self.send_at = 0 if call.sendbuf is not None else None
+        self.recv_at = len(bufs) - 1 if call.recvbuf is not None else None
+        call.sendbuf = call.recvbuf = None  # the plan must not keep the buffers alive
         self.seq = progress.counter(call.group)
-        self.what = f"{call.op.value} ({algo.name})"
+        self.slot = Slot(f"{self.op_name} ({self.algo_name})")
         self.agreement = agreement  # (comm, op name, signature) when checks are on
 
-    def run(self):
-        """Run the call again (blocking) and return its result."""
+    def applies(self, bufs) -> bool:
+        """Whether this plan still fits ``bufs`` and the process's current state."""
+        if (_OPS or self.snap is not settings._SNAPSHOT
+                or self.backend.check_args is not self.checked):
+            return False
+        refs, sizes = self.refs, self.sizes
+        if refs[0]() is not bufs[0] or bufs[0].size != sizes[0]:
+            return False
+        if len(bufs) > 1 and (refs[1]() is not bufs[1] or bufs[1].size != sizes[1]):
+            return False
+        return True
+
+    def run(self, bufs):
+        """Run the call again on ``bufs`` (blocking) and return its result."""
         if self.agreement is not None:
             comm, op, signature = self.agreement
             agree(comm, op, None, signature)
         seq = next(self.seq)  # every call numbers its group's operations, fast or not
-        LAST_CHOSEN[self.call.op] = self.algo.name
-        if self.fast is not None:
-            self.fast()
+        LAST_CHOSEN[self.op_name] = self.algo_name
+        fast = self.fast
+        if fast is not None:
+            slot = self.slot
+            _OPEN[slot] = _now()
+            try:
+                fast(*bufs)
+            finally:
+                del _OPEN[slot]
         else:
-            call = self.call
+            call, send_at, recv_at = self.call, self.send_at, self.recv_at
+            if send_at is not None:
+                call.sendbuf = bufs[send_at].reshape(-1)
+            if recv_at is not None:  # in place: one view, as the first call had
+                call.recvbuf = call.sendbuf if recv_at == send_at else bufs[recv_at].reshape(-1)
             call.tag = progress.tag_of(seq)
-            progress.start(self.algo.run(call), None, False, self.what)
-        return self.result
+            try:
+                progress.start(self.algo.run(call), None, False, self.slot.what)
+            finally:
+                call.sendbuf = call.recvbuf = None
+        if self.result_rest is None:
+            return bufs[self.result_at]
+        return (bufs[self.result_at],) + self.result_rest
+
+
+def _result_shape(result, bufs):
+    """``(index, rest)``: the result is ``bufs[index]`` (rest None) or the tuple
+    ``(bufs[index],) + rest``; TypeError when it is neither (no plan)."""
+    for i, buf in enumerate(bufs):
+        if result is buf:
+            return i, None
+    if isinstance(result, tuple) and result:
+        for i, buf in enumerate(bufs):
+            if result[0] is buf:
+                return i, tuple(result[1:])
+    raise TypeError("plans: the result is not one of the buffers")
 
 
 _PLANS: dict = {}
+_OPS = progress._ACTIVE  # this process's outstanding asynchronous operations (one list)
 
-#: op -> name of the algorithm its last call ran (read by the benchmark harness).
+#: op value (``"all_to_all"``) -> name of the algorithm its last call ran (read by
+#: the benchmark harness).
 LAST_CHOSEN: dict = {}
 
 
-def lookup(key, bufs) -> Plan | None:
-    """The plan of ``key`` when it still applies to ``bufs``, else None."""
+def replay(key, bufs):
+    """Run the plan of ``key`` on ``bufs`` when it still applies and return the
+    result (never None); None when there is none (then nothing ran).
+
+    This is :meth:`Plan.applies` and :meth:`Plan.run` in one frame: it is the
+    whole per-call cost of a repeated native call."""
     plan = _PLANS.get(key)
-    if plan is None or progress._ACTIVE or plan.snap is not settings._SNAPSHOT:
+    if (plan is None or _OPS or plan.snap is not settings._SNAPSHOT
+            or plan.backend.check_args is not plan.checked):
         return None
-    refs, sizes = plan.refs, plan.sizes
-    for i, buf in enumerate(bufs):
-        if refs[i]() is not buf or buf.size != sizes[i]:
+    refs, sizes, a = plan.refs, plan.sizes, bufs[0]
+    if refs[0]() is not a or a.size != sizes[0]:
+        return None
+    if len(bufs) > 1:
+        b = bufs[1]
+        if refs[1]() is not b or b.size != sizes[1]:
             return None
-    return plan
+    fast = plan.fast
+    if fast is None or plan.agreement is not None:
+        return plan.run(bufs)
+    next(plan.seq)  # every call numbers its group's operations, fast or not
+    LAST_CHOSEN[plan.op_name] = plan.algo_name
+    slot = plan.slot
+    _OPEN[slot] = _now()
+    try:
+        fast(*bufs)
+    finally:
+        del _OPEN[slot]
+    if plan.result_rest is None:
+        return bufs[plan.result_at]
+    return (bufs[plan.result_at],) + plan.result_rest
 
 
 def remember(key, bufs, call, algo, result, agreement=None) -> None:
-    """Keep a plan for ``key`` (the buffers must support weak references)."""
+    """Keep a plan for ``key`` (the buffers must support weak references).
+
+    Called by a blocking call once it is validated, agreed and selected, just
+    before it starts; under :func:`capture` it hands the call over instead."""
+    if _capturing:
+        raise _Captured(bufs, call, algo, result)
+    # A checked AlltoAll(v) exchanges its counts before the agreement; its plan would
+    # skip that exchange on one rank while another rank (without a plan) runs it.
+    if agreement is not None and call.op.value == "all_to_all_v":
+        return
     try:
         fast = algo.fast(call) if hasattr(algo, "fast") else None
         plan = Plan(bufs, call, algo, result, fast, agreement)
@@ -85,6 +177,38 @@ def remember(key, bufs, call, algo, result, agreement=None) -> None:
     if len(_PLANS) >= _LIMIT:
         _PLANS.clear()
     _PLANS[key] = plan
+
+
+class _Captured(Exception):
+    """Carries a validated call out of the API function (see :func:`capture`)."""
+
+    def __init__(self, bufs, call, algo, result):
+        super().__init__("captured")
+        self.bufs, self.call, self.algo, self.result = bufs, call, algo, result
+
+
+_capturing = False
+
+
+def capture(fn, *args, **kwargs):
+    """Validate, agree and select the blocking call ``fn(*args, **kwargs)`` of
+    :mod:`collectives.api` without running it; return ``(bufs, call, algorithm,
+    result)``: what it would have run (the prepared collectives use this).
+
+    Bad arguments raise as from the call itself (on every rank when argument
+    checks are on). The call must be one that leaves a plan (blocking, with
+    its buffers given), else RuntimeError after it ran.
+    """
+    global _PLANS, _capturing
+    saved, _PLANS, _capturing = _PLANS, {}, True  # no implicit plan may answer it
+    try:
+        fn(*args, **kwargs)
+    except _Captured as got:
+        return got.bufs, got.call, got.algo, got.result
+    finally:
+        _PLANS, _capturing = saved, False
+    raise RuntimeError(f"plans.capture: {getattr(fn, '__name__', fn)} ran instead of "
+                       f"being prepared")
 
 
 def clear() -> None:

@@ -7,16 +7,12 @@ non-blocking twin.
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
-
-from neocomm import watchdog
 
 from collectives.algorithms import Algorithm, Call, displs
 from collectives.types import CollectiveOp
 
-__all__ = ["Native", "ALGORITHMS"]
+__all__ = ["Native", "ALGORITHMS", "host_datatype"]
 
 
 class Native(Algorithm):
@@ -57,49 +53,69 @@ class Native(Algorithm):
 
     def fast(self, call: Call):
         """A direct mpi4py call for a repeated blocking call on host buffers of a
-        dtype mpi4py maps by itself (None otherwise): see :mod:`collectives.plans`."""
-        from neocomm.types import BackendKind
+        dtype with a predefined MPI datatype, or None (see :mod:`collectives.plans`).
 
-        buf = call.sendbuf if call.sendbuf is not None else call.recvbuf
-        if (call.xp.__name__ != "numpy" or call.backend.kind is not BackendKind.MPI
-                or buf.dtype.name not in _AUTO_TYPES):
+        The callable takes the buffers as the API call holds them —
+        ``(sendbuf, recvbuf)``, or ``(buf,)`` for a one-buffer call (broadcast,
+        in-place all-reduce) — and holds no reference to them. Buffers go to
+        mpi4py as ``[buf, datatype]``, which spares mpi4py inferring the datatype
+        from the buffer's format on every call.
+        """
+        t = host_datatype(call)
+        if t is None:
             return None
         from mpi4py import MPI
 
-        comm, op, s, r = call.group.comm, call.op, call.sendbuf, call.recvbuf
+        comm, op = call.group.comm, call.op
         mop = getattr(MPI, call.reduce_op.name) if call.reduce_op is not None else None
         if op is CollectiveOp.ALL_TO_ALL:
-            fn = functools.partial(comm.Alltoall, s, r)
-        elif op is CollectiveOp.ALL_TO_ALL_V:
-            fn = functools.partial(
-                comm.Alltoallv, [s, (call.send_counts.tolist(), call.send_displs.tolist())],
-                [r, (call.recv_counts.tolist(), call.recv_displs.tolist())])
-        elif op is CollectiveOp.ALL_REDUCE:
-            fn = functools.partial(comm.Allreduce, MPI.IN_PLACE if r is s else s, r, mop)
-        elif op is CollectiveOp.REDUCE_SCATTER:
+            alltoall = comm.Alltoall
+            return lambda s, r: alltoall([s, t], [r, t])
+        if op is CollectiveOp.ALL_TO_ALL_V:
+            alltoallv = comm.Alltoallv
+            sc, sd = call.send_counts.tolist(), call.send_displs.tolist()
+            rc, rd = call.recv_counts.tolist(), call.recv_displs.tolist()
+            return lambda s, r: alltoallv([s, sc, sd, t], [r, rc, rd, t])
+        if op is CollectiveOp.ALL_REDUCE:
+            allreduce = comm.Allreduce
+            if call.recvbuf is call.sendbuf:  # in place: called with (buf,)
+                in_place = MPI.IN_PLACE
+                return lambda b: allreduce(in_place, [b, t], mop)
+            return lambda s, r: allreduce([s, t], [r, t], mop)
+        if op is CollectiveOp.REDUCE_SCATTER:
             counts = call.recv_counts
             if bool((counts == counts[0]).all()):
-                fn = functools.partial(comm.Reduce_scatter_block, s, r, mop)
-            else:
-                fn = functools.partial(comm.Reduce_scatter, s, r, counts.tolist(), mop)
-        elif op is CollectiveOp.ALL_GATHER:
-            fn = functools.partial(comm.Allgather, s, r)
-        elif op is CollectiveOp.BROADCAST:
-            fn = functools.partial(comm.Bcast, r, call.root)
-        else:
-            return None
-        what = op.value
-
-        def run():
-            with watchdog.guard(what):
-                fn()
-
-        return run
+                block = comm.Reduce_scatter_block
+                return lambda s, r: block([s, t], [r, t], mop)
+            vector, counts = comm.Reduce_scatter, counts.tolist()
+            return lambda s, r: vector([s, t], [r, t], counts, mop)
+        if op is CollectiveOp.ALL_GATHER:
+            allgather = comm.Allgather
+            return lambda s, r: allgather([s, t], [r, t])
+        if op is CollectiveOp.BROADCAST:
+            bcast, root = comm.Bcast, call.root
+            return lambda b: bcast([b, t], root)
+        return None
 
 
-#: dtypes whose MPI datatype mpi4py infers from the buffer itself.
-_AUTO_TYPES = frozenset({"float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-                         "uint16", "uint32", "uint64"})
+def host_datatype(call: Call):
+    """The predefined MPI datatype of ``call``'s elements when it moves host (NumPy)
+    buffers over the MPI backend, else None."""
+    from neocomm.types import BackendKind
+
+    buf = call.sendbuf if call.sendbuf is not None else call.recvbuf
+    name = _MPI_TYPES.get(buf.dtype.name)
+    if call.xp.__name__ != "numpy" or call.backend.kind is not BackendKind.MPI or not name:
+        return None
+    from mpi4py import MPI
+
+    return getattr(MPI, name)
+
+
+#: dtype name -> its predefined MPI datatype (the name of the mpi4py attribute).
+_MPI_TYPES = {"float32": "FLOAT", "float64": "DOUBLE", "int8": "INT8_T", "int16": "INT16_T",
+              "int32": "INT32_T", "int64": "INT64_T", "uint8": "UINT8_T", "uint16": "UINT16_T",
+              "uint32": "UINT32_T", "uint64": "UINT64_T"}
 
 
 def _dense_many_to_many(call: Call, kw):
