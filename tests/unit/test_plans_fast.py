@@ -217,7 +217,8 @@ run()
 
 
 @pytest.mark.parametrize("run, named", [
-    ("lambda: C.all_to_all(x, y, algo='native')", "all_to_all (native)")])
+    ("lambda: C.all_to_all(x, y, algo='native')", "all_to_all (native)"),
+    ("C.prepare_all_to_all(x, y, algo='native')", "all_to_all (native, prepared)")])
 def test_a_stalled_repeated_call_aborts_the_job_naming_it(tmp_path, run, named):
     script = tmp_path / "job.py"
     script.write_text(_STALL_JOB.format(run=run))

@@ -1,0 +1,175 @@
+"""Prepared (persistent) collectives: same results as the plain calls, fail together, free."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collectives as C
+from collectives import plans
+from neocomm import CollectiveArgumentError
+
+
+def _cases(world, rng):
+    """(name, prepare(), plain(), output) per dense op; inputs differ per rank."""
+    p, r = world.size, world.rank
+    x = rng.integers(-8, 8, 6 * p).astype(np.float32)
+    y = np.empty_like(x)
+    counts = [(r + q) % 3 + 1 for q in range(p)]  # what this rank sends to q
+    recv = [(q + r) % 3 + 1 for q in range(p)]  # what q sends to this rank
+    xv = rng.integers(-8, 8, sum(counts)).astype(np.int64)
+    yv = np.empty(sum(recv), np.int64)
+    rs_out = np.empty(x.size // p, np.float32)
+    ag_out = np.empty(x.size * p, np.float32)
+    bc = np.full(5, float(r), np.float64)
+    inplace = x.copy()
+    return [
+        ("all_to_all", x, y, lambda a: C.prepare_all_to_all(x, y, algo=a),
+         lambda a: C.all_to_all(x, np.empty_like(x), algo=a)),
+        ("all_to_all_v", xv, yv, lambda a: C.prepare_all_to_all_v(xv, counts, yv, recv, algo=a),
+         lambda a: C.all_to_all_v(xv, counts, np.empty_like(yv), recv, algo=a)[0]),
+        ("all_reduce", x, y, lambda a: C.prepare_all_reduce(x, y, algo=a),
+         lambda a: C.all_reduce(x, np.empty_like(x), algo=a)),
+        ("all_reduce_in_place", inplace, inplace,
+         lambda a: C.prepare_all_reduce(inplace, op="max", algo=a),
+         lambda a: C.all_reduce(inplace.copy(), op="max", algo=a)),
+        ("reduce_scatter", x, rs_out, lambda a: C.prepare_reduce_scatter(x, rs_out, algo=a),
+         lambda a: C.reduce_scatter(x, np.empty_like(rs_out), algo=a)),
+        ("all_gather", x, ag_out, lambda a: C.prepare_all_gather(x, ag_out, algo=a),
+         lambda a: C.all_gather(x, np.empty_like(ag_out), algo=a)),
+        ("broadcast", bc, bc, lambda a: C.prepare_broadcast(bc, root=p - 1, algo=a),
+         lambda a: C.broadcast(bc.copy(), root=p - 1, algo=a)),
+    ]
+
+
+@pytest.mark.parametrize("algo", [None, "native"])
+def test_prepared_runs_match_plain_calls_as_contents_change(world, rng, all_ranks, algo):
+    ok, bad = True, []
+    for name, inp, out, prepare, plain in _cases(world, rng):
+        with prepare(algo) as prep:
+            for step in range(4):
+                inp += 1  # new contents, same buffers
+                want = plain(algo).copy()  # the plain call first: in place ops change inp
+                if step < 3:
+                    got = prep()
+                else:
+                    prep.start()
+                    got = prep.wait()
+                got = got[0] if name == "all_to_all_v" else got
+                if got is not out or not np.array_equal(got.reshape(-1), want.reshape(-1)):
+                    ok, bad = False, bad + [f"{name} step {step}"]
+    all_ranks(ok, f"rank {world.rank}: {bad}")
+
+
+def test_native_host_calls_run_as_mpi_persistent_requests(world, all_ranks):
+    x = np.ones(4 * world.size, np.float32)
+    with C.prepare_all_to_all(x, np.empty_like(x), algo="native") as a, \
+            C.prepare_broadcast(x, algo="native") as b:
+        ok = a.persistent and b.persistent and a.algo == "native"
+    with C.prepare_all_reduce(np.ones(3, np.float16)) as c:  # no predefined MPI type here
+        ok = ok and not c.persistent and np.array_equal(c(), np.full(3, world.size))
+    all_ranks(ok)
+
+
+def test_a_non_native_algorithm_is_rerun(world, all_ranks):
+    x = np.arange(8 * world.size, dtype=np.float64) + world.rank
+    want = np.empty_like(x)
+    with C.prepare_all_to_all(x, np.empty_like(x), algo="pairwise") as prep:
+        ok = prep.algo == "pairwise" and not prep.persistent
+        for _ in range(2):
+            x *= 2
+            world.comm.Alltoall(x, want)
+            ok = ok and np.array_equal(prep(), want)
+    all_ranks(ok)
+
+
+def test_an_outstanding_async_call_is_driven_while_a_prepared_run_waits(world, all_ranks):
+    x = np.ones(4 * world.size, np.float32)
+    y = np.empty_like(x)
+    z = np.ones(16, np.float64)
+    with C.prepare_all_to_all(x, y) as prep:
+        handle = C.all_reduce(z, async_op=True)
+        ok = prep() is y
+        ok = ok and np.array_equal(handle.wait(), np.full(16, world.size))
+    all_ranks(ok)
+
+
+def test_preparing_leaves_implicit_plans_alone(world, all_ranks):
+    x = np.ones(4 * world.size, np.float32)
+    y = np.empty_like(x)
+    C.all_to_all(x, y)
+    before = dict(plans._PLANS)
+    with C.prepare_all_to_all(x, y):
+        pass
+    all_ranks(plans._PLANS == before)
+
+
+def test_use_after_free_raises(world, all_ranks):
+    x = np.ones(4 * world.size, np.float32)
+    prep = C.prepare_all_to_all(x, np.empty_like(x))
+    prep()
+    prep.free()
+    prep.free()  # idempotent
+    raised = 0
+    for use in (prep, prep.start, prep.wait):
+        try:
+            use()
+        except ValueError as exc:
+            raised += "after free()" in str(exc)
+    with C.prepare_all_reduce(x) as ctx:
+        pass
+    try:
+        ctx()
+    except ValueError:
+        raised += 1
+    all_ranks(raised == 4 and "freed" in repr(prep))
+
+
+def test_wait_without_start_and_start_twice_raise(world, all_ranks):
+    x = np.ones(4 * world.size, np.float32)
+    raised = 0
+    with C.prepare_all_to_all(x, np.empty_like(x)) as prep:
+        try:
+            prep.wait()
+        except ValueError as exc:
+            raised += "without start()" in str(exc)
+        prep.start()
+        try:
+            prep()
+        except ValueError as exc:
+            raised += "not waited for" in str(exc)
+        prep.wait()
+    all_ranks(raised == 2)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_input_on_one_rank_raises_on_every_rank(world):
+    n = world.size
+    x = np.ones(4 * n, np.float32)
+    y = np.empty(4 * n if world.rank != 1 else 4 * n + 1, np.float32)
+    with pytest.raises(CollectiveArgumentError, match="recvbuf"):
+        C.prepare_all_to_all(x, y)
+    with pytest.raises(CollectiveArgumentError, match="dtype differs"):
+        C.prepare_all_reduce(np.ones(4, np.float32 if world.rank else np.float64))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_missing_prepared_only_argument_on_one_rank_raises_everywhere(world):
+    n = world.size
+    x = np.ones(n, np.int64)
+    recv = [1] * n if world.rank != 0 else None
+    with pytest.raises(CollectiveArgumentError, match="recv_counts"):
+        C.prepare_all_to_all_v(x, [1] * n, np.empty(n, np.int64), recv)
+    with pytest.raises(CollectiveArgumentError, match="root"):
+        C.prepare_broadcast(x, root=0 if world.rank else "zero")
+
+
+def test_bad_input_with_checks_off_raises_locally(world, all_ranks):
+    backend = world.world.backend()
+    saved = backend.check_args
+    backend.check_args = False
+    try:
+        with pytest.raises(CollectiveArgumentError, match="recvbuf"):
+            C.prepare_all_to_all(np.ones(4 * world.size), np.empty(4 * world.size + 1))
+    finally:
+        backend.check_args = saved
+    all_ranks(True)
