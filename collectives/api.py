@@ -72,7 +72,7 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     key = None
     if not async_op and recvbuf is not None:
         key = ("all_to_all", group, id(sendbuf), id(recvbuf), algo, chunk_bytes)
-        out = plans.replay(key, (sendbuf, recvbuf))
+        out = plans.replay(key, sendbuf, recvbuf)
         if out is not None:
             return out
     op = CollectiveOp.ALL_TO_ALL
@@ -129,7 +129,7 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
                    np.asarray(recv_counts, np.int64).tobytes())
         except (TypeError, ValueError):
             key = None
-        out = plans.replay(key, (sendbuf, recvbuf)) if key is not None else None
+        out = plans.replay(key, sendbuf, recvbuf) if key is not None else None
         if out is not None:
             return out
     op = CollectiveOp.ALL_TO_ALL_V
@@ -205,7 +205,7 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
                 key += (np.asarray(recv_counts, np.int64).tobytes(),)
             except (TypeError, ValueError):
                 key = None
-        out = plans.replay(key, (sendbuf, recvbuf)) if key is not None else None
+        out = plans.replay(key, sendbuf, recvbuf) if key is not None else None
         if out is not None:
             return out
     kind = CollectiveOp.REDUCE_SCATTER
@@ -260,14 +260,14 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
 
     Returns the result buffer.
     """
-    bufs = (sendbuf,) if recvbuf is None else (sendbuf, recvbuf)
     key = None
     if not async_op:
         key = ("all_reduce", group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
                op if op.__class__ is str else getattr(op, "_value_", None))
-        out = plans.replay(key, bufs)
+        out = plans.replay(key, sendbuf, recvbuf)
         if out is not None:
             return out
+    bufs = (sendbuf,) if recvbuf is None else (sendbuf, recvbuf)
     kind = CollectiveOp.ALL_REDUCE
     rop = ReduceOp.parse(op)
     ctx = context(group, sendbuf)
@@ -309,7 +309,7 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     key = None
     if not async_op and recvbuf is not None:
         key = ("all_gather", group, id(sendbuf), id(recvbuf), algo, chunk_bytes)
-        out = plans.replay(key, (sendbuf, recvbuf))
+        out = plans.replay(key, sendbuf, recvbuf)
         if out is not None:
             return out
     kind = CollectiveOp.ALL_GATHER
@@ -352,7 +352,7 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
     key = None
     if not async_op and isinstance(root, int):
         key = ("broadcast", group, id(buf), algo, chunk_bytes, root)
-        out = plans.replay(key, (buf,))
+        out = plans.replay(key, buf)
         if out is not None:
             return out
     kind = CollectiveOp.BROADCAST

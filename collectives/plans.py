@@ -125,9 +125,10 @@ _OPS = progress._ACTIVE  # this process's outstanding asynchronous operations (o
 LAST_CHOSEN: dict = {}
 
 
-def replay(key, bufs):
-    """Run the plan of ``key`` on ``bufs`` when it still applies and return the
-    result (never None); None when there is none (then nothing ran).
+def replay(key, a, b=None):
+    """Run the plan of ``key`` on the buffers ``a`` (and ``b``, for a two-buffer
+    call) when it still applies and return the result (never None); None when
+    there is none (then nothing ran).
 
     This is :meth:`Plan.applies` and :meth:`Plan.run` in one frame: it is the
     whole per-call cost of a repeated native call."""
@@ -135,27 +136,28 @@ def replay(key, bufs):
     if (plan is None or _OPS or plan.snap is not settings._SNAPSHOT
             or plan.backend.check_args is not plan.checked):
         return None
-    refs, sizes, a = plan.refs, plan.sizes, bufs[0]
+    refs, sizes = plan.refs, plan.sizes
     if refs[0]() is not a or a.size != sizes[0]:
         return None
-    if len(bufs) > 1:
-        b = bufs[1]
-        if refs[1]() is not b or b.size != sizes[1]:
-            return None
+    if b is not None and (refs[1]() is not b or b.size != sizes[1]):
+        return None
     fast = plan.fast
     if fast is None or plan.agreement is not None:
-        return plan.run(bufs)
+        return plan.run((a,) if b is None else (a, b))
     next(plan.seq)  # every call numbers its group's operations, fast or not
     LAST_CHOSEN[plan.op_name] = plan.algo_name
     slot = plan.slot
     _OPEN[slot] = _now()
     try:
-        fast(*bufs)
+        if b is None:
+            fast(a)
+        else:
+            fast(a, b)
     finally:
         del _OPEN[slot]
     if plan.result_rest is None:
-        return bufs[plan.result_at]
-    return (bufs[plan.result_at],) + plan.result_rest
+        return b if plan.result_at else a
+    return (b if plan.result_at else a,) + plan.result_rest
 
 
 def remember(key, bufs, call, algo, result, agreement=None) -> None:

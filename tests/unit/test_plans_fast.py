@@ -67,11 +67,11 @@ def test_a_plan_replays_the_same_buffers_and_misses_others():
     ran = []
     x, y = np.arange(4.0), np.zeros(4)
     _plan("k", x, y, fast=lambda s, r: ran.append((s, r)))
-    assert plans.replay("k", (x, y)) is y
+    assert plans.replay("k", x, y) is y
     assert ran == [(x, y)] and plans.LAST_CHOSEN["all_to_all"] == "fake"
-    assert plans.replay("k", (x.copy(), y)) is None  # another array with the same id-key
-    assert plans.replay("k", (y, x)) is None
-    assert plans.replay("other", (x, y)) is None
+    assert plans.replay("k", x.copy(), y) is None  # another array with the same id-key
+    assert plans.replay("k", y, x) is None
+    assert plans.replay("other", x, y) is None
     assert len(ran) == 1
 
 
@@ -88,9 +88,9 @@ class _Resizable:
 def test_a_resized_buffer_misses():
     x, y = _Resizable(4), _Resizable(4)
     _plan("k", x, y, fast=lambda s, r: None)
-    assert plans.replay("k", (x, y)) is y
+    assert plans.replay("k", x, y) is y
     y.size = 8
-    assert plans.replay("k", (x, y)) is None
+    assert plans.replay("k", x, y) is None
 
 
 def test_plans_do_not_keep_buffers_alive():
@@ -106,18 +106,18 @@ def test_plans_do_not_keep_buffers_alive():
 def test_settings_reload_check_flag_and_outstanding_ops_skip_the_plan():
     x, y = np.arange(4.0), np.zeros(4)
     call, _ = _plan("k", x, y, fast=lambda s, r: None)
-    assert plans.replay("k", (x, y)) is y
+    assert plans.replay("k", x, y) is y
     call.backend.check_args = True
-    assert plans.replay("k", (x, y)) is None
+    assert plans.replay("k", x, y) is None
     call.backend.check_args = False
     progress._ACTIVE.append(object())
     try:
-        assert plans.replay("k", (x, y)) is None
+        assert plans.replay("k", x, y) is None
     finally:
         progress._ACTIVE.pop()
-    assert plans.replay("k", (x, y)) is y
+    assert plans.replay("k", x, y) is y
     settings.reload()
-    assert plans.replay("k", (x, y)) is None
+    assert plans.replay("k", x, y) is None
 
 
 def test_the_fast_call_is_an_open_wait_named_after_the_op_even_when_it_raises():
@@ -130,7 +130,7 @@ def test_the_fast_call_is_an_open_wait_named_after_the_op_even_when_it_raises():
     x, y = np.arange(4.0), np.zeros(4)
     _plan("k", x, y, fast=fast)
     with pytest.raises(RuntimeError, match="boom"):
-        plans.replay("k", (x, y))
+        plans.replay("k", x, y)
     assert seen == ["all_to_all (fake)"]
     assert not watchdog.OPEN
 
@@ -140,7 +140,7 @@ def test_the_generic_path_lends_the_buffers_only_while_it_runs():
     call, algo = _plan("k", x, y)
     plan = plans._PLANS["k"]
     assert plan.call.sendbuf is None and plan.call.recvbuf is None
-    assert plans.replay("k", (x, y)) is y and np.array_equal(y, x)
+    assert plans.replay("k", x, y) is y and np.array_equal(y, x)
     assert np.shares_memory(algo.seen[-1][0], x) and plan.call.sendbuf is None
     assert call.sendbuf is not None  # the first call's own Call keeps its buffers
 
@@ -150,7 +150,7 @@ def test_a_result_made_of_a_buffer_and_counts():
     counts = np.array([4])
     call = _Call(CollectiveOp.ALL_TO_ALL_V, x, y)
     plans.remember("v", (x, y), call, _Algo(), (y, counts))
-    out = plans.replay("v", (x, y))
+    out = plans.replay("v", x, y)
     assert out[0] is y and out[1] is counts
     plans.remember("bad", (x, y), call, _Algo(), np.zeros(1))  # not made of the buffers
     assert "bad" not in plans._PLANS
