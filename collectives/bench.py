@@ -53,6 +53,7 @@ class BenchConfig:
     dtype: str = "float32"
     reduce_op: str = "sum"
     root: int = 0
+    prepared: bool = False  # ours through collectives.prepare_* (the peer stays plain)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class _Case:
 
     def __init__(self, cfg: BenchConfig, group, size: int):
         self.cfg, self.group, self.op = cfg, group, cfg.op
+        self.held: list = []  # prepared collectives of this case, freed by close()
         p, r = group.size, group.rank
         self.dtype = _dtype(cfg.dtype)
         item = self.dtype.itemsize
@@ -165,6 +167,8 @@ class _Case:
     def ours(self, algo: str | None):
         op, s, r, g = self.op, self.send, self.recv, self.group
         kw = {"algo": algo, "group": g}
+        if self.cfg.prepared and op in _PREPARABLE:
+            return self._prepared(kw)
         if op is CollectiveOp.ALL_TO_ALL:
             return lambda: C.all_to_all(s, r, **kw)
         if op is CollectiveOp.ALL_TO_ALL_V:
@@ -189,6 +193,37 @@ class _Case:
         rcounts = [self.per] * len(self.senders)
         return lambda: C.many_to_many(s, self.peers, counts, recv_peers=self.senders,
                                       recv_counts=rcounts, recvbuf=r, **kw)
+
+    def _prepared(self, kw):
+        """Our call as a prepared collective (``--prepared``); one that cannot be
+        prepared (e.g. an algorithm that does not fit) raises when called."""
+        op, s, r, g, cfg = self.op, self.send, self.recv, self.group, self.cfg
+        try:
+            if op is CollectiveOp.ALL_TO_ALL:
+                prep = C.prepare_all_to_all(s, r, **kw)
+            elif op is CollectiveOp.ALL_TO_ALL_V:
+                c = [s.size // g.size] * g.size
+                prep = C.prepare_all_to_all_v(s, c, r, c, **kw)
+            elif op is CollectiveOp.ALL_REDUCE:
+                prep = C.prepare_all_reduce(s, r, op=cfg.reduce_op, **kw)
+            elif op is CollectiveOp.REDUCE_SCATTER:
+                prep = C.prepare_reduce_scatter(s, r, op=cfg.reduce_op, **kw)
+            elif op is CollectiveOp.ALL_GATHER:
+                prep = C.prepare_all_gather(s, r, **kw)
+            else:
+                prep = C.prepare_broadcast(s if g.rank == cfg.root else r, root=cfg.root, **kw)
+        except CollectiveArgumentError as exc:  # agreed: every rank gets the same error
+            def refuse(exc=exc):
+                raise exc
+            return refuse
+        self.held.append(prep)
+        return prep
+
+    def close(self) -> None:
+        """Free the prepared collectives of this case."""
+        for prep in self.held:
+            prep.free()
+        self.held.clear()
 
     # -- checking -----------------------------------------------------------
     def expected(self, it: int) -> np.ndarray:
@@ -235,6 +270,10 @@ class _Case:
             return 0
         got = self.output().astype(np.float64)
         return int(np.count_nonzero(got != self.expected(it).astype(np.float64)))
+
+
+_PREPARABLE = (CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V, CollectiveOp.ALL_REDUCE,
+               CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER, CollectiveOp.BROADCAST)
 
 
 def _mpi_buf(a: np.ndarray):
@@ -342,6 +381,7 @@ def run_bench(cfg: BenchConfig, group, on_row=None) -> list[Row]:
         for row in size_rows[1:]:
             row.ratio = peer_time / row.time if row.time > 0 else None
         rows.extend(size_rows)
+        case.close()
         if on_row is not None:
             on_row(size_rows)
     return rows

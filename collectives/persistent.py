@@ -14,8 +14,12 @@ returned :class:`Prepared` then moves whatever the buffers hold at each run::
             # or: a2a.start(); ...overlap...; y = a2a.wait()
 
 When the chosen algorithm is ``native`` on host (NumPy) buffers over MPI,
-each run is one MPI persistent request's ``Start`` and ``Wait`` (under the
-stall watchdog); otherwise it reruns the prepared algorithm.
+each blocking run is one MPI call under the stall watchdog: an MPI persistent
+request's ``Start`` and ``Wait`` for AlltoAll, AlltoAllv and Broadcast, the
+blocking mpi4py call itself for AllReduce, ReduceScatter and AllGather (Open
+MPI 5 builds persistent collectives from its non-blocking ones, which for these
+three run slower than its tuned blocking algorithms; see
+``neocomm bench --prepared``). Otherwise a run reruns the prepared algorithm.
 
 Every rank of the group prepares, runs and frees the same collectives in
 the same order; a prepared run matches only prepared runs of the same
@@ -49,12 +53,13 @@ class Prepared:
     buffer, or ``(recvbuf, recv_counts)`` for AlltoAllv).
     """
 
-    __slots__ = ("op", "algo", "result", "_call", "_algo", "_request", "_slot", "_seq",
-                 "_handle", "_bufs", "_freed")
+    __slots__ = ("op", "algo", "result", "_call", "_algo", "_request", "_direct", "_slot",
+                 "_seq", "_handle", "_bufs", "_freed")
 
-    def __init__(self, bufs, call, algo, result, request):
+    def __init__(self, bufs, call, algo, result, request, direct):
         self.op, self.algo, self.result = call.op.value, algo.name, result
         self._call, self._algo, self._request, self._bufs = call, algo, request, bufs
+        self._direct = direct  # a blocking mpi4py call over ``bufs`` (native, host, MPI)
         self._slot = Slot(f"{self.op} ({self.algo}, prepared)")
         self._seq = progress.counter(call.group)
         self._handle = None
@@ -71,16 +76,26 @@ class Prepared:
             self._check("run")
         seq = next(self._seq)  # every run numbers its group's operations, as any call does
         plans.LAST_CHOSEN[self.op] = self.algo
-        request = self._request
-        if request is not None and not progress._ACTIVE:
-            slot = self._slot
-            _OPEN[slot] = _now()
-            try:
-                request.Start()
-                request.Wait()
-            finally:
-                del _OPEN[slot]
-            return self.result
+        if not progress._ACTIVE:  # else drive the outstanding operations too
+            request = self._request
+            if request is not None:
+                slot = self._slot
+                _OPEN[slot] = _now()
+                try:
+                    request.Start()
+                    request.Wait()
+                finally:
+                    del _OPEN[slot]
+                return self.result
+            direct = self._direct
+            if direct is not None:
+                slot = self._slot
+                _OPEN[slot] = _now()
+                try:
+                    direct(*self._bufs)
+                finally:
+                    del _OPEN[slot]
+                return self.result
         return progress.start(self._steps(seq, True), self.result, False,
                               self._slot.what).wait()
 
@@ -110,7 +125,7 @@ class Prepared:
             self.wait()
         if self._request is not None:
             self._request.Free()
-        self._request = self._call = self._bufs = self.result = None
+        self._request = self._direct = self._call = self._bufs = self.result = None
         self._freed = True
 
     def __enter__(self) -> "Prepared":
@@ -120,7 +135,8 @@ class Prepared:
         self.free()
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else ("persistent" if self.persistent else "prepared")
+        state = ("freed" if self._freed else "persistent" if self.persistent
+                 else "direct" if self._direct is not None else "rerun")
         return f"<Prepared {self.op} ({self.algo}), {state}>"
 
     def _check(self, what: str) -> None:
@@ -169,41 +185,35 @@ def _prepare(fn, kind: CollectiveOp, group, required: bool, missing: Problem | N
     if required:
         fail(context(group, args[0]), kind, missing, [("op", OP_CODES[kind])])
     bufs, call, algo, result = plans.capture(fn, *args, group=group, **kwargs)
-    return Prepared(bufs, call, algo, result, _persistent_request(call, algo, bufs))
+    request = _persistent_request(call, algo, bufs)
+    direct = algo.fast(call) if request is None and algo.name == "native" else None
+    return Prepared(bufs, call, algo, result, request, direct)
 
 
 def _persistent_request(call, algo, bufs):
-    """The MPI persistent request of a native call on host buffers, else None."""
+    """The MPI persistent request of a native AlltoAll(v) or Broadcast on host
+    buffers, else None."""
     from collectives.algorithms.native import host_datatype
 
-    t = host_datatype(call) if algo.name == "native" else None
+    op = call.op
+    if algo.name != "native" or op not in _PERSISTENT:
+        return None
+    t = host_datatype(call)
     if t is None:
         return None
-    from mpi4py import MPI
-
-    comm, op = call.group.comm, call.op
-    mop = getattr(MPI, call.reduce_op.name) if call.reduce_op is not None else None
-    s, r = ([bufs[0], t], [bufs[-1], t])
+    comm = call.group.comm
     if op is CollectiveOp.ALL_TO_ALL:
-        return comm.Alltoall_init(s, r)
+        return comm.Alltoall_init([bufs[0], t], [bufs[1], t])
     if op is CollectiveOp.ALL_TO_ALL_V:
         return comm.Alltoallv_init(
             [bufs[0], call.send_counts.tolist(), call.send_displs.tolist(), t],
             [bufs[1], call.recv_counts.tolist(), call.recv_displs.tolist(), t])
-    if op is CollectiveOp.ALL_REDUCE:
-        if call.recvbuf is call.sendbuf:
-            return comm.Allreduce_init(MPI.IN_PLACE, r, mop)
-        return comm.Allreduce_init(s, r, mop)
-    if op is CollectiveOp.REDUCE_SCATTER:
-        counts = call.recv_counts
-        if bool((counts == counts[0]).all()):
-            return comm.Reduce_scatter_block_init(s, r, mop)
-        return comm.Reduce_scatter_init(s, r, counts.tolist(), mop)
-    if op is CollectiveOp.ALL_GATHER:
-        return comm.Allgather_init(s, r)
-    if op is CollectiveOp.BROADCAST:
-        return comm.Bcast_init(r, call.root)
-    return None
+    return comm.Bcast_init([bufs[0], t], call.root)
+
+
+#: Ops whose native runs use MPI persistent requests (see the module docstring).
+_PERSISTENT = frozenset({CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V,
+                         CollectiveOp.BROADCAST})
 
 
 def _group_size(group, buf) -> int:

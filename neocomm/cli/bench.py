@@ -67,6 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate", default=None, metavar="FILE",
                    help="write (or update) a calibration file for NEOCOMM_CALIBRATION: "
                         "measured / modelled time of each algorithm")
+    p.add_argument("--prepared", action="store_true",
+                   help="run our algorithms as prepared (persistent) collectives, "
+                        "collectives.prepare_*: validated once, then only run; the mpi peer "
+                        "stays the plain blocking call")
     p.add_argument("--check-args", action="store_true",
                    help="keep argument agreement on in timed calls (off by default, as "
                         "nccl-tests times the bare collective)")
@@ -114,6 +118,7 @@ def run(args) -> int:
                       factor=args.stepfactor, iters=args.iters, warmup=args.warmup_iters,
                       check=args.check, repeat=args.repeat, algos=algos, dtype=args.dtype,
                       reduce_op=args.reduce_op, root=args.root)
+    cfg.prepared = args.prepared
     lead = group.rank == 0
     printer = _Printer(cfg, group, world) if lead else None
     try:
@@ -154,6 +159,9 @@ class _Printer:
                 [:(43 if a == "mpi" else 54)] for a in self.algos)
             print(head1)
             print(head2, flush=True)
+            if self.cfg.prepared:
+                print("# ours: prepared collectives (validated once, then run); mpi: the "
+                      "plain blocking call", flush=True)
         cells = []
         for r in rows:
             text = f"{r.time * 1e6:10.1f} {r.algbw:10.3f} {r.busbw:10.3f} {r.wrong:10d}"
@@ -189,7 +197,7 @@ def _write_json(path, cfg, group, world, rows, rss, staging) -> None:
             "group": group.name, "dtype": cfg.dtype, "reduce_op": cfg.reduce_op,
             "iters": cfg.iters, "warmup": cfg.warmup, "repeat": cfg.repeat,
             "check": cfg.check, "host": socket.gethostname(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "prepared": cfg.prepared, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "settings": {k: v for k, v in vars(settings.current()).items()},
             "fabric_source": fabric_for(group).source,
             "peak_rss_bytes": rss, "staging_high_water_bytes": staging,

@@ -60,13 +60,16 @@ def test_prepared_runs_match_plain_calls_as_contents_change(world, rng, all_rank
     all_ranks(ok, f"rank {world.rank}: {bad}")
 
 
-def test_native_host_calls_run_as_mpi_persistent_requests(world, all_ranks):
+def test_native_host_calls_run_as_one_mpi_call(world, all_ranks):
     x = np.ones(4 * world.size, np.float32)
     with C.prepare_all_to_all(x, np.empty_like(x), algo="native") as a, \
-            C.prepare_broadcast(x, algo="native") as b:
+            C.prepare_broadcast(x, algo="native") as b, \
+            C.prepare_all_reduce(x, np.empty_like(x), algo="native") as c:
         ok = a.persistent and b.persistent and a.algo == "native"
-    with C.prepare_all_reduce(np.ones(3, np.float16)) as c:  # no predefined MPI type here
-        ok = ok and not c.persistent and np.array_equal(c(), np.full(3, world.size))
+        ok = ok and not c.persistent and "direct" in repr(c)  # the blocking mpi4py call
+        ok = ok and np.array_equal(c(), np.full(x.size, world.size))
+    with C.prepare_all_reduce(np.ones(3, np.float16)) as d:  # no predefined MPI type here
+        ok = ok and "rerun" in repr(d) and np.array_equal(d(), np.full(3, world.size))
     all_ranks(ok)
 
 
@@ -173,3 +176,18 @@ def test_bad_input_with_checks_off_raises_locally(world, all_ranks):
     finally:
         backend.check_args = saved
     all_ranks(True)
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "all_to_all_v", "all_reduce", "reduce_scatter",
+                                "all_gather", "broadcast", "many_to_many"])
+def test_the_benchmark_runs_prepared_collectives(world, all_ranks, op):
+    from collectives.bench import PEER, BenchConfig, run_bench
+    from collectives.types import CollectiveOp
+
+    cfg = BenchConfig(CollectiveOp.parse(op), min_bytes=4096, max_bytes=16384, factor=4,
+                      iters=2, warmup=1, check=2, repeat=1, algos=("auto", "all"),
+                      prepared=True)
+    rows = run_bench(cfg, world.world)
+    ok = {PEER, "auto", "native"} <= {r.algo for r in rows} and all(r.wrong == 0 for r in rows)
+    ok = ok and all(r.chosen for r in rows if r.algo == "auto")
+    all_ranks(ok, str([(r.size, r.algo, r.chosen, r.wrong) for r in rows]))
