@@ -21,7 +21,7 @@ from neocomm.types import ReduceOp
 
 from neocomm.backends.checks import check_buffer
 from neocomm.backends.checks import dtype_code_of as _dcode
-from collectives import plans
+from collectives import plans, symmetric
 from collectives._launch import OP_CODES, context, launch
 from collectives.algorithms import displs
 from collectives.types import CollectiveOp, Request
@@ -91,13 +91,15 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     ok = problem is None
     itemsize = sendbuf.dtype.itemsize if ok else 1
     block = sendbuf.size // p if ok else -1
-    request = _request(ctx, op, block * p * itemsize, itemsize, max_block=block * itemsize)
+    bits, symf = symmetric.describe(ctx.group, sendbuf) if ok else (0, {})
+    request = _request(ctx, op, block * p * itemsize, itemsize, max_block=block * itemsize,
+                       symmetric=bits)
     if ok and recvbuf is None:
         recvbuf = ctx.xp.empty_like(sendbuf)
     counts = np.full(p, max(block, 0), np.int64)
     offs = displs(counts)
     fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), send_counts=counts,
-                  recv_counts=counts, send_displs=offs, recv_displs=offs)
+                  recv_counts=counts, send_displs=offs, recv_displs=offs, **symf)
     sig = [("op", OP_CODES[op]), ("dtype", _dcode(sendbuf)), ("block", block)]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                           itemsize=itemsize, fields=fields, result=recvbuf,
@@ -232,13 +234,14 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
                                          f"elements, got {recvbuf.size}")
     ok = problem is None
     itemsize = sendbuf.dtype.itemsize if ok else 1
+    bits, symf = symmetric.describe(ctx.group, sendbuf) if ok else (0, {})
     request = _request(ctx, kind, _size(sendbuf) * itemsize if ok else 0, itemsize,
                        max_block=int(counts.max()) * itemsize if ok else 0,
-                       uniform=recv_counts is None, reduce_op=rop.value)
+                       uniform=recv_counts is None, reduce_op=rop.value, symmetric=bits)
     if ok and recvbuf is None:
         recvbuf = ctx.xp.empty(int(counts[ctx.group.rank]), dtype=sendbuf.dtype)
     fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), recv_counts=counts,
-                  reduce_op=rop)
+                  reduce_op=rop, **symf)
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf)),
            ("reduce_op", _REDUCE_CODES[rop]), ("recv_counts", counts_digest(counts))]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
@@ -283,11 +286,12 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
     ok = problem is None
     itemsize = sendbuf.dtype.itemsize if ok else 1
     out = sendbuf if recvbuf is None else recvbuf
+    bits, symf = symmetric.describe(ctx.group, sendbuf, out) if ok else (0, {})
     request = _request(ctx, kind, _size(sendbuf) * itemsize if ok else 0, itemsize,
-                       in_place=recvbuf is None, reduce_op=rop.value)
+                       in_place=recvbuf is None, reduce_op=rop.value, symmetric=bits)
     flat_in = _flat(sendbuf) if ok else None
     fields = dict(sendbuf=flat_in, recvbuf=flat_in if recvbuf is None else _flat(recvbuf),
-                  reduce_op=rop)
+                  reduce_op=rop, **symf)
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf)),
            ("reduce_op", _REDUCE_CODES[rop])]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
@@ -324,12 +328,13 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
                                          f"{p * sendbuf.size} elements, got {recvbuf.size}")
     ok = problem is None
     itemsize = sendbuf.dtype.itemsize if ok else 1
+    bits, symf = symmetric.describe(ctx.group, sendbuf) if ok else (0, {})
     request = _request(ctx, kind, p * _size(sendbuf) * itemsize if ok else 0, itemsize,
-                       max_block=_size(sendbuf) * itemsize if ok else 0)
+                       max_block=_size(sendbuf) * itemsize if ok else 0, symmetric=bits)
     if ok and recvbuf is None:
         recvbuf = ctx.xp.empty((p,) + tuple(sendbuf.shape), dtype=sendbuf.dtype)
     counts = np.full(p, max(_size(sendbuf), 0), np.int64)
-    fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), recv_counts=counts)
+    fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), recv_counts=counts, **symf)
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf))]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                           itemsize=itemsize, fields=fields, result=recvbuf,
@@ -362,10 +367,11 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
                     check_peer("root", root, p))
     ok = problem is None
     itemsize = buf.dtype.itemsize if ok else 1
+    bits, symf = symmetric.describe(ctx.group, buf) if ok else (0, {})
     request = _request(ctx, kind, _size(buf) * itemsize if ok else 0, itemsize,
-                       root=int(root) if ok else 0)
+                       root=int(root) if ok else 0, symmetric=bits)
     fields = dict(recvbuf=_flat(buf), root=int(root) if ok else 0,
-                  members=list(range(p)), identical=True)
+                  members=list(range(p)), identical=True, **symf)
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(buf)), ("count", _size(buf)),
            ("root", int(root) if isinstance(root, (int, np.integer)) else -1)]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,

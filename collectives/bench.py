@@ -54,6 +54,7 @@ class BenchConfig:
     reduce_op: str = "sum"
     root: int = 0
     prepared: bool = False  # ours through collectives.prepare_* (the peer stays plain)
+    symmetric: bool = False  # buffers from collectives.symmetric (nccl-tests' -R)
 
 
 @dataclass
@@ -114,27 +115,38 @@ class _Case:
         self.peers = [(r + d) % p for d in range(1, max(2, p // 2 + 1))] if p > 1 else [r]
         self.senders = sorted((r - d) % p for d in range(1, max(2, p // 2 + 1))) \
             if p > 1 else [r]
+        empty = self._alloc
         if op is CollectiveOp.ALL_GATHER:
-            self.send, self.recv = np.empty(n // p, self.dtype), np.empty(n, self.dtype)
+            self.send, self.recv = empty(n // p), empty(n)
         elif op is CollectiveOp.REDUCE_SCATTER:
-            self.send, self.recv = np.empty(n, self.dtype), np.empty(n // p, self.dtype)
+            self.send, self.recv = empty(n), empty(n // p)
+        elif op is CollectiveOp.BROADCAST and cfg.symmetric:
+            self.send = self.recv = empty(n)  # one buffer: the same allocation everywhere
         elif op in (CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY):
-            self.send, self.recv = np.empty(n, self.dtype), np.empty(n, self.dtype)
+            self.send, self.recv = empty(n), empty(n)
         elif op is CollectiveOp.MANY_TO_MANY:
             per = n // len(self.peers)
-            self.send = np.empty(per * len(self.peers), self.dtype)
-            self.recv = np.empty(per * len(self.senders), self.dtype)
+            self.send = empty(per * len(self.peers))
+            self.recv = empty(per * len(self.senders))
             self.per = per
         else:
-            self.send, self.recv = np.empty(n, self.dtype), np.empty(n, self.dtype)
+            self.send, self.recv = empty(n), empty(n)
         self.fill(0)
+
+    def _alloc(self, n: int) -> np.ndarray:
+        if self.cfg.symmetric:
+            from collectives import symmetric
+
+            return symmetric.empty(n, self.dtype, group=self.group)
+        return np.empty(n, self.dtype)
 
     def fill(self, it: int) -> None:
         step = 1 << 22  # in pieces: no temporaries as large as the buffer
         for lo in range(0, self.send.size, step):
             hi = min(self.send.size, lo + step)
             self.send[lo:hi] = _fill(self.group.rank, np.arange(lo, hi), it, self.dtype)
-        self.recv[:] = 0
+        if self.recv is not self.send or self.group.rank != self.cfg.root:
+            self.recv[:] = 0
 
     # -- the calls ---------------------------------------------------------
     def mpi(self):

@@ -74,6 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-args", action="store_true",
                    help="keep argument agreement on in timed calls (off by default, as "
                         "nccl-tests times the bare collective)")
+    p.add_argument("-R", "--symmetric", action="store_true",
+                   help="allocate the buffers as symmetric memory (collectives.symmetric), "
+                        "for every algorithm and the MPI peer alike (as nccl-tests' -R "
+                        "registers them)")
     p.add_argument("--list", action="store_true", help="list the algorithms of every op")
 
 
@@ -117,7 +121,7 @@ def run(args) -> int:
     cfg = BenchConfig(op=op, min_bytes=args.minbytes, max_bytes=args.maxbytes,
                       factor=args.stepfactor, iters=args.iters, warmup=args.warmup_iters,
                       check=args.check, repeat=args.repeat, algos=algos, dtype=args.dtype,
-                      reduce_op=args.reduce_op, root=args.root)
+                      reduce_op=args.reduce_op, root=args.root, symmetric=args.symmetric)
     cfg.prepared = args.prepared
     lead = group.rank == 0
     printer = _Printer(cfg, group, world) if lead else None
@@ -145,7 +149,8 @@ class _Printer:
         layout = f"{group.num_nodes} node(s) x {group.ranks_per_node or 'uneven'}"
         print(f"# neocomm bench {cfg.op.value}: {group.size} ranks ({layout}), "
               f"{cfg.dtype}, {cfg.reduce_op}, {cfg.iters} iters, {cfg.warmup} warm-up, "
-              f"{cfg.repeat} rounds (median), {cfg.check} checked", flush=True)
+              f"{cfg.repeat} rounds (median), {cfg.check} checked"
+              + (", symmetric buffers" if cfg.symmetric else ""), flush=True)
 
     def row(self, rows) -> None:
         if self.algos is None:
@@ -196,7 +201,7 @@ def _write_json(path, cfg, group, world, rows, rss, staging) -> None:
             "nodes": group.num_nodes, "ranks_per_node": group.ranks_per_node,
             "group": group.name, "dtype": cfg.dtype, "reduce_op": cfg.reduce_op,
             "iters": cfg.iters, "warmup": cfg.warmup, "repeat": cfg.repeat,
-            "check": cfg.check, "host": socket.gethostname(),
+            "check": cfg.check, "symmetric": cfg.symmetric, "host": socket.gethostname(),
             "prepared": cfg.prepared, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "settings": {k: v for k, v in vars(settings.current()).items()},
             "fabric_source": fabric_for(group).source,

@@ -28,3 +28,17 @@ def test_half_precision_reduction_and_unknown_algorithm(world, all_ranks):
     all_ranks(all(r.wrong == 0 for r in rows))
     with pytest.raises(ValueError, match="unknown algorithm"):
         run_bench(BenchConfig(CollectiveOp.ALL_REDUCE, algos=("bogus",)), world.world)
+
+
+@pytest.mark.parametrize("op", [CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
+                                CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_GATHER,
+                                CollectiveOp.BROADCAST])
+def test_symmetric_buffers(world, all_ranks, op):
+    """-R: every algorithm and the MPI peer on symmetric buffers, checked."""
+    group = world.world if world.num_nodes == 1 else world.intra_node
+    cfg = BenchConfig(op, min_bytes=8192, max_bytes=8192, factor=1, iters=2, warmup=1,
+                      check=2, repeat=1, algos=("native", "symmetric", "auto"),
+                      root=group.size - 1, symmetric=True)
+    rows = run_bench(cfg, group)
+    all_ranks({r.algo for r in rows} == {PEER, "native", "symmetric", "auto"}
+              and all(r.wrong == 0 for r in rows), str([(r.algo, r.wrong) for r in rows]))
