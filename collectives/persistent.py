@@ -33,7 +33,6 @@ from time import monotonic as _now
 import numpy as np
 
 from neocomm.agree import Problem
-from neocomm.watchdog import OPEN as _OPEN
 from neocomm.watchdog import Slot
 
 from collectives import api, plans, progress
@@ -80,21 +79,21 @@ class Prepared:
             request = self._request
             if request is not None:
                 slot = self._slot
-                _OPEN[slot] = _now()
+                slot.since = _now()
                 try:
                     request.Start()
                     request.Wait()
                 finally:
-                    del _OPEN[slot]
+                    slot.since = 0.0
                 return self.result
             direct = self._direct
             if direct is not None:
                 slot = self._slot
-                _OPEN[slot] = _now()
+                slot.since = _now()
                 try:
                     direct(*self._bufs)
                 finally:
-                    del _OPEN[slot]
+                    slot.since = 0.0
                 return self.result
         return progress.start(self._steps(seq, True), self.result, False,
                               self._slot.what).wait()

@@ -24,7 +24,6 @@ import copy
 import weakref
 
 from neocomm.agree import agree
-from neocomm.watchdog import OPEN as _OPEN
 from neocomm.watchdog import Slot
 
 from collectives import progress, settings
@@ -83,11 +82,11 @@ class Plan:
         fast = self.fast
         if fast is not None:
             slot = self.slot
-            _OPEN[slot] = _now()
+            slot.since = _now()
             try:
                 fast(*bufs)
             finally:
-                del _OPEN[slot]
+                slot.since = 0.0
         else:
             call, send_at, recv_at = self.call, self.send_at, self.recv_at
             if send_at is not None:
@@ -147,14 +146,14 @@ def replay(key, a, b=None):
     next(plan.seq)  # every call numbers its group's operations, fast or not
     LAST_CHOSEN[plan.op_name] = plan.algo_name
     slot = plan.slot
-    _OPEN[slot] = _now()
+    slot.since = _now()
     try:
         if b is None:
             fast(a)
         else:
             fast(a, b)
     finally:
-        del _OPEN[slot]
+        slot.since = 0.0
     if plan.result_rest is None:
         return b if plan.result_at else a
     return (b if plan.result_at else a,) + plan.result_rest

@@ -4,19 +4,17 @@ Blocking waits run inside :func:`guard`. A daemon thread checks the open
 waits; when one has been open longer than ``NEOCOMM_TIMEOUT`` seconds it
 writes which rank is stuck in what, and aborts the whole MPI job.
 
-Open waits live in one process-wide dict, :data:`OPEN`, that survives
-:func:`configure` being called again: each key is an object with a ``what``
-attribute (the text the stall message names), each value the
-:func:`time.monotonic` second the wait began. A hot path that repeats one
-wait keeps one :class:`Slot` and brackets the blocking call itself::
+Open waits are of two kinds, both surviving :func:`configure` being called
+again: the guards of :func:`guard`, kept in one process-wide dict
+(:data:`OPEN`: guard -> :func:`time.monotonic` start), and :class:`Slot`
+objects, one per repeated wait (a plan, a prepared collective), which a hot
+path opens and closes itself — two attribute stores and one clock read::
 
-    OPEN[slot] = time.monotonic()
+    slot.since = time.monotonic()
     try:
         blocking_call()
     finally:
-        del OPEN[slot]
-
-which costs one clock read, one dict insert and one delete.
+        slot.since = 0.0
 """
 from __future__ import annotations
 
@@ -25,27 +23,46 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 __all__ = ["guard", "configure", "Watchdog", "Slot", "OPEN"]
 
-#: Open waits of this process: slot (has ``.what``) -> monotonic start, seconds.
+#: Open guards of this process: guard (has ``.what``) -> monotonic start, seconds.
 OPEN: dict = {}
+
+_SLOTS: dict = {}  # id -> weak reference of every live Slot
 
 
 class Slot:
-    """The key of one open wait: names what is being waited for. Hashes by identity."""
+    """One repeated wait, watched while it lives: open while ``since`` (the
+    :func:`time.monotonic` second it began) is above 0; ``what`` names it."""
 
-    __slots__ = ("what",)
+    __slots__ = ("what", "since", "__weakref__")
 
     def __init__(self, what: str):
         self.what = what
+        self.since = 0.0
+        key = id(self)
+        _SLOTS[key] = weakref.ref(self, lambda _, key=key: _SLOTS.pop(key, None))
 
     def __repr__(self) -> str:
         return f"Slot({self.what!r})"
 
 
+def _open_slots():
+    """(what, since) of every open Slot (safe from the watchdog's thread)."""
+    out = []
+    for ref in list(_SLOTS.values()):
+        slot = ref()
+        if slot is not None and slot.since > 0.0:
+            out.append((slot.what, slot.since))
+    return out
+
+
 class Watchdog:
-    """Aborts the job when a wait in ``open_waits`` outlives ``timeout`` seconds."""
+    """Aborts the job when a wait in ``open_waits`` (by default a dict of its own;
+    :data:`OPEN` and the live :class:`Slot` objects for the process-wide one)
+    outlives ``timeout`` seconds."""
 
     def __init__(self, timeout: float, rank: int, abort=None, open_waits: dict | None = None):
         self.timeout = float(timeout)
@@ -72,9 +89,12 @@ class Watchdog:
         interval = min(1.0, max(self.timeout / 4, 0.05))
         while not self._stop.wait(interval):
             now = time.monotonic()
-            for slot, since in list(self._open.items()):
+            waits = [(g.what, since) for g, since in list(self._open.items())]
+            if self._open is OPEN:
+                waits += _open_slots()
+            for what, since in waits:
                 if now - since > self.timeout:
-                    msg = (f"neocomm: rank {self.rank}: {slot.what} has not completed after "
+                    msg = (f"neocomm: rank {self.rank}: {what} has not completed after "
                            f"{now - since:.1f} s (NEOCOMM_TIMEOUT={self.timeout:g}); a peer "
                            f"never arrived or died. Aborting the job.\n")
                     sys.stderr.write(msg)
@@ -83,10 +103,10 @@ class Watchdog:
                     return
 
 
-class _Guard(Slot):
+class _Guard:
     """One open wait as a context manager (a plain class: this is a hot path)."""
 
-    __slots__ = ("_open",)
+    __slots__ = ("what", "_open")
 
     def __init__(self, open_waits: dict, what: str):
         self.what = what
@@ -116,7 +136,7 @@ _ACTIVE: Watchdog | None = None
 
 def configure(timeout: float, rank: int) -> Watchdog:
     """Install the process-wide watchdog (replacing any earlier one; open waits stay
-    registered in :data:`OPEN`)."""
+    open)."""
     global _ACTIVE
     if _ACTIVE is not None:
         _ACTIVE.stop()

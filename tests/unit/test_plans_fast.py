@@ -124,7 +124,7 @@ def test_the_fast_call_is_an_open_wait_named_after_the_op_even_when_it_raises():
     seen = []
 
     def fast(s, r):
-        seen.extend(slot.what for slot in watchdog.OPEN)
+        seen.extend(what for what, _ in watchdog._open_slots())
         raise RuntimeError("boom")
 
     x, y = np.arange(4.0), np.zeros(4)
@@ -132,7 +132,7 @@ def test_the_fast_call_is_an_open_wait_named_after_the_op_even_when_it_raises():
     with pytest.raises(RuntimeError, match="boom"):
         plans.replay("k", x, y)
     assert seen == ["all_to_all (fake)"]
-    assert not watchdog.OPEN
+    assert not watchdog._open_slots()
 
 
 def test_the_generic_path_lends_the_buffers_only_while_it_runs():
@@ -186,19 +186,23 @@ def test_a_guard_opens_and_closes_one_wait_and_reconfiguring_keeps_open_waits():
         watchdog._ACTIVE = before
 
 
-def test_the_watchdog_names_a_stalled_slot():
+def test_the_watchdog_names_a_stalled_slot_and_forgets_dead_ones():
     fired = threading.Event()
     messages = []
-    waits: dict = {}
     wd = watchdog.Watchdog(0.2, rank=1, abort=lambda m: (messages.append(m), fired.set()),
-                           open_waits=waits)
-    wd.start()
+                           open_waits=watchdog.OPEN)
     slot = watchdog.Slot("all_to_all (native)")
-    waits[slot] = time.monotonic()
+    gone = watchdog.Slot("gone")
+    key = id(gone)
+    del gone
+    assert key not in watchdog._SLOTS
+    wd.start()
+    slot.since = time.monotonic()
     try:
         assert fired.wait(5)
     finally:
         wd.stop()
+        slot.since = 0.0
     assert "rank 1: all_to_all (native) has not completed" in messages[0]
 
 
