@@ -280,3 +280,28 @@ def test_trainer_gradients_live_in_symmetric_memory(world, all_ranks, rng, overl
     all_ranks(symmetric.is_symmetric(model.flat_grads, group)
               and np.allclose(model.flat_grads, expected, rtol=1e-5, atol=1e-7),
               "gradients not symmetric or not the mean")
+
+
+def _whole(buf):
+    while isinstance(buf.base, np.ndarray):
+        buf = buf.base
+    return buf
+
+
+def test_repeated_calls_replay_and_release_the_region(world, group, all_ranks):
+    import weakref
+
+    p = group.size
+    src = symmetric.empty(5000, np.float32, group=group)
+    out = symmetric.empty(5000, np.float32, group=group)
+    results = []
+    for step in range(3):  # the second and third calls replay the first one's plan
+        src[:] = step + group.rank
+        C.all_reduce(src, out, group=group, algo=SYM)
+        results.append(float(out[0]))
+    expected = [p * step + p * (p - 1) / 2 for step in range(3)]
+    refs = [weakref.ref(_whole(src)), weakref.ref(_whole(out))]
+    del src, out
+    gc.collect()
+    all_ranks(results == expected and all(r() is None for r in refs),
+              f"{results} vs {expected}, regions alive: {[r() is not None for r in refs]}")
