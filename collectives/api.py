@@ -46,6 +46,16 @@ def _total(counts, buf) -> int:
         return -1
 
 
+def _counts_key(counts):
+    """Counts as part of a plan key: a list or tuple as its tuple (cheap), else bytes."""
+    kind = type(counts)
+    if kind is tuple:
+        return counts
+    if kind is list:
+        return tuple(counts)
+    return np.asarray(counts, np.int64).tobytes()
+
+
 def _flat(buf):
     """``buf`` as a flat view (None for None and for what is not an array)."""
     return buf.reshape(-1) if hasattr(buf, "reshape") and hasattr(buf, "dtype") else None
@@ -127,8 +137,7 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
     if not async_op and recvbuf is not None and recv_counts is not None:
         try:
             key = ("all_to_all_v", group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
-                   np.asarray(send_counts, np.int64).tobytes(),
-                   np.asarray(recv_counts, np.int64).tobytes())
+                   _counts_key(send_counts), _counts_key(recv_counts))
         except (TypeError, ValueError):
             key = None
         out = plans.replay(key, sendbuf, recvbuf) if key is not None else None

@@ -40,10 +40,13 @@ class Plan:
 
     __slots__ = ("refs", "sizes", "snap", "backend", "checked", "call", "algo", "fast",
                  "seq", "slot", "agreement", "op_name", "algo_name", "result_at",
-                 "result_rest", "send_at", "recv_at", "sym")
+                 "result_rest", "send_at", "recv_at", "__weakref__")
 
-    def __init__(self, bufs, call, algo, result, fast, agreement=None):
-        self.refs = tuple(weakref.ref(b) for b in bufs)  # TypeError: no plan
+    def __init__(self, bufs, call, algo, result, fast, agreement=None, key=None):
+        # A symmetric call's plan holds views of the shared region: it goes as soon
+        # as one of its buffers does, so that the region can go too.
+        drop = _dropper(key, self) if getattr(call, "peer_send", None) is not None else None
+        self.refs = tuple(weakref.ref(b, drop) for b in bufs)  # TypeError: no plan
         self.sizes = tuple(b.size for b in bufs)
         self.result_at, self.result_rest = _result_shape(result, bufs)
         self.snap = settings.current()
@@ -55,9 +58,7 @@ class Plan:
         # Which of ``bufs`` the Call's flat buffers view: (send, recv) or (buf,).
         self.send_at = 0 if call.sendbuf is not None else None
         self.recv_at = len(bufs) - 1 if call.recvbuf is not None else None
-        # The plan must not keep the buffers alive, nor a symmetric region (its views).
-        self.sym = call.peer_send is not None
-        call.sendbuf = call.recvbuf = call.peer_send = call.peer_recv = None
+        call.sendbuf = call.recvbuf = None  # the plan must not keep the buffers alive
         self.seq = progress.counter(call.group)
         self.slot = Slot(f"{self.op_name} ({self.algo_name})")
         self.agreement = agreement  # (comm, op name, signature) when checks are on
@@ -96,26 +97,25 @@ class Plan:
             if recv_at is not None:  # in place: one view, as the first call had
                 call.recvbuf = call.sendbuf if recv_at == send_at else bufs[recv_at].reshape(-1)
             call.tag = progress.tag_of(seq)
-            if self.sym:
-                _symmetric_fields(call, bufs)
             try:
                 progress.start(self.algo.run(call), None, False, self.slot.what)
             finally:
-                call.sendbuf = call.recvbuf = call.peer_send = call.peer_recv = None
+                call.sendbuf = call.recvbuf = None
         if self.result_rest is None:
             return bufs[self.result_at]
         return (bufs[self.result_at],) + self.result_rest
 
 
-def _symmetric_fields(call, bufs) -> None:
-    """The peers' views of ``bufs`` for the symmetric algorithm, as the first call
-    found them (AllReduce also reads the peers' outputs, the last buffer)."""
-    from collectives import symmetric
+def _dropper(key, plan):
+    """A weak-reference callback that forgets ``plan`` (if it is still ``key``'s)."""
+    ref = weakref.ref(plan)
 
-    recv = bufs[-1] if call.op.value == "all_reduce" else None
-    _, fields = symmetric.describe(call.group, bufs[0], recv)
-    call.peer_send, call.peer_recv = fields["peer_send"], fields["peer_recv"]
-    call.sym_check = fields["sym_check"]
+    def drop(_):
+        found = ref()
+        if found is not None and _PLANS.get(key) is found:
+            del _PLANS[key]
+
+    return drop
 
 
 def _result_shape(result, bufs):
@@ -187,7 +187,7 @@ def remember(key, bufs, call, algo, result, agreement=None) -> None:
         return
     try:
         fast = algo.fast(call) if hasattr(algo, "fast") else None
-        plan = Plan(bufs, call, algo, result, fast, agreement)
+        plan = Plan(bufs, call, algo, result, fast, agreement, key)
     except TypeError:  # a buffer without weak-reference support: no plan
         return
     if len(_PLANS) >= _LIMIT:

@@ -123,22 +123,23 @@ def _reduce(call: Call, inputs, out, first: int) -> None:
 def _enter(call: Call):
     """Every rank's inputs are ready, and every rank passed the same allocations,
     offsets and sizes (else every rank raises)."""
-    mine = np.asarray(call.sym_check, np.int64)
+    mine = call.sym_check  # a tuple of ints
+    k = len(mine)
     if call.blocking:
-        vec = np.concatenate([mine, -mine])
-        out = np.empty_like(vec)
+        out = np.empty(2 * k, np.int64)
         from mpi4py import MPI
 
-        call.group.comm.Allreduce(vec, out, op=MPI.MAX)
-        k = len(mine)
-        lo, hi = -out[k:], out[:k]
+        call.group.comm.Allreduce(np.array(mine + tuple(-v for v in mine), np.int64), out,
+                                  op=MPI.MAX)
+        both = out.tolist()
+        hi, lo = both[:k], [-v for v in both[k:]]
     else:
-        got = yield from _all_pairs(call, 0, mine)
-        lo, hi = got.min(axis=0), got.max(axis=0)
-    if not np.array_equal(lo, hi):
+        got = yield from _all_pairs(call, 0, np.array(mine, np.int64))
+        lo, hi = got.min(axis=0).tolist(), got.max(axis=0).tolist()
+    if lo != hi:
         fields = ("send allocation", "send offset", "send bytes", "receive allocation",
                   "receive offset", "receive bytes")
-        bad = [fields[i] for i in range(len(mine)) if lo[i] != hi[i]]
+        bad = [fields[i] for i in range(k) if lo[i] != hi[i]]
         msg = (f"{call.op.value}: symmetric buffers differ across ranks ({', '.join(bad)}): "
                f"every rank must pass the same slice of the same symmetric allocation")
         raise CollectiveArgumentError(msg, op=call.op.value, field="sendbuf")
