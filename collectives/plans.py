@@ -15,7 +15,10 @@ operation of this process is outstanding (it must be driven by the waits).
 
 Plans hold weak references to the buffers only and never keep them alive:
 the caller passes the buffers again on every replay, and a plan's
-:class:`~collectives.algorithms.Call` holds them only while it runs.
+:class:`~collectives.algorithms.Call` holds them only while it runs. The
+plan of a call on symmetric memory keeps the peers' views of the shared
+region (finding them again costs more than a small collective); it is
+forgotten as soon as one of its buffers is freed, so the region is too.
 """
 from __future__ import annotations
 
