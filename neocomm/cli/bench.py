@@ -121,8 +121,8 @@ def run(args) -> int:
     cfg = BenchConfig(op=op, min_bytes=args.minbytes, max_bytes=args.maxbytes,
                       factor=args.stepfactor, iters=args.iters, warmup=args.warmup_iters,
                       check=args.check, repeat=args.repeat, algos=algos, dtype=args.dtype,
-                      reduce_op=args.reduce_op, root=args.root, symmetric=args.symmetric)
-    cfg.prepared = args.prepared
+                      reduce_op=args.reduce_op, root=args.root, symmetric=args.symmetric,
+                      prepared=args.prepared)
     lead = group.rank == 0
     printer = _Printer(cfg, group, world) if lead else None
     try:
@@ -201,8 +201,8 @@ def _write_json(path, cfg, group, world, rows, rss, staging) -> None:
             "nodes": group.num_nodes, "ranks_per_node": group.ranks_per_node,
             "group": group.name, "dtype": cfg.dtype, "reduce_op": cfg.reduce_op,
             "iters": cfg.iters, "warmup": cfg.warmup, "repeat": cfg.repeat,
-            "check": cfg.check, "symmetric": cfg.symmetric, "host": socket.gethostname(),
-            "prepared": cfg.prepared, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "check": cfg.check, "symmetric": cfg.symmetric, "prepared": cfg.prepared,
+            "host": socket.gethostname(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "settings": {k: v for k, v in vars(settings.current()).items()},
             "fabric_source": fabric_for(group).source,
             "peak_rss_bytes": rss, "staging_high_water_bytes": staging,
@@ -226,15 +226,18 @@ def _calibrate(path, cfg, group, rows, lead) -> None:
     if os.path.exists(path):
         factors.update(load_calibration(path).get("algorithm_factors", {}))
     by_algo: dict = {}
+    # the symmetric bits the calls had (AllReduce also reads the peers' outputs)
+    sym = 0 if not cfg.symmetric else (3 if cfg.op.value == "all_reduce" else 1)
     for r in rows:
         name = r.chosen if r.algo == "auto" else r.algo
         if name in ("mpi", "auto") or name not in cost.FORMULAS[cfg.op]:
             continue
         item = 2 if cfg.dtype in ("float16", "bfloat16") else \
             int(__import__("numpy").dtype(cfg.dtype).itemsize)
-        req = Request(cfg.op, r.size, item, group.size, max_block=r.size // group.size)
+        req = Request(cfg.op, r.size, item, group.size, max_block=r.size // group.size,
+                      symmetric=sym)
         model = cost.algorithm_cost(cfg.op, name, req, bare)
-        if model > 0:
+        if 0 < model < float("inf"):
             by_algo.setdefault(name, []).append(r.time / model)
             bucket = f"{cfg.op.value}/{name}@{r.size.bit_length() - 1}"
             factors[bucket] = round(r.time / model, 4)

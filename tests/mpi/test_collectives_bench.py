@@ -42,3 +42,27 @@ def test_symmetric_buffers(world, all_ranks, op):
     rows = run_bench(cfg, group)
     all_ranks({r.algo for r in rows} == {PEER, "native", "symmetric", "auto"}
               and all(r.wrong == 0 for r in rows), str([(r.algo, r.wrong) for r in rows]))
+
+
+def test_calibration_on_symmetric_buffers(world, all_ranks):
+    """--calibrate with -R prices the symmetric algorithm as the calls ran it."""
+    import json
+    import math
+    import os
+    import tempfile
+
+    from neocomm.cli import main
+
+    if world.num_nodes != 1 or world.size < 2:
+        pytest.skip("needs 2 or more ranks in one node")
+    folder = world.comm.bcast(tempfile.mkdtemp() if world.rank == 0 else None)
+    path = os.path.join(folder, "cal.json")
+    status = main(["bench", "all_reduce", "-R", "--check-args", "--algo", "native,symmetric",
+                   "-b", "64K", "-e", "256K", "-f", "4", "-n", "2", "-w", "1", "-r", "1",
+                   "--calibrate", path])
+    world.comm.Barrier()
+    with open(path, encoding="utf-8") as fh:
+        factors = json.load(fh)["algorithm_factors"]
+    sym = [v for k, v in factors.items() if k.startswith("all_reduce/symmetric")]
+    all_ranks(status == 0 and len(sym) == 3 and all(0 < v < math.inf for v in sym),
+              f"status {status}, factors {factors}")
