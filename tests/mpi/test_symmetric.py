@@ -305,3 +305,21 @@ def test_repeated_calls_replay_and_release_the_region(world, group, all_ranks):
     gc.collect()
     all_ranks(results == expected and all(r() is None for r in refs),
               f"{results} vs {expected}, regions alive: {[r() is not None for r in refs]}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_reductions(world, group, all_ranks, dtype):
+    from neocomm.types import bfloat16
+
+    dt = bfloat16 if dtype == "bfloat16" else np.float16
+    p, n = group.size, 1000
+    src = symmetric.empty(n, dt, group=group)
+    src[:] = (np.arange(n) % 7 + group.rank).astype(dt)  # small integers: sums are exact
+    out = C.all_reduce(src, symmetric.empty(n, dt, group=group), group=group, algo=SYM)
+    block = C.reduce_scatter(src, group=group, algo=SYM) if n % p == 0 else None
+    expected = (np.arange(n) % 7) * p + p * (p - 1) // 2
+    ok = np.array_equal(out.astype(np.int64), expected)
+    if block is not None:
+        lo = group.rank * (n // p)
+        ok = ok and np.array_equal(block.astype(np.int64), expected[lo:lo + n // p])
+    all_ranks(ok, f"{dtype} reduction differs")
