@@ -7,6 +7,8 @@ everywhere), then start the algorithm blocking or behind a handle.
 """
 from __future__ import annotations
 
+import zlib
+
 from neocomm.agree import Problem, agree
 from neocomm.config import SettingsError
 from neocomm.errors import CollectiveArgumentError
@@ -68,6 +70,16 @@ def fail(ctx: Context, op: CollectiveOp, problem: Problem | None, signature) -> 
                                       per_rank={rank: problem.message})
 
 
+def _symmetric_sig(chosen, fields) -> int:
+    """The symmetric buffers a ``symmetric`` call reads (dtype, allocations,
+    offsets, sizes) as one number; 0 for any other algorithm. In the agreed
+    signature it names a rank whose buffers are not symmetric, or not the same
+    slice, before the choice of algorithm that follows from it."""
+    if chosen is None or chosen.name != "symmetric" or not isinstance(fields, dict):
+        return 0
+    return (zlib.crc32(repr(fields.get("sym_check")).encode()) & 0x7FFFFFFF) or 1
+
+
 def launch(ctx: Context, request: Request, problem: Problem | None, signature, *,
            algo: str | None, chunk_bytes, itemsize: int, fields: dict, result,
            async_op: bool, plan_key=None, plan_bufs=()):
@@ -88,7 +100,8 @@ def launch(ctx: Context, request: Request, problem: Problem | None, signature, *
             problem = Problem("chunk_bytes", str(exc))
     index = registry()[op].index(chosen) if chosen is not None else -1
     chunk_sig = 0 if policy is None else policy.intra ^ (policy.inter << 1)
-    signature = list(signature) + [("algo", index), ("chunk", chunk_sig & 0x7FFFFFFF)]
+    signature = list(signature) + [("symmetric buffers", _symmetric_sig(chosen, fields)),
+                                   ("algo", index), ("chunk", chunk_sig & 0x7FFFFFFF)]
     fail(ctx, op, problem, signature)
     if callable(fields):
         fields = fields()

@@ -15,12 +15,12 @@ from typing import Sequence
 
 import numpy as np
 
+from neocomm import watchdog
 from neocomm.agree import Problem
-from neocomm.backends.checks import check_counts, check_peer, check_same_dtype, counts_digest, first
-from neocomm.types import ReduceOp
-
-from neocomm.backends.checks import check_buffer
+from neocomm.backends.checks import (check_buffer, check_counts, check_peer, check_same_dtype,
+                                     counts_digest, first)
 from neocomm.backends.checks import dtype_code_of as _dcode
+from neocomm.types import ReduceOp
 from collectives import plans, symmetric
 from collectives._launch import OP_CODES, context, launch
 from collectives.algorithms import displs
@@ -138,6 +138,7 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
         try:
             key = ("all_to_all_v", group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
                    _counts_key(send_counts), _counts_key(recv_counts))
+            hash(key)  # counts holding lists: no plan, and validation says what is wrong
         except (TypeError, ValueError):
             key = None
         out = plans.replay(key, sendbuf, recvbuf) if key is not None else None
@@ -160,7 +161,8 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
                         check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
     if rc is None or ctx.check:  # exchange the counts: to learn them, or to check them
         offered = np.empty(p, np.int64)
-        comm.Alltoall(sc if problem is None else np.full(p, -1, np.int64), offered)
+        with watchdog.guard("all_to_all_v (exchange of the counts)"):
+            comm.Alltoall(sc if problem is None else np.full(p, -1, np.int64), offered)
         rejected = (offered < 0).any()  # that rank reports its own problem
         if rc is None:
             rc = np.where(offered < 0, 0, offered)
@@ -178,7 +180,8 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
                      if ok else [0, 0, 0], np.int64)
     from mpi4py import MPI
 
-    comm.Allreduce(MPI.IN_PLACE, sizes, op=MPI.MAX)
+    with watchdog.guard("all_to_all_v (agreement of the sizes)"):
+        comm.Allreduce(MPI.IN_PLACE, sizes, op=MPI.MAX)
     request = _request(ctx, op, sizes[0] * itemsize, itemsize,
                        max_block=int(max(sizes[1], sizes[2])) * itemsize, uniform=False)
     if ok and recvbuf is None:

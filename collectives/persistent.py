@@ -22,8 +22,11 @@ three run slower than its tuned blocking algorithms; see
 ``neocomm bench --prepared``). Otherwise a run reruns the prepared algorithm.
 
 Every rank of the group prepares, runs and frees the same collectives in
-the same order; a prepared run matches only prepared runs of the same
-object on the other ranks (never a plain call). A :class:`Prepared` keeps
+the same order, and runs them the same way: every rank calls it, or every
+rank calls :meth:`Prepared.start` and :meth:`Prepared.wait` (as MPI never
+matches a blocking collective with a non-blocking one). A prepared run
+matches only runs of the same prepared collective on the other ranks
+(never a plain call). A :class:`Prepared` keeps
 its buffers alive until :meth:`Prepared.free`; the buffers must keep their
 size, dtype and memory while it lives (fill them in place).
 """

@@ -139,39 +139,43 @@ def _map(comm, seg: int) -> tuple[np.ndarray | None, int, Problem | None]:
     """Create (node leader), map (everyone) and unlink the region of ``comm``;
     returns the map, the region's number and the problem (None when mapped)."""
     total = seg * comm.size
-    path, error, token = None, None, secrets.token_hex(6)
-    if comm.rank == 0:
-        path = os.path.join(_SHM_DIR, f"neocomm-{os.getpid()}-{token}")
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    created, error, token = None, None, secrets.token_hex(6)
+    try:
+        if comm.rank == 0:
+            path = os.path.join(_SHM_DIR, f"neocomm-{os.getpid()}-{token}")
             try:
-                if hasattr(os, "posix_fallocate"):
-                    os.posix_fallocate(fd, 0, total)  # ENOSPC now, not SIGBUS later
-                else:  # pragma: no cover - non-Linux
-                    os.ftruncate(fd, total)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            error = f"cannot create {total} bytes of shared memory in {_SHM_DIR}: {exc}"
-    path, error, token = comm.bcast((path, error, token), root=0)
-    whole = None
-    if error is None:
-        try:
-            fd = os.open(path, os.O_RDWR)
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+                created = path
+                try:
+                    if hasattr(os, "posix_fallocate"):
+                        os.posix_fallocate(fd, 0, total)  # ENOSPC now, not SIGBUS later
+                    else:  # pragma: no cover - non-Linux
+                        os.ftruncate(fd, total)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                error = f"cannot create {total} bytes of shared memory in {_SHM_DIR}: {exc}"
+        path, error, token = comm.bcast((created, error, token), root=0)
+        whole = None
+        if error is None:
             try:
-                mm = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
-                os.close(fd)
-            whole = np.frombuffer(mm, np.uint8)
-        except OSError as exc:
-            error = f"cannot map the shared memory region {path}: {exc}"
-    comm.Barrier()  # everyone has mapped it (or failed): the name can go
-    if comm.rank == 0 and path is not None:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    problem = None if error is None else Problem("shape", f"symmetric.empty: {error}")
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    mm = mmap.mmap(fd, total, mmap.MAP_SHARED,
+                                   mmap.PROT_READ | mmap.PROT_WRITE)
+                finally:
+                    os.close(fd)
+                whole = np.frombuffer(mm, np.uint8)
+            except OSError as exc:
+                error = f"cannot map the shared memory region {path}: {exc}"
+        comm.Barrier()  # everyone has mapped it (or failed): the name can go
+    finally:
+        if created is not None:
+            try:
+                os.unlink(created)
+            except OSError:
+                pass
+    problem = None if error is None else Problem("memory", f"symmetric.empty: {error}")
     return whole, int(token, 16), problem
 
 
@@ -183,7 +187,8 @@ def _find(buf) -> tuple[_Region, np.ndarray, int] | None:
     for region in _REGIONS:
         whole = region.ref()
         if whole is None:
-            continue
+            _REGIONS[:] = [r for r in _REGIONS if r.ref() is not None]
+            return _find(buf)
         off = addr - region.base - region.seg * region.mine
         if 0 <= off and off + buf.nbytes <= region.seg:
             return region, whole, off
@@ -196,7 +201,7 @@ def peers(group, buf) -> tuple[tuple[np.ndarray, ...], int, int] | None:
     None when ``buf`` is not symmetric memory shared by the whole group. An
     empty array is symmetric anywhere (there is nothing to read)."""
     if type(buf) is np.ndarray and buf.size == 0:  # nothing to read: trivially symmetric
-        return (buf,) * group.size, 0, 0
+        return (np.empty(0, buf.dtype),) * group.size, 0, 0
     found = _find(buf)
     if found is None or not buf.flags.c_contiguous:
         return None
@@ -224,13 +229,14 @@ def describe(group, send, recv=None) -> tuple[int, dict]:
     algorithm reads (``peer_send``, ``peer_recv``, ``sym_check``). ``recv`` is
     the output when the algorithm reads the peers' outputs (AllReduce), the
     same object as ``send`` for an in-place call, else None."""
-    if not _REGIONS or send is None:
+    if send is None or (not _REGIONS and getattr(send, "size", 1) != 0):
         return 0, _NONE
     mine = peers(group, send)
     if mine is None:
         return 0, _NONE
     theirs = mine if recv is send else (peers(group, recv) if recv is not None else None)
     bits = SEND | (RECV if theirs is not None else 0)
-    check = mine[1:] + (send.nbytes,) + (theirs[1:] + (recv.nbytes,) if theirs else (-1,) * 3)
+    check = ((dtype_code_of(send),) + mine[1:] + (send.nbytes,)
+             + (theirs[1:] + (recv.nbytes,) if theirs else (-1,) * 3))
     return bits, {"peer_send": mine[0], "peer_recv": theirs[0] if theirs else None,
                   "sym_check": check}

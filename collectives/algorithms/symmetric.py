@@ -3,9 +3,9 @@
 When a call's buffers lie in a symmetric region, every rank of the group
 (one node) can read its peers' buffers in place, so the data never goes
 through MPI: ranks synchronise (a small all-reduce that also checks that
-every rank passed the same allocations, offsets and sizes, then barriers;
-tagged messages instead for ``async_op=True`` calls) and copy or reduce
-straight from the peers' memory.
+every rank passed the same dtype, allocations, offsets and sizes, then
+barriers; tagged messages instead for ``async_op=True`` calls) and copy or
+reduce straight from the peers' memory.
 
 - AlltoAll: rank ``r`` copies block ``r`` of every peer's send buffer.
 - ReduceScatter: rank ``r`` reduces block ``r`` of every send buffer into
@@ -30,6 +30,7 @@ from neocomm.errors import CollectiveArgumentError
 
 from collectives import symmetric as sym
 from collectives.algorithms import Algorithm, Call, displs
+from collectives.transport import _Request
 from collectives.types import CollectiveOp, FabricModel, Request
 
 __all__ = ["Symmetric", "ALGORITHMS"]
@@ -121,8 +122,8 @@ def _reduce(call: Call, inputs, out, first: int) -> None:
 
 
 def _enter(call: Call):
-    """Every rank's inputs are ready, and every rank passed the same allocations,
-    offsets and sizes (else every rank raises)."""
+    """Every rank's inputs are ready, and every rank passed the same dtype,
+    allocations, offsets and sizes (else every rank raises)."""
     mine = call.sym_check  # a tuple of ints
     k = len(mine)
     if call.blocking:
@@ -137,8 +138,8 @@ def _enter(call: Call):
         got = yield from _all_pairs(call, 0, np.array(mine, np.int64))
         lo, hi = got.min(axis=0).tolist(), got.max(axis=0).tolist()
     if lo != hi:
-        fields = ("send allocation", "send offset", "send bytes", "receive allocation",
-                  "receive offset", "receive bytes")
+        fields = ("dtype", "send allocation", "send offset", "send bytes",
+                  "receive allocation", "receive offset", "receive bytes")
         bad = [fields[i] for i in range(k) if lo[i] != hi[i]]
         msg = (f"{call.op.value}: symmetric buffers differ across ranks ({', '.join(bad)}): "
                f"every rank must pass the same slice of the same symmetric allocation")
@@ -152,23 +153,28 @@ def _sync(call: Call, phase: int):
     if call.blocking:
         call.group.comm.Barrier()
     else:
-        yield from _all_pairs(call, phase, np.zeros(0, np.int64))
+        yield from _all_pairs(call, phase, _NOTHING)
+
+
+_NOTHING = np.zeros(0, np.int64)
 
 
 def _all_pairs(call: Call, phase: int, payload: np.ndarray):
-    """Send ``payload`` to every peer and receive theirs; returns them by rank."""
-    p, r = call.size, call.rank
+    """Send ``payload`` to every peer and receive theirs; returns them by rank
+    (yielding the requests, so that the waits drive other operations too)."""
+    p, r, comm = call.size, call.rank, call.group.comm
     got = np.empty((p, payload.size), np.int64)
     got[r] = payload
     tag = call.tags(phase)
-    handles = []
+    requests = []
     for q in range(p):
         if q != r:
-            handles.append(call.irecv(got[q], q, tag))
-            handles.append(call.isend(payload, q, tag))
-    for h in handles:
-        if not h.test():
-            yield (h,)
+            requests.append(comm.Irecv(got[q], q, tag))
+            requests.append(comm.Isend(payload, q, tag))
+    for req in requests:
+        handle = _Request(req)
+        if not handle.test():
+            yield (handle,)
     return got
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from embedding.train.types import Phase
 
-__all__ = ["PhaseTimer", "EmbeddingStages", "GradSync", "finite"]
+__all__ = ["PhaseTimer", "EmbeddingStages", "GradSync", "finite", "symmetric_grads"]
 
 
 class PhaseTimer:

@@ -170,3 +170,11 @@ def test_group_still_usable_after_errors(world, all_ranks):
     want = np.empty_like(x)
     world.comm.Allreduce(x, want)
     all_ranks(np.array_equal(C.all_reduce(x, np.empty_like(x)), want))
+
+
+def test_all_to_all_v_counts_that_cannot_be_read_raise_everywhere(world, all_ranks):
+    p = world.size
+    x = np.zeros(p, np.float32)
+    counts = [[1]] * p if world.rank == 0 else [1] * p  # a list of lists on rank 0
+    raises_everywhere(all_ranks, lambda: C.all_to_all_v(x, counts, np.zeros(p, np.float32),
+                                                        [1] * p), field="send_counts")

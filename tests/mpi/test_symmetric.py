@@ -323,3 +323,59 @@ def test_half_precision_reductions(world, group, all_ranks, dtype):
         lo = group.rank * (n // p)
         ok = ok and np.array_equal(block.astype(np.int64), expected[lo:lo + n // p])
     all_ranks(ok, f"{dtype} reduction differs")
+
+
+def _checks(group, buf, on: bool):
+    backend = group.backend(buf)
+    saved = backend.check_args
+    backend.check_args = on
+    return backend, saved
+
+
+@pytest.mark.parametrize("mixed", ["plain on rank 0", "other slice on rank 0"])
+def test_auto_selection_names_buffers_that_are_not_symmetric_everywhere(world, group,
+                                                                         all_ranks, mixed):
+    """Checks on, no algorithm forced: the agreement names the symmetric buffers."""
+    if group.size < 2:
+        pytest.skip("needs 2 ranks in a node")
+    n = 1 << 18  # large enough for the cost model to pick symmetric
+    pool = symmetric.empty(2 * n, np.float32, group=group)
+    buf = pool[:n]
+    if group.rank == 0:
+        buf = np.zeros(n, np.float32) if mixed.startswith("plain") else pool[n:]
+    backend, saved = _checks(group, pool, True)
+    try:
+        raises_everywhere(all_ranks, lambda: C.all_reduce(buf, group=group),
+                          "symmetric buffers differs across ranks")
+    finally:
+        backend.check_args = saved
+
+
+def test_dtype_that_differs_is_caught_with_checks_off(world, group, all_ranks):
+    if group.size < 2:
+        pytest.skip("needs 2 ranks in a node")
+    pool = symmetric.empty(64, np.float32, group=group)
+    buf = pool if group.rank else pool.view(np.int32)  # same bytes, another dtype
+    backend, saved = _checks(group, pool, False)
+    try:
+        raises_everywhere(all_ranks, lambda: C.all_gather(buf, group=group, algo=SYM), "dtype")
+    finally:
+        backend.check_args = saved
+
+
+def test_empty_buffers_run_anywhere_and_are_not_kept(world, all_ranks):
+    import weakref
+
+    if world.num_nodes != 1:
+        pytest.skip("needs one node")
+    sub = world.world.split([0]) if world.size > 1 else world.world
+    if sub is not None and world.size > 1:
+        symmetric.empty(4, np.float32, group=sub)  # only rank 0 has a region
+    group = world.world
+    empty_in, empty_out = np.zeros(0, np.float32), np.zeros(0, np.float32)
+    C.all_reduce(empty_in, empty_out, group=group, algo=SYM)
+    C.all_reduce(empty_in, empty_out, group=group)  # plain, planned
+    refs = [weakref.ref(empty_in), weakref.ref(empty_out)]
+    del empty_in, empty_out
+    gc.collect()
+    all_ranks(all(r() is None for r in refs), "a plan kept an empty buffer alive")
