@@ -37,7 +37,8 @@ import numpy as np
 from neocomm.agree import Problem, agree
 from neocomm.backends.checks import dtype_code_of
 
-__all__ = ["empty", "zeros", "is_symmetric", "peers", "describe", "SEND", "RECV"]
+__all__ = ["empty", "zeros", "is_symmetric", "peers", "describe", "availability", "SEND",
+           "RECV"]
 
 #: Bits of :attr:`collectives.types.Request.symmetric`: which side of a call is symmetric.
 SEND, RECV = 1, 2
@@ -63,6 +64,18 @@ class _Region:
 
 _REGIONS: list[_Region] = []
 _NODE_COMMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def availability() -> tuple[bool, str]:
+    """Whether this host can back symmetric memory: ``(True, where and how much
+    is free)`` or ``(False, why not)``."""
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError as exc:
+        return False, f"{_SHM_DIR}: {exc.strerror or exc}"
+    if not os.access(_SHM_DIR, os.W_OK):
+        return False, f"{_SHM_DIR} is not writable"
+    return True, f"{_SHM_DIR}, {st.f_bavail * st.f_frsize / 2**30:.1f} GiB free"
 
 
 def _group(group):

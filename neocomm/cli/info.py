@@ -45,6 +45,10 @@ def collect() -> dict:
         out["launcher"] = f"missing: {exc}"
     out["backends"] = {k.value: ("available" if ok else f"unavailable: {why}")
                        for k, (ok, why) in availability().items()}
+    from collectives import symmetric
+
+    ok, where = symmetric.availability()
+    out["symmetric_memory"] = f"{'available' if ok else 'unavailable'}: {where}"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         values = config.settings()
@@ -68,6 +72,7 @@ def run(args) -> int:
     print("\nbackends")
     for name, state in info["backends"].items():
         print(f"  {name:<8} {state}")
+    print(f"\nsymmetric memory (host collectives): {info['symmetric_memory']}")
     print("\nsettings (NEOCOMM_*; value, default, unit)")
     for env, s in info["settings"].items():
         mark = "" if s["value"] == s["default"] else "  (set)"

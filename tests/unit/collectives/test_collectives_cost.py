@@ -169,3 +169,4 @@ def test_symmetric_copies_cost_what_the_transport_does_plus_synchronisation():
                         algorithm_factors={"all_to_all/symmetric": 0.5})
     assert (cost.algorithm_cost(op, "symmetric", req, cheap)
             < cost.algorithm_cost(op, "native", req, cheap))
+

@@ -52,6 +52,7 @@ def test_info_reports_backends_and_settings(capsys):
     assert cli.main(["info", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["backends"]["mpi"] == "available"
+    assert info["symmetric_memory"].split(":")[0] in ("available", "unavailable")
     for name in ("nccl", "staged"):  # available, or unavailable with a reason
         state = info["backends"][name]
         assert state == "available" or state.startswith("unavailable: ") and len(state) > 14
