@@ -212,6 +212,7 @@ import numpy as np
 import neocomm, collectives as C
 w = neocomm.init()
 x = np.ones(4 * w.size, np.float32); y = np.empty_like(x)
+{setup}
 run = {run}
 run(); run()  # the second call replays the plan / reruns the prepared call
 if w.rank == 1:
@@ -220,12 +221,17 @@ run()
 """
 
 
-@pytest.mark.parametrize("run, named", [
-    ("lambda: C.all_to_all(x, y, algo='native')", "all_to_all (native)"),
-    ("C.prepare_all_to_all(x, y, algo='native')", "all_to_all (native, prepared)")])
-def test_a_stalled_repeated_call_aborts_the_job_naming_it(tmp_path, run, named):
+_SYMMETRIC = ("from collectives import symmetric\n"
+              "x = symmetric.empty(1024, np.float32); y = symmetric.empty(1024, np.float32)")
+
+
+@pytest.mark.parametrize("setup, run, named", [
+    ("", "lambda: C.all_to_all(x, y, algo='native')", "all_to_all (native)"),
+    ("", "C.prepare_all_to_all(x, y, algo='native')", "all_to_all (native, prepared)"),
+    (_SYMMETRIC, "lambda: C.all_reduce(x, y, algo='symmetric')", "all_reduce (symmetric)")])
+def test_a_stalled_repeated_call_aborts_the_job_naming_it(tmp_path, setup, run, named):
     script = tmp_path / "job.py"
-    script.write_text(_STALL_JOB.format(run=run))
+    script.write_text(_STALL_JOB.format(setup=setup, run=run))
     env = dict(os.environ, NEOCOMM_TIMEOUT="3", NEOCOMM_CHECK_ARGS="0")
     out = subprocess.run([sys.executable, "-m", "neocomm.cli", "run", "-n", "2", "--timeout",
                           "90", "--", sys.executable, str(script)], capture_output=True,
