@@ -37,8 +37,8 @@ import numpy as np
 from neocomm.agree import Problem, agree
 from neocomm.backends.checks import dtype_code_of
 
-__all__ = ["empty", "zeros", "is_symmetric", "peers", "describe", "availability", "SEND",
-           "RECV"]
+__all__ = ["empty", "zeros", "is_symmetric", "peers", "describe", "node_views", "availability",
+           "SEND", "RECV"]
 
 #: Bits of :attr:`collectives.types.Request.symmetric`: which side of a call is symmetric.
 SEND, RECV = 1, 2
@@ -208,18 +208,20 @@ def _find(buf) -> tuple[_Region, np.ndarray, int] | None:
     return None
 
 
-def peers(group, buf) -> tuple[tuple[np.ndarray, ...], int, int] | None:
-    """``buf``'s counterpart on every rank of ``group`` (flat views, group rank
-    order), its region's number and its byte offset in this rank's segment;
-    None when ``buf`` is not symmetric memory shared by the whole group. An
-    empty array is symmetric anywhere (there is nothing to read)."""
+def peers(group, buf, members=None) -> tuple[tuple[np.ndarray, ...], int, int] | None:
+    """``buf``'s counterpart on every rank of ``group`` (or on the group ranks
+    ``members``), as flat views in that order, its region's number and its
+    byte offset in this rank's segment; None when ``buf`` is not symmetric
+    memory shared by all of them. An empty array is symmetric anywhere
+    (there is nothing to read)."""
+    ranks = group.ranks if members is None else [group.ranks[m] for m in members]
     if type(buf) is np.ndarray and buf.size == 0:  # nothing to read: trivially symmetric
-        return (np.empty(0, buf.dtype),) * group.size, 0, 0
+        return (np.empty(0, buf.dtype),) * len(ranks), 0, 0
     found = _find(buf)
     if found is None or not buf.flags.c_contiguous:
         return None
     region, whole, off = found
-    index = [region.index.get(w) for w in group.ranks]
+    index = [region.index.get(w) for w in ranks]
     if None in index:
         return None
     n, seg = buf.nbytes, region.seg
@@ -234,6 +236,22 @@ def is_symmetric(buf, group=None) -> bool:
 
 
 _NONE: dict = {}
+
+
+def node_views(group, members, send, recv):
+    """For a hierarchical algorithm: the views of ``send`` and ``recv`` (the
+    output, or ``send`` itself in place) on the group ranks ``members`` of this
+    rank's node, and the numbers every member must agree on before using them
+    (dtype, allocations, offsets, sizes); ``(None, None, (-1,) * 7)`` when
+    they are not both symmetric among ``members``."""
+    mine = peers(group, send, members) if send is not None else None
+    theirs = mine if (recv is send and mine) else (
+        peers(group, recv, members) if mine and recv is not None else None)
+    if mine is None or theirs is None:
+        return None, None, (-1,) * 7
+    check = ((dtype_code_of(send),) + mine[1:] + (send.nbytes,) + theirs[1:]
+             + (recv.nbytes,))
+    return mine[0], theirs[0], check
 
 
 def describe(group, send, recv=None) -> tuple[int, dict]:

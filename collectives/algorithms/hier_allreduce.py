@@ -9,15 +9,26 @@ then gather inside each node.
    so with one NIC per GPU every NIC works at once.
 3. AllGather among the ranks of a node (ring), straight into the output.
 
+When the input and output are symmetric memory on a node (the same slice of
+one :mod:`collectives.symmetric` allocation on each of its ranks; the
+members exchange what they hold, so they decide alike), steps 1 and 3 on
+that node are loads instead of messages: local rank ``i`` reduces slice
+``i`` straight from its node peers' inputs, and after the rail step copies
+the other slices from their owners' outputs. Nodes decide independently;
+the rail step is the same either way.
+
 Needs at least two nodes of equal size with at least two ranks each.
 """
 from __future__ import annotations
 
-from collectives import cost
+import numpy as np
+
+from collectives import cost, symmetric
 from collectives.algorithms import Algorithm, Call
 from collectives.algorithms.rabenseifner import doubling_all_gather, halving_reduce_scatter
 from collectives.algorithms.ring import (block_bounds, even_counts, ring_all_gather,
                                          ring_reduce_scatter)
+from collectives.algorithms.symmetric import all_pairs, reduce_into
 from collectives.types import CollectiveOp, FabricModel, Request
 
 __all__ = ["HierarchicalAllReduce", "ALGORITHMS"]
@@ -43,9 +54,13 @@ class HierarchicalAllReduce(Algorithm):
         n, per_node = call.sendbuf.size, len(node_members)
         bounds = block_bounds(even_counts(n, per_node))
         out = call.recvbuf
-        yield from ring_reduce_scatter(call, node_members, call.sendbuf, bounds, acc=out,
-                                       tag=call.tags(0))
+        inputs, outputs = yield from _node_symmetric(call, node_members)
         lo, hi = bounds[local]
+        if inputs is not None:  # the node's buffers are symmetric: load, do not send
+            reduce_into(call, [v[lo:hi] for v in inputs], out[lo:hi], first=local)
+        else:
+            yield from ring_reduce_scatter(call, node_members, call.sendbuf, bounds, acc=out,
+                                           tag=call.tags(0))
         piece = out[lo:hi]
         rail_bounds = block_bounds(even_counts(hi - lo, len(rail)))
         if _rail_prefers_ring(call, hi - lo):
@@ -57,7 +72,33 @@ class HierarchicalAllReduce(Algorithm):
                 call, rail, piece, piece, rail_bounds, tag=call.tags(2))
             yield from doubling_all_gather(call, rail, piece, v, pof2, rem, segs,
                                            tag=call.tags(8))
-        yield from ring_all_gather(call, node_members, out, bounds, tag=call.tags(15))
+        if inputs is not None:
+            yield from all_pairs(call, 14, _NOTHING, node_members)  # every slice is final
+            for j, view in enumerate(outputs):
+                if j != local:
+                    a, b = bounds[j]
+                    out[a:b] = view[a:b]
+            yield from all_pairs(call, 12, _NOTHING, node_members)  # peers are done reading
+        else:
+            yield from ring_all_gather(call, node_members, out, bounds, tag=call.tags(15))
+
+
+_NOTHING = np.zeros(0, np.int64)
+
+
+def _node_symmetric(call: Call, node_members):
+    """The peers' views of the input and output on this node when every member's
+    buffers are the same slice of one symmetric allocation, else ``(None, None)``.
+    The members exchange what they hold (host buffers only), so they all decide
+    alike; the exchange also tells each that the others' inputs are ready."""
+    if call.xp is not np:
+        return None, None
+    inputs, outputs, check = symmetric.node_views(call.group, node_members, call.sendbuf,
+                                                  call.recvbuf)
+    got = yield from all_pairs(call, 13, np.array(check, np.int64), node_members)
+    if inputs is None or not (got == got[0]).all():
+        return None, None
+    return inputs, outputs
 
 
 def _rail_prefers_ring(call: Call, count: int) -> bool:

@@ -33,7 +33,7 @@ from collectives.algorithms import Algorithm, Call, displs
 from collectives.transport import _Request
 from collectives.types import CollectiveOp, FabricModel, Request
 
-__all__ = ["Symmetric", "ALGORITHMS"]
+__all__ = ["Symmetric", "ALGORITHMS", "all_pairs", "reduce_into"]
 
 #: Elements per piece of a multi-peer reduction (the accumulator stays in cache).
 _PIECE_BYTES = 256 << 10
@@ -66,7 +66,7 @@ class Symmetric(Algorithm):
         elif op is CollectiveOp.REDUCE_SCATTER:
             lo = int(displs(call.recv_counts)[call.rank])
             n = int(call.recv_counts[call.rank])
-            _reduce(call, [v[lo:lo + n] for v in call.peer_send], call.recvbuf,
+            reduce_into(call, [v[lo:lo + n] for v in call.peer_send], call.recvbuf,
                     first=call.rank)
         elif op is CollectiveOp.ALL_GATHER:
             n = call.sendbuf.size
@@ -78,7 +78,7 @@ class Symmetric(Algorithm):
         elif call.peer_recv is not None:  # ALL_REDUCE, two-shot
             yield from _all_reduce_two_shot(call)
         else:  # ALL_REDUCE, one-shot
-            _reduce(call, call.peer_send, call.recvbuf, first=0)
+            reduce_into(call, call.peer_send, call.recvbuf, first=0)
         yield from _sync(call, 2)
 
 
@@ -94,7 +94,7 @@ def _all_reduce_two_shot(call: Call):
     p, r, n = call.size, call.rank, call.recvbuf.size
     seg = -(-n // p)
     a, b = min(n, r * seg), min(n, (r + 1) * seg)
-    _reduce(call, [v[a:b] for v in call.peer_send], call.recvbuf[a:b], first=r)
+    reduce_into(call, [v[a:b] for v in call.peer_send], call.recvbuf[a:b], first=r)
     yield from _sync(call, 1)
     for q, view in enumerate(call.peer_recv):
         if q != r:
@@ -102,7 +102,7 @@ def _all_reduce_two_shot(call: Call):
             call.recvbuf[a:b] = view[a:b]
 
 
-def _reduce(call: Call, inputs, out, first: int) -> None:
+def reduce_into(call: Call, inputs, out, first: int) -> None:
     """``out = inputs[first] op inputs[first+1] op ...`` (cyclic order), in pieces;
     ``out`` may be ``inputs[first]`` itself (in place)."""
     ufunc = call.ufunc()
@@ -135,7 +135,7 @@ def _enter(call: Call):
         both = out.tolist()
         hi, lo = both[:k], [-v for v in both[k:]]
     else:
-        got = yield from _all_pairs(call, 0, np.array(mine, np.int64))
+        got = yield from all_pairs(call, 0, np.array(mine, np.int64))
         lo, hi = got.min(axis=0).tolist(), got.max(axis=0).tolist()
     if lo != hi:
         fields = ("dtype", "send allocation", "send offset", "send bytes",
@@ -153,29 +153,34 @@ def _sync(call: Call, phase: int):
     if call.blocking:
         call.group.comm.Barrier()
     else:
-        yield from _all_pairs(call, phase, _NOTHING)
+        yield from all_pairs(call, phase, _NOTHING)
 
 
 _NOTHING = np.zeros(0, np.int64)
 
 
-def _all_pairs(call: Call, phase: int, payload: np.ndarray):
-    """Send ``payload`` to every peer and receive theirs; returns them by rank
-    (yielding the requests, so that the waits drive other operations too)."""
-    p, r, comm = call.size, call.rank, call.group.comm
-    got = np.empty((p, payload.size), np.int64)
-    got[r] = payload
+def all_pairs(call: Call, phase: int, payload: np.ndarray, members=None):
+    """Send ``payload`` to every peer (every other rank of ``members``, group
+    ranks; default the group) and receive theirs; returns them, one row per
+    member in ``members`` order (yielding the requests, so that the waits
+    drive other operations too)."""
+    members = range(call.size) if members is None else members
+    comm, me = call.group.comm, call.rank
+    got = np.empty((len(members), payload.size), np.int64)
     tag = call.tags(phase)
     requests = []
-    for q in range(p):
-        if q != r:
-            requests.append(comm.Irecv(got[q], q, tag))
+    for i, q in enumerate(members):
+        if q == me:
+            got[i] = payload
+        else:
+            requests.append(comm.Irecv(got[i], q, tag))
             requests.append(comm.Isend(payload, q, tag))
     for req in requests:
         handle = _Request(req)
         if not handle.test():
             yield (handle,)
     return got
+
 
 
 ALGORITHMS = (Symmetric(),)

@@ -379,3 +379,47 @@ def test_empty_buffers_run_anywhere_and_are_not_kept(world, all_ranks):
     del empty_in, empty_out
     gc.collect()
     all_ranks(all(r() is None for r in refs), "a plan kept an empty buffer alive")
+
+
+@pytest.mark.parametrize("which", ["every node", "node 0 only", "in place", "not rank 0"])
+def test_hierarchical_all_reduce_loads_within_symmetric_nodes(world, all_ranks, rng,
+                                                              monkeypatch, which):
+    """Across (emulated) nodes: the intra-node steps of a node whose buffers are
+    symmetric are loads; any mix of nodes gives MPI's result."""
+    from mpi4py import MPI
+
+    from collectives.algorithms import hier_allreduce
+
+    layout = world.world.nodes
+    if len(layout) < 2 or len({len(n) for n in layout}) != 1 or len(layout[0]) < 2:
+        pytest.skip("needs 2 or more equal nodes of 2 or more ranks")
+    seen = []
+    ring = hier_allreduce.ring_reduce_scatter
+
+    def spy(call, members, *args, **kw):
+        seen.append(tuple(members))
+        return ring(call, members, *args, **kw)
+
+    monkeypatch.setattr(hier_allreduce, "ring_reduce_scatter", spy)
+    group = world.world
+    sym = {"node 0 only": world.node == 0, "not rank 0": world.rank != 0}.get(which, True)
+    # a node loads when all its ranks' buffers are symmetric (empty ones always are)
+    node_sym = sym if which != "not rank 0" else world.node != world.node_of(0)
+    mine = tuple(layout[world.node])
+    for count in (0, 5, 3001):
+        seen.clear()
+        src = symmetric.empty(count, np.float64, group=group)
+        src[:] = rng.random(count)
+        ref = np.empty(count)
+        group.comm.Allreduce(np.array(src), ref, op=MPI.SUM)
+        if which == "in place":
+            C.all_reduce(src, group=group, algo="hierarchical")
+            out = src
+        else:
+            out = symmetric.empty(count, np.float64, group=group)  # collective: everyone
+            if not sym:
+                out = np.empty(count)
+            C.all_reduce(src, out, group=group, algo="hierarchical")
+        loads, expected = mine not in seen, node_sym or count == 0
+        all_ranks(np.allclose(out, ref, rtol=1e-12), f"{count}: differs from MPI")
+        all_ranks(loads == expected, f"{count}: loads={loads}, expected {expected}")
