@@ -46,6 +46,17 @@ def _total(counts, buf) -> int:
         return -1
 
 
+def _check_out(sendbuf, recvbuf, dev: bool, size: int | None = None,
+               expected: str = "") -> Problem | None:
+    """``recvbuf``: an array of this call's kind and ``sendbuf``'s dtype, with
+    ``size`` elements when given (``expected`` says how many, in words)."""
+    problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
+                    check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
+    if problem is None and size is not None and recvbuf.size != size:
+        problem = Problem("recvbuf", f"recvbuf: expected {expected}, got {recvbuf.size}")
+    return problem
+
+
 def _counts_key(counts):
     """Counts as part of a plan key: a list or tuple as its tuple (cheap), else bytes."""
     kind = type(counts)
@@ -93,11 +104,8 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
         problem = Problem("sendbuf", f"sendbuf: {sendbuf.size} elements do not split into "
                                      f"{p} equal blocks")
     if problem is None and recvbuf is not None:
-        problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
-                        check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
-        if problem is None and recvbuf.size != sendbuf.size:
-            problem = Problem("recvbuf", f"recvbuf: expected {sendbuf.size} elements (as "
-                                         f"sendbuf), got {recvbuf.size}")
+        problem = _check_out(sendbuf, recvbuf, dev, sendbuf.size,
+                             f"{sendbuf.size} elements (as sendbuf)")
     ok = problem is None
     itemsize = sendbuf.dtype.itemsize if ok else 1
     block = sendbuf.size // p if ok else -1
@@ -157,8 +165,7 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
                                "recvbuf")
         problem = problem or prc
     if problem is None and recvbuf is not None:
-        problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
-                        check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
+        problem = _check_out(sendbuf, recvbuf, dev)
     if rc is None or ctx.check:  # exchange the counts: to learn them, or to check them
         offered = np.empty(p, np.int64)
         with watchdog.guard("all_to_all_v (exchange of the counts)"):
@@ -239,11 +246,8 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
             problem, counts = check_counts("recv_counts", recv_counts, p, sendbuf.size,
                                            "sendbuf")
     if problem is None and recvbuf is not None:
-        problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
-                        check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
-        if problem is None and recvbuf.size != counts[ctx.group.rank]:
-            problem = Problem("recvbuf", f"recvbuf: expected {int(counts[ctx.group.rank])} "
-                                         f"elements, got {recvbuf.size}")
+        mine = int(counts[ctx.group.rank])
+        problem = _check_out(sendbuf, recvbuf, dev, mine, f"{mine} elements")
     ok = problem is None
     itemsize = sendbuf.dtype.itemsize if ok else 1
     bits, symf = symmetric.describe(ctx.group, sendbuf) if ok else (0, {})
@@ -290,11 +294,8 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
     problem = check_buffer("sendbuf", sendbuf, device=dev, reducible=True,
                            writable=recvbuf is None)
     if problem is None and recvbuf is not None:
-        problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
-                        check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
-        if problem is None and recvbuf.size != sendbuf.size:
-            problem = Problem("recvbuf", f"recvbuf: expected {sendbuf.size} elements (as "
-                                         f"sendbuf), got {recvbuf.size}")
+        problem = _check_out(sendbuf, recvbuf, dev, sendbuf.size,
+                             f"{sendbuf.size} elements (as sendbuf)")
     ok = problem is None
     itemsize = sendbuf.dtype.itemsize if ok else 1
     out = sendbuf if recvbuf is None else recvbuf
@@ -333,11 +334,8 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     p, dev = ctx.group.size, ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev)
     if problem is None and recvbuf is not None:
-        problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
-                        check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
-        if problem is None and recvbuf.size != p * sendbuf.size:
-            problem = Problem("recvbuf", f"recvbuf: expected {p} x {sendbuf.size} = "
-                                         f"{p * sendbuf.size} elements, got {recvbuf.size}")
+        problem = _check_out(sendbuf, recvbuf, dev, p * sendbuf.size,
+                             f"{p} x {sendbuf.size} = {p * sendbuf.size} elements")
     ok = problem is None
     itemsize = sendbuf.dtype.itemsize if ok else 1
     bits, symf = symmetric.describe(ctx.group, sendbuf) if ok else (0, {})
