@@ -13,7 +13,7 @@ import collections
 from collectives.algorithms import Algorithm, Call
 from collectives.types import CollectiveOp, FabricModel, Request
 
-__all__ = ["Binomial", "tree_broadcast", "payload", "ALGORITHMS"]
+__all__ = ["Binomial", "tree_broadcast", "tree_member", "payload", "ALGORITHMS"]
 
 
 def payload(call: Call):
@@ -101,6 +101,16 @@ def local_copy(call: Call) -> None:
             call.recvbuf[:] = call.sendbuf[a:a + int(call.send_counts[i])]
 
 
+def tree_member(call: Call):
+    """``(members root first, this rank's position, payload buffer)`` for a tree
+    broadcast, after the root's own copy; None when this rank takes no part."""
+    local_copy(call)
+    members = members_from_root(call)
+    if call.rank not in members:
+        return None
+    return members, members.index(call.rank), payload(call)
+
+
 class _TreeBase(Algorithm):
     ops = frozenset({CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY})
 
@@ -117,13 +127,11 @@ class Binomial(_TreeBase):
     name = "binomial"
 
     def run(self, call: Call):
-        local_copy(call)
-        members = members_from_root(call)
-        if call.rank not in members:
+        found = tree_member(call)
+        if found is None:
             return
-        pos = members.index(call.rank)
+        members, pos, buf = found
         parent, children = binomial_links(pos, len(members))
-        buf = payload(call)
         chunk = min(call.policy.intra, call.policy.inter)
         yield from tree_broadcast(call, buf, None if parent is None else members[parent],
                                   [members[c] for c in children], chunk, tag=call.tags(0))

@@ -10,7 +10,7 @@ never smaller than one chunk of the link.
 from __future__ import annotations
 
 from collectives.algorithms import Call
-from collectives.algorithms.binomial import _TreeBase, local_copy, members_from_root, payload, tree_broadcast
+from collectives.algorithms.binomial import _TreeBase, tree_broadcast, tree_member
 from collectives.cost import chain_segments
 
 __all__ = ["Chain", "ALGORITHMS"]
@@ -22,12 +22,10 @@ class Chain(_TreeBase):
     name = "chain"
 
     def run(self, call: Call):
-        local_copy(call)
-        members = members_from_root(call)
-        if call.rank not in members:
+        found = tree_member(call)
+        if found is None:
             return
-        pos = members.index(call.rank)
-        buf = payload(call)
+        members, pos, buf = found
         fabric = call.fabric
         inter = fabric.nodes > 1
         link = fabric.inter if inter else fabric.intra

@@ -218,14 +218,19 @@ class SlotWiseSharding(ShardingStrategy):
             moves.append(mine)
         return moves
 
-    def _assemble(self, recv, b: int):
-        """``[B, out_dim]`` from the per-owner blocks ``[B, dims of owner]``."""
-        out = self.env.xp.empty((b, self.out_dim), self.env.dtype)
+    def _owner_blocks(self, flat, b: int):
+        """``(block [B, dims of owner], column moves)`` for each owner, as views of
+        the packed ``flat`` (owner order)."""
         start = 0
         for r, moves in enumerate(self._moves):
             d_r = int(self._dims_of[r])
-            blk = recv[start:start + b * d_r].reshape(b, d_r)
+            yield flat[start:start + b * d_r].reshape(b, d_r), moves
             start += b * d_r
+
+    def _assemble(self, recv, b: int):
+        """``[B, out_dim]`` from the per-owner blocks ``[B, dims of owner]``."""
+        out = self.env.xp.empty((b, self.out_dim), self.env.dtype)
+        for blk, moves in self._owner_blocks(recv, b):
             for c0, dst, w in moves:
                 out[:, dst:dst + w] = blk[:, c0:c0 + w]
         return out
@@ -233,11 +238,7 @@ class SlotWiseSharding(ShardingStrategy):
     def _split_grad(self, grad, b: int):
         """Send buffer of gradient columns for each owner (inverse of :meth:`_assemble`)."""
         buf = self.env.xp.empty(int(self._dims_of.sum()) * b, self.env.dtype)
-        start = 0
-        for r, moves in enumerate(self._moves):
-            d_r = int(self._dims_of[r])
-            blk = buf[start:start + b * d_r].reshape(b, d_r)
-            start += b * d_r
+        for blk, moves in self._owner_blocks(buf, b):
             for c0, src, w in moves:
                 blk[:, c0:c0 + w] = grad[:, src:src + w]
         return buf
