@@ -51,10 +51,9 @@ def array_module(buf):
 
 def context(group, buf) -> Context:
     """The :class:`Context` of a call on ``group`` (None: the world group) moving ``buf``."""
-    if group is None:
-        from neocomm.world import current_world
+    from neocomm.world import group_or_world
 
-        group = current_world().world
+    group = group_or_world(group)
     return Context(group, group.backend(buf), array_module(buf))
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from collectives.types import CollectiveOp, FabricModel, Request
+from collectives.types import (SYMMETRIC_RECV, SYMMETRIC_SEND, CollectiveOp, FabricModel,
+                               Request)
 
 __all__ = ["estimate", "algorithm_cost", "shape_reason", "candidates", "costs", "chain_segments"]
 
@@ -306,7 +307,7 @@ def _symmetric(req: Request, fab: FabricModel) -> float:
     does (intra-node bandwidth); a reduction streams the peers' inputs at the
     reduction throughput, with no transport copy before it. Infinite when
     the send side is not symmetric (the algorithm cannot run)."""
-    if not req.symmetric & 1:
+    if not req.symmetric & SYMMETRIC_SEND:
         return math.inf
     p, n, op = fab.size, req.nbytes, req.op
     peer_bw = fab.intra.bandwidth
@@ -314,7 +315,7 @@ def _symmetric(req: Request, fab: FabricModel) -> float:
         block = req.max_block or n / p
         return 2 * _sym_sync(fab) + (p - 1) * block / fab.reduce_bandwidth
     if op is CollectiveOp.ALL_REDUCE:
-        if req.symmetric & 2:  # two-shot
+        if req.symmetric & SYMMETRIC_RECV:  # two-shot
             seg = n / p
             return (3 * _sym_sync(fab) + (p - 1) * seg / fab.reduce_bandwidth
                     + (p - 1) * seg / peer_bw)

@@ -37,6 +37,7 @@ import numpy as np
 
 from neocomm.agree import Problem
 from neocomm.watchdog import Slot
+from neocomm.world import group_or_world
 
 from collectives import api, plans, progress
 from collectives._launch import OP_CODES, array_module, context, fail
@@ -219,11 +220,7 @@ _PERSISTENT = frozenset({CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V,
 
 
 def _group_size(group, buf) -> int:
-    if group is None:
-        from neocomm.world import current_world
-
-        group = current_world().world
-    return group.size
+    return group_or_world(group).size
 
 
 def _like(buf, shape):
@@ -284,9 +281,7 @@ def _rs_count(sendbuf, recv_counts, group) -> int:
     """This rank's block of a reduce-scatter (a guess the call's checks judge)."""
     if recv_counts is not None:
         try:
-            from neocomm.world import current_world
-
-            g = group if group is not None else current_world().world
+            g = group_or_world(group)
             return max(0, int(np.asarray(recv_counts, np.int64)[g.rank]))
         except (TypeError, ValueError, IndexError):
             return 0

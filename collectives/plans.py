@@ -66,18 +66,6 @@ class Plan:
         self.slot = Slot(f"{self.op_name} ({self.algo_name})")
         self.agreement = agreement  # (comm, op name, signature) when checks are on
 
-    def applies(self, bufs) -> bool:
-        """Whether this plan still fits ``bufs`` and the process's current state."""
-        if (_OPS or self.snap is not settings._SNAPSHOT
-                or self.backend.check_args is not self.checked):
-            return False
-        refs, sizes = self.refs, self.sizes
-        if refs[0]() is not bufs[0] or bufs[0].size != sizes[0]:
-            return False
-        if len(bufs) > 1 and (refs[1]() is not bufs[1] or bufs[1].size != sizes[1]):
-            return False
-        return True
-
     def run(self, bufs):
         """Run the call again on ``bufs`` (blocking) and return its result."""
         if self.agreement is not None:
@@ -147,7 +135,7 @@ def replay(key, a, b=None):
     call) when it still applies and return the result (never None); None when
     there is none (then nothing ran).
 
-    This is :meth:`Plan.applies` and :meth:`Plan.run` in one frame: it is the
+    This is the plan's checks and :meth:`Plan.run` in one frame: it is the
     whole per-call cost of a repeated native call."""
     plan = _PLANS.get(key)
     if (plan is None or _OPS or plan.snap is not settings._SNAPSHOT

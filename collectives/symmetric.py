@@ -36,12 +36,15 @@ import numpy as np
 
 from neocomm.agree import Problem, agree
 from neocomm.backends.checks import dtype_code_of
+from neocomm.world import group_or_world
+
+from collectives.types import SYMMETRIC_RECV, SYMMETRIC_SEND
 
 __all__ = ["empty", "zeros", "is_symmetric", "peers", "describe", "node_views", "availability",
            "SEND", "RECV"]
 
 #: Bits of :attr:`collectives.types.Request.symmetric`: which side of a call is symmetric.
-SEND, RECV = 1, 2
+SEND, RECV = SYMMETRIC_SEND, SYMMETRIC_RECV
 
 _PAGE = 4096
 _SHM_DIR = "/dev/shm"
@@ -78,14 +81,6 @@ def availability() -> tuple[bool, str]:
     return True, f"{_SHM_DIR}, {st.f_bavail * st.f_frsize / 2**30:.1f} GiB free"
 
 
-def _group(group):
-    if group is None:
-        from neocomm.world import current_world
-
-        return current_world().world
-    return group
-
-
 def _node_comm(group):
     """The ranks of ``group`` that share memory with this one and sit on its
     (possibly emulated) node, as an mpi4py communicator (collective, cached)."""
@@ -109,7 +104,7 @@ def empty(shape, dtype="float32", *, group=None) -> np.ndarray:
     every rank, as it is when the node's shared memory cannot hold the
     region. The memory starts zeroed.
     """
-    g = _group(group)
+    g = group_or_world(group)
     problem, nbytes, code, shp = None, 0, 0, ()
     try:
         dt = np.dtype(dtype)
@@ -232,7 +227,7 @@ def peers(group, buf, members=None) -> tuple[tuple[np.ndarray, ...], int, int] |
 def is_symmetric(buf, group=None) -> bool:
     """Whether ``buf`` is symmetric memory that every rank of ``group`` can read
     (local test: the offsets on the other ranks are checked by each call)."""
-    return peers(_group(group), buf) is not None
+    return peers(group_or_world(group), buf) is not None
 
 
 _NONE: dict = {}

@@ -10,7 +10,10 @@ from dataclasses import dataclass, field, replace
 
 __all__ = ["CollectiveOp", "Link", "FabricModel", "Request", "DEFAULT_INTRA_LINK",
            "DEFAULT_INTER_LINK", "DEFAULT_COPY_BANDWIDTH", "DEFAULT_REDUCE_BANDWIDTH",
-           "DEFAULT_STEP_OVERHEAD", "ROCE_MTU"]
+           "DEFAULT_STEP_OVERHEAD", "ROCE_MTU", "SYMMETRIC_SEND", "SYMMETRIC_RECV"]
+
+#: Bits of :attr:`Request.symmetric`: the send side, the receive side is symmetric memory.
+SYMMETRIC_SEND, SYMMETRIC_RECV = 1, 2
 
 #: RoCE / InfiniBand MTU in bytes; chunk sizes are multiples of it.
 ROCE_MTU = 4096

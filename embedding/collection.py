@@ -86,10 +86,9 @@ class ShardedEmbeddingCollection:
                  dedup: bool = False,
                  id_policy: IdPolicy | Mapping[str, IdPolicy] = IdPolicy.ERROR,
                  seed: int = 0):
-        if group is None:
-            from neocomm.world import current_world
+        from neocomm.world import group_or_world
 
-            group = current_world().world
+        group = group_or_world(group)
         self.tables = tuple(tables)
         if not self.tables:
             raise ValueError("tables: expected at least one table")

@@ -9,7 +9,7 @@ import traceback
 from neocomm import config, watchdog
 from neocomm.types import GroupKind
 
-__all__ = ["init", "World", "current_world"]
+__all__ = ["init", "World", "current_world", "group_or_world"]
 
 _log = logging.getLogger(__name__)
 _WORLD: "World | None" = None
@@ -128,6 +128,11 @@ def init(comm=None, *, ranks_per_node: int | None = None) -> World:
 def current_world() -> World:
     """The World of the last :func:`init` (initialising on first use)."""
     return _WORLD if _WORLD is not None else init()
+
+
+def group_or_world(group):
+    """``group``, or the world group of :func:`current_world` when it is None."""
+    return current_world().world if group is None else group
 
 
 def install_abort_hook(rank: int) -> None:

@@ -30,7 +30,6 @@ from neocomm.errors import CollectiveArgumentError
 
 from collectives import symmetric as sym
 from collectives.algorithms import Algorithm, Call, displs
-from collectives.transport import _Request
 from collectives.types import CollectiveOp, FabricModel, Request
 
 __all__ = ["Symmetric", "ALGORITHMS", "all_pairs", "reduce_into"]
@@ -165,22 +164,20 @@ def all_pairs(call: Call, phase: int, payload: np.ndarray, members=None):
     member in ``members`` order (yielding the requests, so that the waits
     drive other operations too)."""
     members = range(call.size) if members is None else members
-    comm, me = call.group.comm, call.rank
+    me = call.rank
     got = np.empty((len(members), payload.size), np.int64)
     tag = call.tags(phase)
-    requests = []
+    handles = []
     for i, q in enumerate(members):
         if q == me:
             got[i] = payload
         else:
-            requests.append(comm.Irecv(got[i], q, tag))
-            requests.append(comm.Isend(payload, q, tag))
-    for req in requests:
-        handle = _Request(req)
+            handles.append(call.irecv(got[i], q, tag))
+            handles.append(call.isend(payload, q, tag))
+    for handle in handles:
         if not handle.test():
             yield (handle,)
     return got
-
 
 
 ALGORITHMS = (Symmetric(),)

@@ -184,11 +184,9 @@ def one_to_many_transport(group=None) -> Transport:
     def transport(pieces, root: int) -> np.ndarray:
         from collectives import broadcast, one_to_many
 
-        g = group
-        if g is None:
-            from neocomm.world import current_world
+        from neocomm.world import group_or_world
 
-            g = current_world().world
+        g = group_or_world(group)
         others = [r for r in range(g.size) if r != root]
         if not others:  # a group of one: nothing to send
             return np.asarray(pieces[root], np.uint8)

@@ -76,10 +76,9 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, group=None, *, data: TrainData | None = None,
                  stream=None):
-        if group is None:
-            from neocomm.world import current_world
+        from neocomm.world import group_or_world
 
-            group = current_world().world
+        group = group_or_world(group)
         self.cfg = config
         self.group = group
         self.rank, self.size = int(group.rank), int(group.size)

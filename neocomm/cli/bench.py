@@ -218,7 +218,7 @@ def _calibrate(path, cfg, group, rows, lead) -> None:
 
     from collectives import cost
     from collectives.fabric import fabric_for, load_calibration, save_calibration
-    from collectives.types import Request
+    from collectives.types import SYMMETRIC_RECV, SYMMETRIC_SEND, Request
 
     fabric = fabric_for(group)
     bare = replace(fabric, algorithm_factors=())
@@ -227,7 +227,8 @@ def _calibrate(path, cfg, group, rows, lead) -> None:
         factors.update(load_calibration(path).get("algorithm_factors", {}))
     by_algo: dict = {}
     # the symmetric bits the calls had (AllReduce also reads the peers' outputs)
-    sym = 0 if not cfg.symmetric else (3 if cfg.op.value == "all_reduce" else 1)
+    sym = 0 if not cfg.symmetric else SYMMETRIC_SEND | (
+        SYMMETRIC_RECV if cfg.op.value == "all_reduce" else 0)
     for r in rows:
         name = r.chosen if r.algo == "auto" else r.algo
         if name in ("mpi", "auto") or name not in cost.FORMULAS[cfg.op]:
