@@ -1,0 +1,647 @@
+"""The stand-in's ``cupy.cuda.nccl``: NCCL's rules, with MPI moving the bytes.
+
+What it enforces, where real NCCL would hang, corrupt or refuse:
+
+- **Communicators** come from a unique id (CuPy 14: 128 bytes; CuPy 13: a
+  tuple of 128 ints; the other form is a ``TypeError``), every rank of the
+  id must join, and two ranks on one GPU of one host are refused with
+  ``ncclInvalidUsage`` naming both ranks, as NCCL does.
+- **Stream order.** Every call is queued on its stream and runs when the
+  stream reaches it (on the stream's worker, not the host thread), so the
+  host must synchronise before reading a result.
+- **Collective order.** Calls on a communicator run in issue order; the
+  first step of every collective compares the call across ranks (kind,
+  count, datatype, reduction, root) and fails on every rank, naming each
+  rank's call, when they differ.
+- **Point-to-point rendezvous.** A send completes only when the peer has
+  posted the matching receive (NCCL's p2p has no unbounded buffering); a
+  group (``groupStart``/``groupEnd``) lets its sends and receives progress
+  together. Two ranks that each wait for the other (a bare send facing a
+  bare send, a collective facing a send) are detected as a deadlock and
+  every rank involved fails with both call sites; a wait that makes no
+  progress for ``DEVSIM_STALL`` seconds (default 60) fails too.
+- **Tables.** Only NCCL's datatypes (no int16, no complex) and reductions;
+  a receive of another byte count than the matching send is an error.
+
+Any failure aborts the communicator on every rank (later calls raise), as
+``ncclCommAbort`` leaves it.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+
+import numpy as np
+
+from cupy import _engine
+
+__all__ = ["NcclError", "NcclCommunicator", "get_unique_id", "get_version", "groupStart",
+           "groupEnd", "available"]
+
+available = True
+
+NCCL_INT8 = NCCL_CHAR = 0
+NCCL_UINT8 = 1
+NCCL_INT32 = NCCL_INT = 2
+NCCL_UINT32 = 3
+NCCL_INT64 = 4
+NCCL_UINT64 = 5
+NCCL_FLOAT16 = NCCL_HALF = 6
+NCCL_FLOAT32 = NCCL_FLOAT = 7
+NCCL_FLOAT64 = NCCL_DOUBLE = 8
+NCCL_BFLOAT16 = 9
+NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
+
+ncclSuccess, ncclUnhandledCudaError, ncclSystemError, ncclInternalError = 0, 1, 2, 3
+ncclInvalidArgument, ncclInvalidUsage = 4, 5
+_STATUS = {1: "NCCL_ERROR_UNHANDLED_CUDA_ERROR", 2: "NCCL_ERROR_SYSTEM_ERROR",
+           3: "NCCL_ERROR_INTERNAL_ERROR", 4: "NCCL_ERROR_INVALID_ARGUMENT",
+           5: "NCCL_ERROR_INVALID_USAGE"}
+
+
+def _bf16():
+    try:
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    except ImportError:  # pragma: no cover - a test extra
+        return None
+
+
+#: NCCL datatype -> NumPy dtype (what real NCCL has: no int16, no complex, no bool)
+_DTYPES = {NCCL_INT8: np.dtype(np.int8), NCCL_UINT8: np.dtype(np.uint8),
+           NCCL_INT32: np.dtype(np.int32), NCCL_UINT32: np.dtype(np.uint32),
+           NCCL_INT64: np.dtype(np.int64), NCCL_UINT64: np.dtype(np.uint64),
+           NCCL_FLOAT16: np.dtype(np.float16), NCCL_FLOAT32: np.dtype(np.float32),
+           NCCL_FLOAT64: np.dtype(np.float64)}
+if _bf16() is not None:
+    _DTYPES[NCCL_BFLOAT16] = _bf16()
+_OPS = {NCCL_SUM: "sum", NCCL_PROD: "prod", NCCL_MAX: "max", NCCL_MIN: "min", NCCL_AVG: "avg"}
+_UFUNC = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum,
+          "avg": np.add}
+
+
+class NcclError(RuntimeError):
+    """An NCCL error: ``status`` is the ``ncclResult_t``."""
+
+    def __init__(self, status: int, detail: str = ""):
+        self.status = status
+        self.detail = detail
+        name = _STATUS.get(status, f"NCCL_ERROR_{status}")
+        super().__init__(f"{name}: {detail}" if detail else name)
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.detail))
+
+
+def get_version() -> int:
+    return 22105
+
+
+def _want_bytes() -> bool:
+    import cupy
+
+    return int(cupy.__version__.split(".")[0]) >= 14
+
+
+def get_unique_id():
+    """A fresh id naming this rank as the root (bytes on CuPy 14, a tuple of ints on 13)."""
+    from mpi4py import MPI
+
+    raw = b"NCSI" + secrets.token_bytes(16) + MPI.COMM_WORLD.Get_rank().to_bytes(4, "little")
+    raw = raw.ljust(128, b"\0")
+    if _want_bytes():
+        return raw
+    return tuple(b - 256 if b > 127 else b for b in raw)
+
+
+# -- groups -------------------------------------------------------------------------
+
+_group = threading.local()
+
+
+def groupStart() -> None:
+    _group.depth = getattr(_group, "depth", 0) + 1
+    if _group.depth == 1:
+        _group.ops = []
+
+
+def groupEnd() -> None:
+    depth = getattr(_group, "depth", 0)
+    if depth == 0:
+        raise NcclError(ncclInvalidUsage, "groupEnd() without groupStart()")
+    _group.depth = depth - 1
+    if _group.depth == 0:
+        ops, _group.ops = _group.ops, []
+        by_comm: dict = {}
+        for op in ops:
+            by_comm.setdefault(id(op.comm), []).append(op)
+        for unit in by_comm.values():
+            unit[0].comm._submit(unit)
+
+
+class _Op:
+    __slots__ = ("kind", "comm", "send", "recv", "count", "dtype", "op", "root", "peer",
+                 "stream", "site", "dcode")
+
+    def describe(self) -> str:
+        parts = [f"count={self.count}", _name_of(self.dcode)]
+        if self.op is not None:
+            parts.append(_OPS[self.op])
+        if self.root is not None:
+            parts.append(f"root={self.root}")
+        if self.peer is not None:
+            parts.insert(0, f"peer={self.peer}")
+        return f"nccl{self.kind[0].upper()}{self.kind[1:]}({', '.join(parts)}) at {self.site}"
+
+
+def _name_of(code) -> str:
+    dt = _DTYPES.get(code)
+    return dt.name if dt is not None else f"datatype {code}"
+
+
+# -- communicators --------------------------------------------------------------------
+
+_CTRL, _DATA = 1, 2
+_RDV_TAG = 31_001
+
+
+def _stall_seconds() -> float:
+    return float(os.environ.get("DEVSIM_STALL", "60"))
+
+
+class NcclCommunicator:
+    """``NcclCommunicator(ndev, commId, rank)``: this process's rank of a communicator."""
+
+    def __init__(self, ndev: int, commId, rank: int):
+        from mpi4py import MPI
+
+        want_bytes = _want_bytes()
+        if want_bytes and not isinstance(commId, (bytes, bytearray)):
+            raise TypeError(f"commId: CuPy 14 takes the unique id as bytes, got "
+                            f"{type(commId).__name__}")
+        if not want_bytes and not isinstance(commId, tuple):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected tuple, got "
+                            f"{type(commId).__name__})")
+        raw = bytes(commId) if want_bytes else bytes((int(v) + 256) % 256 for v in commId)
+        if len(raw) != 128 or raw[:4] != b"NCSI":
+            raise NcclError(ncclInvalidArgument, "commId is not a unique id from get_unique_id()")
+        if not 0 <= rank < ndev:
+            raise NcclError(ncclInvalidArgument, f"rank {rank} is not in [0, {ndev})")
+        self._ndev, self._rank = int(ndev), int(rank)
+        self._device = _engine.current_device()
+        token = raw[4:20].hex()
+        root = int.from_bytes(raw[20:24], "little")
+        world = MPI.COMM_WORLD
+        me = {"token": token, "rank": self._rank, "world": world.Get_rank(),
+              "host": socket.gethostname(), "device": self._device}
+        if self._rank == 0 and world.Get_rank() != root:
+            raise NcclError(ncclInvalidUsage, f"rank 0 must be the process that created the "
+                                              f"unique id (world rank {root})")
+        if world.Get_rank() == root:
+            members = [me] + [world.recv(source=MPI.ANY_SOURCE, tag=_RDV_TAG)
+                              for _ in range(self._ndev - 1)]
+            error = _check_members(members, token, self._ndev)
+            answer = {"error": error,
+                      "worlds": [m["world"] for m in sorted(members, key=lambda m: m["rank"])]}
+            for m in members[1:]:
+                world.send(answer, dest=m["world"], tag=_RDV_TAG + 1)
+        else:
+            world.send(me, dest=root, tag=_RDV_TAG)
+            answer = world.recv(source=root, tag=_RDV_TAG + 1)
+        if answer["error"]:
+            raise NcclError(ncclInvalidUsage, answer["error"])
+        group = world.Get_group().Incl(answer["worlds"])
+        self._mpi = world.Create_group(group, tag=_RDV_TAG + 2)
+        group.Free()
+        self._lock = threading.Condition()
+        self._issued = itertools.count()
+        self._next_run = 0
+        self._skipped: set = set()  # launches that failed to enqueue: their turn passes
+        self._aborted: str | None = None
+        self._rts: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._rtr: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._sent_to = collections.Counter()    # sends issued to each peer, all units
+        self._recvd_from = collections.Counter()  # receives issued from each peer, all units
+        self._outbox: list = []
+
+    # -- introspection -----------------------------------------------------------
+    def device_id(self) -> int:
+        return self._device
+
+    def rank_id(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._ndev
+
+    def destroy(self) -> None:
+        mpi, self._mpi = getattr(self, "_mpi", None), None
+        if mpi is not None and self._aborted is None:
+            from mpi4py import MPI
+
+            if not MPI.Is_finalized():
+                mpi.Free()
+
+    def abort(self) -> None:
+        self._aborted = self._aborted or "the communicator was aborted"
+        self._mpi = None
+
+    # -- calls ---------------------------------------------------------------------
+    def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
+        self._call("allReduce", sendbuf, recvbuf, count, datatype, op=op, stream=stream)
+
+    def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
+        self._call("reduce", sendbuf, recvbuf if self._rank == root else None, count, datatype,
+                   op=op, root=root, stream=stream)
+
+    def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
+        self._call("broadcast", sendbuff if self._rank == root else None, recvbuff, count,
+                   datatype, root=root, stream=stream)
+
+    def bcast(self, buff, count, datatype, root, stream):
+        self._call("bcast", buff if self._rank == root else None, buff, count, datatype,
+                   root=root, stream=stream)
+
+    def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):
+        self._call("reduceScatter", sendbuf, recvbuf, recvcount, datatype, op=op, stream=stream)
+
+    def allGather(self, sendbuf, recvbuf, count, datatype, stream):
+        self._call("allGather", sendbuf, recvbuf, count, datatype, stream=stream)
+
+    def send(self, sendbuf, count, datatype, peer, stream):
+        self._call("send", sendbuf, None, count, datatype, peer=peer, stream=stream)
+
+    def recv(self, recvbuf, count, datatype, peer, stream):
+        self._call("recv", None, recvbuf, count, datatype, peer=peer, stream=stream)
+
+    def _call(self, kind, send, recv, count, datatype, *, op=None, root=None, peer=None,
+              stream=0):
+        if self._mpi is None:
+            raise NcclError(ncclInvalidUsage if self._aborted is None else ncclSystemError,
+                            self._aborted or "the communicator was destroyed")
+        if datatype not in _DTYPES:
+            raise NcclError(ncclInvalidArgument, f"nccl{kind}: invalid datatype {datatype} "
+                                                 f"(NCCL has no such type)")
+        if op is not None and op not in _OPS:
+            raise NcclError(ncclInvalidArgument, f"nccl{kind}: invalid reduction op {op}")
+        for name, value in (("root", root), ("peer", peer)):
+            if value is not None and not 0 <= value < self._ndev:
+                raise NcclError(ncclInvalidArgument, f"nccl{kind}: {name} {value} is not in "
+                                                     f"[0, {self._ndev})")
+        if count < 0:
+            raise NcclError(ncclInvalidArgument, f"nccl{kind}: count {count} < 0")
+        o = _Op()
+        o.kind, o.comm, o.count, o.dcode, o.op, o.root, o.peer = (kind, self, int(count),
+                                                                  datatype, op, root, peer)
+        o.dtype = _DTYPES[datatype]
+        o.site = _engine.call_site()
+        o.stream = self._stream(stream, kind)
+        n = self._ndev
+        send_elems = {"reduceScatter": count * n}.get(kind, count)
+        recv_elems = {"allGather": count * n}.get(kind, count)
+        o.send = self._view(send, send_elems, o, "sendbuff") if send is not None else None
+        o.recv = self._view(recv, recv_elems, o, "recvbuff") if recv is not None else None
+        if getattr(_group, "depth", 0):
+            _group.ops.append(o)
+        else:
+            self._submit([o])
+
+    def _stream(self, ptr: int, kind: str):
+        if ptr == 0:
+            return _engine.null_stream(self._device)
+        for s in list(_engine._ALL_STREAMS):
+            if s.ptr == ptr:
+                if s.device != self._device:
+                    raise NcclError(ncclInvalidArgument, f"nccl{kind}: the stream belongs to "
+                                                         f"device {s.device}, the communicator "
+                                                         f"to device {self._device}")
+                return s
+        raise NcclError(ncclInvalidArgument, f"nccl{kind}: {ptr:#x} is not a CUDA stream")
+
+    def _view(self, ptr, elems, o, what):
+        try:
+            alloc, view = _engine.resolve(int(ptr), elems * o.dtype.itemsize,
+                                          f"nccl{o.kind} {what}")
+        except _engine.CudaError as exc:
+            raise NcclError(ncclInvalidArgument, str(exc)) from None
+        if alloc.device != self._device:
+            raise NcclError(ncclInvalidArgument,
+                            f"nccl{o.kind}: {what} is on device {alloc.device}, the "
+                            f"communicator on device {self._device}")
+        return alloc.id, view.view(o.dtype)
+
+    def _submit(self, ops: list) -> None:
+        streams = {id(o.stream) for o in ops}
+        if len(streams) > 1:
+            raise NcclError(ncclInvalidUsage, "stand-in: one group's calls on one communicator "
+                                              "use several streams (not modelled)")
+        seq = next(self._issued)
+        for o in ops:
+            if o.kind == "send":
+                self._sent_to[o.peer] += 1
+            elif o.kind == "recv":
+                self._recvd_from[o.peer] += 1
+        reads = {o.send[0] for o in ops if o.send is not None}
+        writes = {o.recv[0] for o in ops if o.recv is not None}
+        what = ops[0].describe() if len(ops) == 1 else \
+            f"group of {len(ops)} NCCL calls from {ops[0].site}"
+        try:
+            _engine.enqueue(ops[0].stream, lambda: self._run_in_turn(seq, ops), eager=True,
+                            reads=reads, writes=writes, what=what, site=ops[0].site)
+        except BaseException:
+            with self._lock:
+                self._skipped.add(seq)
+                self._lock.notify_all()
+            raise
+
+    # -- execution (on the stream's worker) --------------------------------------------
+    def _run_in_turn(self, seq: int, ops: list) -> None:
+        started = time.monotonic()
+        with self._lock:
+            while self._next_run != seq:
+                if self._next_run in self._skipped:
+                    self._skipped.discard(self._next_run)
+                    self._next_run += 1
+                    continue
+                if time.monotonic() - started > _stall_seconds():
+                    raise NcclError(ncclSystemError, f"stand-in: launch {seq} on rank "
+                                    f"{self._rank} waited {_stall_seconds():.0f} s for launch "
+                                    f"{self._next_run} of its communicator to run first")
+                self._lock.wait(0.05)
+        try:
+            if self._aborted is not None:
+                raise NcclError(ncclSystemError, self._aborted)
+            _Unit(self, ops).run()
+        finally:
+            with self._lock:
+                self._next_run += 1
+                self._lock.notify_all()
+
+    def _post(self, peer: int, msg: dict) -> None:
+        self._outbox.append(self._mpi.isend(msg, dest=peer, tag=_CTRL))
+
+    def _fail(self, message: str) -> "NcclError":
+        """Abort the communicator on every rank with ``message``."""
+        if self._aborted is None:
+            self._aborted = message
+            for peer in range(self._ndev):
+                if peer != self._rank:
+                    self._post(peer, {"t": "abort", "msg": message, "from": self._rank})
+        return NcclError(ncclSystemError, message)
+
+
+def _check_members(members, token, ndev) -> str | None:
+    bad = [m["world"] for m in members if m["token"] != token]
+    if bad:
+        return f"world rank(s) {bad} joined with another unique id"
+    ranks = sorted(m["rank"] for m in members)
+    if ranks != list(range(ndev)):
+        return f"ranks {ranks} joined a communicator of {ndev}"
+    seen: dict = {}
+    for m in sorted(members, key=lambda m: m["rank"]):
+        key = (m["host"], m["device"])
+        if key in seen:
+            return (f"Duplicate GPU detected: rank {seen[key]} and rank {m['rank']} both on "
+                    f"CUDA device {m['device']} of host {m['host']}")
+        seen[key] = m["rank"]
+    return None
+
+
+class _Unit:
+    """One launch on a communicator: a bare call, or the calls of one group."""
+
+    def __init__(self, comm: NcclCommunicator, ops: list):
+        self.comm, self.ops = comm, ops
+        self.me = comm._rank
+        self.sends = [o for o in ops if o.kind == "send"]
+        self.recvs = [o for o in ops if o.kind == "recv"]
+        self.colls = [o for o in ops if o.kind not in ("send", "recv")]
+        self.summary = {"send_to": dict(collections.Counter(o.peer for o in self.sends)),
+                        "recv_from": dict(collections.Counter(o.peer for o in self.recvs)),
+                        "coll": bool(self.colls), "what": self.describe()}
+
+    def describe(self) -> str:
+        if len(self.ops) == 1:
+            return self.ops[0].describe()
+        return "group{" + "; ".join(o.describe() for o in self.ops) + "}"
+
+    def run(self) -> None:
+        comm, mpi = self.comm, self.comm._mpi
+        from mpi4py import MPI
+
+        # announce every point-to-point call to its peer: requests to send and to receive
+        pending_send = collections.deque(self.sends)
+        waiting_rtr: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        for o in self.sends:
+            comm._post(o.peer, {"t": "rts", "nbytes": o.send[1].nbytes, "unit": self.summary,
+                                "what": o.describe()})
+            waiting_rtr[o.peer].append(o)
+        data_reqs: list = []
+        waiting_rts: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        for o in self.recvs:
+            comm._post(o.peer, {"t": "rtr", "nbytes": o.recv[1].nbytes, "unit": self.summary,
+                                "what": o.describe()})
+            data_reqs.append(mpi.Irecv([o.recv[1].view(np.uint8), MPI.BYTE], source=o.peer,
+                                       tag=_DATA))
+            waiting_rts[o.peer].append(o)
+        coll = _Collectives(self, mpi) if self.colls else None
+        started = last_progress = time.monotonic()
+        nap = 0.0001
+        try:
+            while True:
+                progressed = self._drain(mpi)
+                # a receive request from the peer lets the matching send go
+                for peer, queue in waiting_rtr.items():
+                    while queue and comm._rtr[peer]:
+                        o, rtr = queue.popleft(), comm._rtr[peer].popleft()
+                        if rtr["nbytes"] != o.send[1].nbytes:
+                            raise comm._fail(f"rank {self.me} sends {o.send[1].nbytes} bytes to "
+                                             f"rank {peer} ({o.describe()}) but rank {peer} "
+                                             f"receives {rtr['nbytes']} bytes ({rtr['what']})")
+                        data_reqs.append(mpi.Isend([o.send[1].view(np.uint8), MPI.BYTE],
+                                                   dest=peer, tag=_DATA))
+                        progressed = True
+                # a send request from the peer is matched by the next receive
+                for peer, queue in waiting_rts.items():
+                    while queue and comm._rts[peer]:
+                        o, rts = queue.popleft(), comm._rts[peer].popleft()
+                        if rts["nbytes"] != o.recv[1].nbytes:
+                            raise comm._fail(f"rank {self.me} receives {o.recv[1].nbytes} bytes "
+                                             f"from rank {peer} ({o.describe()}) but rank "
+                                             f"{peer} sends {rts['nbytes']} bytes "
+                                             f"({rts['what']})")
+                        progressed = True
+                if data_reqs and MPI.Request.Testall(data_reqs):
+                    data_reqs = []
+                    progressed = True
+                if coll is not None and coll.step():
+                    progressed = True
+                if (not data_reqs and not any(waiting_rtr.values())
+                        and not any(waiting_rts.values()) and (coll is None or coll.done)):
+                    break
+                self._check_deadlock(waiting_rtr, waiting_rts)
+                now = time.monotonic()
+                if progressed:
+                    last_progress, nap = now, 0.0001
+                elif now - last_progress > _stall_seconds():
+                    raise comm._fail(f"rank {self.me} made no progress for "
+                                     f"{now - started:.0f} s in {self.describe()}: "
+                                     f"{self._waiting(waiting_rtr, waiting_rts, coll)}")
+                else:
+                    time.sleep(nap)
+                    nap = min(nap * 2, 0.002)
+        except BaseException:
+            for r in data_reqs:
+                try:
+                    r.Cancel()
+                except Exception:  # noqa: BLE001 - a completed request
+                    pass
+            raise
+        finally:
+            comm._outbox = [r for r in comm._outbox if not r.Test()]
+
+    def _drain(self, mpi) -> bool:
+        from mpi4py import MPI
+
+        comm, got = self.comm, False
+        status = MPI.Status()
+        while mpi.iprobe(source=MPI.ANY_SOURCE, tag=_CTRL, status=status):
+            src = status.Get_source()
+            msg = mpi.recv(source=src, tag=_CTRL)
+            got = True
+            if msg["t"] == "abort":
+                comm._aborted = comm._aborted or msg["msg"]
+                raise NcclError(ncclSystemError, f"{msg['msg']} (reported by rank {msg['from']})")
+            msg["from"] = src
+            (comm._rts if msg["t"] == "rts" else comm._rtr)[src].append(msg)
+        return got
+
+    def _check_deadlock(self, waiting_rtr, waiting_rts) -> None:
+        """Fail when a peer is stuck in a launch that can only finish after this one,
+        while this one needs that peer to do what its launch does not contain."""
+        comm = self.comm
+        for peer in range(comm._ndev):
+            # the peer's pending requests that nothing of this launch answers
+            stuck = [m for m in comm._rts[peer]] if not waiting_rts.get(peer) else []
+            stuck += [m for m in comm._rtr[peer]] if not waiting_rtr.get(peer) else []
+            if not stuck:
+                continue
+            theirs = stuck[0]["unit"]
+            need = None
+            if waiting_rtr.get(peer) and not theirs["recv_from"].get(self.me):
+                need = f"{waiting_rtr[peer][0].describe()} waits for rank {peer} to post a receive"
+            elif waiting_rts.get(peer) and not theirs["send_to"].get(self.me):
+                need = f"{waiting_rts[peer][0].describe()} waits for rank {peer} to post a send"
+            elif self.colls and not theirs["coll"]:
+                need = f"{self.colls[0].describe()} waits for rank {peer} to join it"
+            if need is None:
+                continue
+            raise comm._fail(
+                f"deadlock between rank {self.me} and rank {peer}: rank {self.me}'s "
+                f"{need}, but rank {peer} is blocked in {theirs['what']}, which needs rank "
+                f"{self.me} to go past its current call first. NCCL point-to-point calls that "
+                f"must progress together (a send and a receive between the same ranks) have to "
+                f"be in one groupStart()/groupEnd(), issued in the same order on every rank")
+
+    def _waiting(self, waiting_rtr, waiting_rts, coll) -> str:
+        parts = [f"{o.describe()} waits for rank {p}'s receive"
+                 for p, q in waiting_rtr.items() for o in q]
+        parts += [f"{o.describe()} waits for rank {p}'s send" for p, q in waiting_rts.items()
+                  for o in q]
+        if coll is not None and not coll.done:
+            parts.append(f"{self.colls[0].describe()} waits for the other ranks to join")
+        return "; ".join(parts) or "data in flight"
+
+
+class _Collectives:
+    """The collectives of one launch: compare the calls across ranks, then move the data."""
+
+    def __init__(self, unit: _Unit, mpi):
+        from mpi4py import MPI
+
+        self.unit, self.mpi, self.done = unit, mpi, False
+        self.n = unit.comm._ndev
+        desc = json.dumps([[o.kind, o.count, int(o.dcode), o.op, o.root, o.describe()]
+                           for o in unit.colls]).encode()
+        self._len = np.array([len(desc)], np.int64)
+        self._lens = np.empty(self.n, np.int64)
+        self._desc = desc
+        self._req = mpi.Iallgather([self._len, MPI.INT64_T], [self._lens, MPI.INT64_T])
+        self._stage = "lens"
+
+    def step(self) -> bool:
+        from mpi4py import MPI
+
+        if self.done or not self._req.Test():
+            return False
+        if self._stage == "lens":
+            width = int(self._lens.max())
+            self._mine = np.zeros(width, np.uint8)
+            self._mine[:len(self._desc)] = np.frombuffer(self._desc, np.uint8)
+            self._all = np.empty((self.n, width), np.uint8)
+            self._req = self.mpi.Iallgather([self._mine, MPI.BYTE], [self._all, MPI.BYTE])
+            self._stage = "desc"
+        elif self._stage == "desc":
+            calls = [json.loads(bytes(row[:int(k)])) for row, k in zip(self._all, self._lens)]
+            keys = [[c[:5] for c in rank_calls] for rank_calls in calls]
+            if any(k != keys[0] for k in keys):
+                detail = "; ".join(f"rank {r}: " + ", ".join(c[5] for c in cs)
+                                   for r, cs in enumerate(calls))
+                raise self.unit.comm._fail(f"collective calls differ across ranks (NCCL would "
+                                           f"hang or corrupt data): {detail}")
+            self._payload = np.concatenate(
+                [o.send[1].view(np.uint8).reshape(-1) if o.send is not None else
+                 np.zeros(self._send_bytes(o), np.uint8) for o in self.unit.colls] or
+                [np.zeros(0, np.uint8)])
+            self._gathered = np.empty((self.n, self._payload.size), np.uint8)
+            self._req = self.mpi.Iallgather([self._payload, MPI.BYTE],
+                                            [self._gathered, MPI.BYTE])
+            self._stage = "data"
+        else:
+            self._finish()
+            self.done = True
+        return True
+
+    @staticmethod
+    def _send_bytes(o) -> int:
+        return o.count * o.dtype.itemsize if o.kind in ("broadcast", "bcast", "reduce") else 0
+
+    def _finish(self) -> None:
+        me, n, pos = self.unit.me, self.n, 0
+        for o in self.unit.colls:
+            nbytes = self._send_bytes(o) if o.send is None else o.send[1].nbytes
+            block = self._gathered[:, pos:pos + nbytes]
+            pos += nbytes
+            data = np.ascontiguousarray(block).view(o.dtype).reshape(n, -1)
+            if o.kind in ("allReduce", "reduce", "reduceScatter"):
+                red = _reduce(data, _OPS[o.op], n)
+                if o.kind == "reduceScatter":
+                    red = red[me * o.count:(me + 1) * o.count]
+                if o.recv is not None:
+                    o.recv[1][...] = red
+            elif o.kind == "allGather":
+                o.recv[1][...] = data.reshape(-1)
+            else:  # broadcast / bcast: the root's block
+                o.recv[1][...] = data[o.root]
+
+
+def _reduce(data: np.ndarray, op: str, n: int) -> np.ndarray:
+    """Element-wise reduction over ranks in rank order, in the type itself (integers wrap)."""
+    acc = data[0].copy()
+    uf = _UFUNC[op]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for r in range(1, n):
+            uf(acc, data[r], out=acc)
+        if op == "avg":
+            if np.issubdtype(acc.dtype, np.integer):
+                acc = (acc // n).astype(acc.dtype)
+            else:
+                acc = (acc / acc.dtype.type(n)).astype(acc.dtype)
+    return acc

