@@ -95,6 +95,8 @@ def launch(ctx: Context, request: Request, problem: Problem | None, signature, *
     if problem is None:
         try:
             policy = ChunkPolicy.resolve(ctx.fabric, itemsize, chunk_bytes)
+            if getattr(ctx.backend, "in_order_p2p", False):
+                policy = ChunkPolicy.whole()
         except (ValueError, TypeError, SettingsError) as exc:
             problem = Problem("chunk_bytes", str(exc))
     index = registry()[op].index(chosen) if chosen is not None else -1

@@ -53,12 +53,25 @@ def align_chunk(chunk_bytes: int, itemsize: int) -> int:
 @dataclass(frozen=True)
 class ChunkPolicy:
     """How one call cuts its messages: elements per chunk over intra- and
-    inter-node links, NIC lanes, and chunks in flight per message."""
+    inter-node links, NIC lanes, and chunks in flight per message.
+    ``ahead``: receives of a later round may be posted before the sends of the
+    round that feeds them (MPI); off where a posted receive holds up the
+    operations behind it until it completes (NCCL's stream order)."""
 
     intra: int
     inter: int
     lanes: int = 1
     depth: int = 4
+    ahead: bool = True
+
+    @classmethod
+    def whole(cls) -> "ChunkPolicy":
+        """Every message one chunk, one in flight: the policy of a transport that pairs
+        sends and receives in posting order (NCCL), which chunks and pipelines on the
+        device itself. Each round of an algorithm is then one matched group on every
+        rank; chunk pipelines ahead of the round would pair the wrong messages, and a
+        receive posted ahead of the round that feeds it would deadlock the stream."""
+        return cls(intra=2**62, inter=2**62, lanes=1, depth=1, ahead=False)
 
     @classmethod
     def resolve(cls, fabric: FabricModel, itemsize: int, chunk_bytes=None) -> "ChunkPolicy":

@@ -8,7 +8,10 @@ backend the lean path posts ``Isend``/``Irecv`` on the group's communicator
 with the bytes as ``MPI.BYTE`` (the algorithms reduce with NumPy, MPI only
 moves bytes, so every dtype travels alike) and returns a small request.
 The stall watchdog then guards the whole collective once
-(:func:`collectives.progress.start`) instead of every chunk.
+(:func:`collectives.progress.start`) instead of every chunk. On NCCL the
+sends and receives of a round are posted and issued as one NCCL group when
+the algorithm first waits (:meth:`neocomm.backends.nccl.NcclBackend.post`):
+bare NCCL sends and receives between two ranks block each other.
 """
 from __future__ import annotations
 
@@ -52,6 +55,10 @@ class Transport:
             byte, isend, irecv = MPI.BYTE, comm.Isend, comm.Irecv
             self.isend = lambda buf, peer, tag: _Request(isend([buf, byte], peer, tag))
             self.irecv = lambda buf, peer, tag: _Request(irecv([buf, byte], peer, tag))
+        elif hasattr(backend, "post"):  # NCCL: posted, issued as one group (see its docs)
+            post = backend.post
+            self.isend = lambda buf, peer, tag: post("send", buf, peer)
+            self.irecv = lambda buf, peer, tag: post("recv", buf, peer)
         else:
             send, recv = backend.send, backend.recv
             self.isend = lambda buf, peer, tag: send(buf, peer, tag=tag, async_op=True,

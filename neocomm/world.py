@@ -22,7 +22,9 @@ class World:
     ``NEOCOMM_RANKS_PER_NODE=K`` (emulated nodes of K consecutive ranks).
     Groups: ``world``; ``intra_node`` (the ranks of this node); ``rail`` (the
     ranks with this local rank on every node — the ranks that share a NIC
-    rail on ZionEX). ``device`` is the CUDA device bound to this rank, or None.
+    rail on ZionEX). ``device`` is the CUDA device bound to this rank, or None:
+    the ``host_rank``-th GPU of its real host (round robin when the host has
+    fewer GPUs than ranks; NCCL then refuses the group, naming the ranks).
     """
 
     def __init__(self, comm, ranks_per_node: int = 0):
@@ -32,14 +34,16 @@ class World:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.emulated = ranks_per_node > 0
+        shm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        #: this rank's position among the ranks of its real host (emulated nodes share one)
+        self.host_rank = shm.Get_rank()
         if self.emulated:
             nodes = [r // ranks_per_node for r in range(self.size)]
         else:
-            shm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
             leader = comm.allgather(shm.allreduce(self.rank, op=MPI.MIN))
-            shm.Free()
             order = sorted(set(leader))
             nodes = [order.index(x) for x in leader]
+        shm.Free()
         self._node_of = tuple(nodes)
         self.node = nodes[self.rank]
         self.num_nodes = max(nodes) + 1
@@ -53,7 +57,7 @@ class World:
                                        GroupKind.INTRA_NODE, f"node{self.node}")
         self.rail = ProcessGroup(self, comm.Split(self.local_rank, self.rank),
                                  GroupKind.RAIL, f"rail{self.local_rank}")
-        self.device = _bind_device(self.local_rank)
+        self.device = _bind_device(self.host_rank)
 
     def node_of(self, rank: int) -> int:
         """Node index of world rank ``rank``."""
@@ -74,7 +78,9 @@ class World:
                 f"{', emulated' if self.emulated else ''})")
 
 
-def _bind_device(local_rank: int) -> int | None:
+def _bind_device(host_rank: int) -> int | None:
+    """Bind the GPU of this rank's place on its real host (``host_rank``), never its
+    place in an emulated node: emulated nodes share the host's GPUs."""
     try:
         import cupy
     except ImportError:
@@ -85,7 +91,7 @@ def _bind_device(local_rank: int) -> int | None:
         return None
     if count == 0:
         return None
-    device = local_rank % count
+    device = host_rank % count
     cupy.cuda.Device(device).use()
     return device
 

@@ -135,13 +135,15 @@ def _step(call: Call, counts, mine, dest, source, i: int):
         while next_out < n_out and len(assembling) + len(rail_sends) < depth:
             assemble(next_out)
             next_out += 1
-        while next_in < n_in and len(rail_recvs) < depth:
-            post_in(next_in)
-            next_in += 1
         # Complete chunks leave over the rail in order (before waiting on anything).
         while assembling and all(h.done or h.test() for h in assembling[0][2]):
             q, buf, _ = assembling.popleft()
             rail_sends.append((call.isend(buf, target, tag_rail + q % lanes), buf))
+        # (a transport in stream order receives only once this node's sends are out)
+        while next_in < n_in and len(rail_recvs) < depth and (
+                policy.ahead or (next_out == n_out and not assembling)):
+            post_in(next_in)
+            next_in += 1
         done_sends = [x for x in rail_sends if x[0].done or x[0].test()]
         for _, buf in done_sends:
             pool.give(buf)

@@ -3,7 +3,9 @@
 No pickling on the data path: every call passes the arrays themselves with
 an explicit MPI datatype. float16 and bfloat16, which MPI has no reduction
 for, travel as 2-byte contiguous types and reduce with NumPy through
-user-defined MPI ops.
+user-defined MPI ops. So do sums of 8- and 16-bit integers: Open MPI's
+vectorised reduction saturates them on overflow (127 + 1 = 127 for int8),
+where NCCL, NumPy and C wrap around; neocomm wraps on every backend.
 """
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ _UFUNC = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minim
           ReduceOp.PROD: np.multiply}
 
 
+#: integer types whose MPI_SUM may saturate instead of wrapping (Open MPI's AVX reduction)
+_SATURATING_SUMS = frozenset({"int8", "uint8", "int16", "uint16"})
+
+
 @functools.lru_cache(maxsize=None)
 def _datatype(name: str):
     from mpi4py import MPI
@@ -41,7 +47,7 @@ def _datatype(name: str):
 def _op(name: str, op: ReduceOp):
     from mpi4py import MPI
 
-    if name in _NATIVE:
+    if name in _NATIVE and not (op is ReduceOp.SUM and name in _SATURATING_SUMS):
         return getattr(MPI, op.name)
     dtype = np.dtype(bfloat16) if name == "bfloat16" else np.dtype(name)
     ufunc = _UFUNC[op]

@@ -2,27 +2,73 @@
 
 One NCCL communicator per process group, created from a unique id that the
 group's rank 0 draws and broadcasts over MPI (CuPy 13 hands the id out as a
-tuple of 128 ints, CuPy 14 as 128 bytes; both are accepted). CuPy wraps no
-native all-to-all, so AlltoAll(v) is grouped send/recv. Operations are
-enqueued on the current CUDA stream; a handle's ``wait()`` synchronises the
-host with an event recorded after them. The MPI communicator stays the
-control plane (argument agreement).
+tuple of 128 ints, CuPy 14 as 128 bytes; both are accepted). Before the
+communicator is made, the group checks that no two of its ranks drive the
+same GPU of one host (NCCL refuses that with ``ncclInvalidUsage``).
+
+Operations are enqueued on the current CUDA stream; a handle's ``wait()``
+synchronises the host with an event recorded after them. The MPI
+communicator stays the control plane (argument agreement).
+
+Point-to-point: NCCL's send and receive complete only together with the
+peer's matching call, so sends and receives that must progress together
+have to be issued inside one ``groupStart()``/``groupEnd()``. Non-blocking
+sends and receives (``async_op=True``, and every send and receive of the
+collectives' algorithms through :meth:`NcclBackend.post`) are therefore
+*posted* and issued as one group when any of them is first waited for or
+tested (:meth:`NcclBackend.flush`); every rank posts them in the same
+order, so the groups match. A collective flushes what is posted first.
+
+Datatypes: copies (AlltoAll(v), AllGather, Broadcast, send/recv) move
+bytes, so every dtype travels. Reductions use NCCL's types; int16 and
+uint16, which NCCL lacks, reduce as int32/uint32 and wrap back, which is
+exact (two's-complement wrap-around, as MPI and NCCL define for the other
+integer types).
 """
 from __future__ import annotations
+
+import socket
 
 import numpy as np
 
 from neocomm import watchdog
 from neocomm.backends.base import Backend, Handle, cuda_availability
+from neocomm.errors import BackendUnavailableError
 from neocomm.types import BackendKind, ReduceOp
 
-__all__ = ["NcclBackend", "normalize_unique_id"]
+__all__ = ["NcclBackend", "normalize_unique_id", "NCCL_REDUCIBLE"]
 
 # ncclDataType_t and ncclRedOp_t values from nccl.h (used when CuPy lacks a constant).
 _NCCL_DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
-                "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9, "bool": 1}
+                "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9}
+#: dtypes NCCL cannot reduce, and the type they reduce as (exact: see the module docstring)
+_WIDEN = {"int16": "int32", "uint16": "uint32"}
+#: every dtype the NCCL backend reduces
+NCCL_REDUCIBLE = tuple(_NCCL_DTYPES) + tuple(_WIDEN)
 _NCCL_OPS = {ReduceOp.SUM: 0, ReduceOp.PROD: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3}
+_UINT8 = 1
 UNIQUE_ID_BYTES = 128
+
+
+class _Posted:
+    """A posted send or receive. Testing or waiting for it issues every operation posted
+    so far as one NCCL group, unless an earlier flush already issued it (then nothing
+    more is issued: later posts wait for their own round). Completion is stream-ordered:
+    work queued on the stream afterwards sees the data, the host does after a sync."""
+
+    __slots__ = ("_backend", "done")
+
+    def __init__(self, backend: "NcclBackend"):
+        self._backend = backend
+        self.done = False  # True once issued
+
+    def test(self) -> bool:
+        if not self.done:
+            self._backend.flush()
+        return True
+
+    def wait(self) -> None:
+        self.test()
 
 
 def normalize_unique_id(uid, want_bytes: bool):
@@ -46,6 +92,8 @@ class NcclBackend(Backend):
 
     kind = BackendKind.NCCL
     device = True
+    #: sends and receives pair up in posting order (no tags): see the module docstring
+    in_order_p2p = True
 
     @classmethod
     def availability(cls):
@@ -67,6 +115,8 @@ class NcclBackend(Backend):
 
         self._cupy = cupy
         self._nccl = nccl
+        self._posted: list = []
+        _check_one_gpu_per_rank(group, cupy.cuda.Device().id)
         uid = nccl.get_unique_id() if group.rank == 0 else None
         uid = group.comm.bcast(uid, root=0)
         want_bytes = int(cupy.__version__.split(".")[0]) >= 14
@@ -79,9 +129,15 @@ class NcclBackend(Backend):
             comm.destroy()
 
     # -- helpers -------------------------------------------------------
-    def _dtype(self, arr) -> int:
-        name = arr.dtype.name
+    def _code(self, name: str) -> int:
         return getattr(self._nccl, f"NCCL_{name.upper()}", _NCCL_DTYPES[name])
+
+    def _reduce_type(self, arr, op: ReduceOp, what: str) -> int:
+        name = arr.dtype.name
+        if name not in _NCCL_DTYPES:
+            raise TypeError(f"{what}: NCCL cannot reduce {name} ({op.value}); it reduces "
+                            f"{', '.join(NCCL_REDUCIBLE)}")
+        return self._code(name)
 
     def _op(self, op: ReduceOp) -> int:
         return getattr(self._nccl, f"NCCL_{op.name}", _NCCL_OPS[op])
@@ -100,29 +156,60 @@ class NcclBackend(Backend):
         return Handle(wait, lambda: event.done, result)
 
     # -- point to point ----------------------------------------------
+    def post(self, kind: str, buf, peer: int) -> _Posted:
+        """Post a send (``kind`` "send") or receive of all of ``buf`` with group rank
+        ``peer``; it is issued, grouped with every other posted one, by :meth:`flush`."""
+        handle = _Posted(self)
+        self._posted.append((kind == "send", buf, peer, handle))
+        return handle
+
+    def flush(self) -> None:
+        """Issue every posted send and receive as one NCCL group, in posting order."""
+        posted, self._posted = self._posted, []
+        if not posted:
+            return
+        stream, send, recv = self._stream(), self._comm.send, self._comm.recv
+        self._nccl.groupStart()
+        try:
+            for is_send, buf, peer, handle in posted:
+                (send if is_send else recv)(buf.data.ptr, buf.nbytes, _UINT8, peer, stream)
+                handle.done = True
+        finally:
+            self._nccl.groupEnd()
+
     def _send(self, buf, peer, tag, async_op):
-        self._comm.send(buf.data.ptr, buf.size, self._dtype(buf), peer, self._stream())
-        return self._enqueued(f"send to {peer}")
+        return self._p2p("send", buf, peer, async_op, f"send to {peer}", None)
 
     def _recv(self, buf, peer, tag, async_op):
-        self._comm.recv(buf.data.ptr, buf.size, self._dtype(buf), peer, self._stream())
-        return self._enqueued(f"recv from {peer}", buf)
+        return self._p2p("recv", buf, peer, async_op, f"recv from {peer}", buf)
+
+    def _p2p(self, kind, buf, peer, async_op, what, result) -> Handle:
+        posted = self.post(kind, buf, peer)
+        if not async_op:
+            self.flush()
+
+        def wait():
+            posted.wait()
+            self._enqueued(what).wait()
+        return Handle(wait, None, result)
 
     # -- collectives --------------------------------------------------
     def _exchange(self, sendbuf, recvbuf, send_counts, recv_counts, what):
-        """Grouped send/recv: ``send_counts[j]`` elements to j, ``recv_counts[i]`` from i."""
-        dt, stream, item = self._dtype(sendbuf), self._stream(), sendbuf.itemsize
+        """Grouped send/recv of bytes: ``send_counts[j]`` elements to j, ``recv_counts[i]`` from i."""
+        self.flush()
+        stream, item = self._stream(), sendbuf.itemsize
         sdis = np.concatenate(([0], np.cumsum(send_counts[:-1])))
         rdis = np.concatenate(([0], np.cumsum(recv_counts[:-1])))
+        sptr, rptr = sendbuf.data.ptr, recvbuf.data.ptr
         self._nccl.groupStart()
         try:
             for peer in range(self.size):
                 if send_counts[peer]:
-                    self._comm.send(sendbuf.data.ptr + int(sdis[peer]) * item,
-                                    int(send_counts[peer]), dt, peer, stream)
+                    self._comm.send(sptr + int(sdis[peer]) * item, int(send_counts[peer]) * item,
+                                    _UINT8, peer, stream)
                 if recv_counts[peer]:
-                    self._comm.recv(recvbuf.data.ptr + int(rdis[peer]) * item,
-                                    int(recv_counts[peer]), dt, peer, stream)
+                    self._comm.recv(rptr + int(rdis[peer]) * item, int(recv_counts[peer]) * item,
+                                    _UINT8, peer, stream)
         finally:
             self._nccl.groupEnd()
         return self._enqueued(what, recvbuf)
@@ -134,44 +221,88 @@ class NcclBackend(Backend):
     def _all_to_all_v(self, sendbuf, recvbuf, send_counts, recv_counts, async_op):
         return self._exchange(sendbuf, recvbuf, send_counts, recv_counts, "all_to_all_v")
 
+    def _widened(self, sendbuf, recvbuf, run):
+        """Run reduction ``run(send, recv)`` on buffers NCCL can reduce: int16/uint16
+        travel as int32/uint32 and are cast back (wrapping) into ``recvbuf``."""
+        wide = _WIDEN.get(sendbuf.dtype.name)
+        if wide is None:
+            return run(sendbuf, recvbuf)
+        ws = sendbuf.astype(wide)
+        wr = ws if recvbuf is sendbuf else self._cupy.empty(recvbuf.size, wide)
+        handle = run(ws, wr)
+        recvbuf[...] = wr.reshape(recvbuf.shape).astype(recvbuf.dtype)  # stream-ordered
+        return handle
+
     def _all_reduce(self, sendbuf, recvbuf, op, async_op):
+        self.flush()
         out = sendbuf if recvbuf is None else recvbuf
-        self._comm.allReduce(sendbuf.data.ptr, out.data.ptr, sendbuf.size, self._dtype(sendbuf),
-                             self._op(op), self._stream())
+
+        def run(s, r):
+            self._comm.allReduce(s.data.ptr, r.data.ptr, s.size,
+                                 self._reduce_type(s, op, "all_reduce"), self._op(op),
+                                 self._stream())
+        self._widened(sendbuf, out, run)
         return self._enqueued("all_reduce", out)
 
     def _reduce_scatter(self, sendbuf, recvbuf, op, recv_counts, async_op):
+        self.flush()
         if recv_counts is None:
-            self._comm.reduceScatter(sendbuf.data.ptr, recvbuf.data.ptr, recvbuf.size,
-                                     self._dtype(sendbuf), self._op(op), self._stream())
+            def run(s, r):
+                self._comm.reduceScatter(s.data.ptr, r.data.ptr, r.size,
+                                         self._reduce_type(s, op, "reduce_scatter"),
+                                         self._op(op), self._stream())
+            self._widened(sendbuf, recvbuf, run)
             return self._enqueued("reduce_scatter", recvbuf)
         # Uneven blocks: NCCL has no reduce_scatter_v; reduce each block to its owner.
-        dt, nop, stream, item = self._dtype(sendbuf), self._op(op), self._stream(), sendbuf.itemsize
-        displs = np.concatenate(([0], np.cumsum(recv_counts[:-1])))
-        self._nccl.groupStart()
-        try:
-            for root in range(self.size):
-                count = int(recv_counts[root])
-                if count:
-                    dst = recvbuf.data.ptr if root == self.rank else 0
-                    self._comm.reduce(sendbuf.data.ptr + int(displs[root]) * item, dst, count,
-                                      dt, nop, root, stream)
-        finally:
-            self._nccl.groupEnd()
+        def run_v(s, r):
+            dt, nop = self._reduce_type(s, op, "reduce_scatter"), self._op(op)
+            stream, item = self._stream(), s.itemsize
+            displs = np.concatenate(([0], np.cumsum(recv_counts[:-1])))
+            self._nccl.groupStart()
+            try:
+                for root in range(self.size):
+                    count = int(recv_counts[root])
+                    if count:
+                        dst = r.data.ptr if root == self.rank else 0
+                        self._comm.reduce(s.data.ptr + int(displs[root]) * item, dst, count,
+                                          dt, nop, root, stream)
+            finally:
+                self._nccl.groupEnd()
+        self._widened(sendbuf, recvbuf, run_v)
         return self._enqueued("reduce_scatter", recvbuf)
 
     def _all_gather(self, sendbuf, recvbuf, async_op):
-        self._comm.allGather(sendbuf.data.ptr, recvbuf.data.ptr, sendbuf.size,
-                             self._dtype(sendbuf), self._stream())
+        self.flush()
+        self._comm.allGather(sendbuf.data.ptr, recvbuf.data.ptr, sendbuf.nbytes, _UINT8,
+                             self._stream())
         return self._enqueued("all_gather", recvbuf)
 
     def _broadcast(self, buf, root, async_op):
-        self._comm.bcast(buf.data.ptr, buf.size, self._dtype(buf), root, self._stream())
+        self.flush()
+        self._comm.bcast(buf.data.ptr, buf.nbytes, _UINT8, root, self._stream())
         return self._enqueued("broadcast", buf)
 
     def _barrier(self, async_op):
         # A one-element all-reduce on the stream, then the host waits on it.
+        self.flush()
         token = self._cupy.zeros(1, self._cupy.int32)
-        self._comm.allReduce(token.data.ptr, token.data.ptr, 1, self._dtype(token),
+        self._comm.allReduce(token.data.ptr, token.data.ptr, 1, self._code("int32"),
                              self._op(ReduceOp.SUM), self._stream())
         return self._enqueued("barrier")
+
+
+def _check_one_gpu_per_rank(group, device: int) -> None:
+    """Raise on every rank of ``group`` when two of its ranks drive one GPU of one host
+    (NCCL would refuse the communicator with ``ncclInvalidUsage``)."""
+    seen: dict = {}
+    clashes = []
+    for rank, key in enumerate(group.comm.allgather((socket.gethostname(), int(device)))):
+        if key in seen:
+            clashes.append(f"ranks {seen[key]} and {rank} both on GPU {key[1]} of host {key[0]}")
+        else:
+            seen[key] = rank
+    if clashes:
+        raise BackendUnavailableError(
+            "nccl", f"NCCL needs one GPU per rank of a group, but in group {group.name!r} "
+                    f"{'; '.join(clashes)} (give each rank of a host its own GPU, e.g. fewer "
+                    f"ranks per host, or use the staged backend: NEOCOMM_BACKEND=staged)")

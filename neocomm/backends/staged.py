@@ -6,14 +6,16 @@ pinned host buffer, moved by the MPI backend, and copied back. The pinned
 pool is allocated once (``NEOCOMM_STAGING_BYTES``) and reused, so host
 memory does not grow with message size. Piece boundaries are derived from
 values every rank knows (sizes, counts), so all ranks run the same number of
-pieces.
+pieces. Every copy into a pool piece finishes (the stream is synchronised)
+before the piece is reused, since copies from pinned memory are asynchronous.
+Non-blocking sends and receives stage whole messages in buffers of their own.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from neocomm import config
-from neocomm.backends.base import Backend, CompletedHandle, cuda_availability
+from neocomm.backends.base import Backend, CompletedHandle, Handle, cuda_availability
 from neocomm.backends.mpi import MpiBackend
 from neocomm.types import BackendKind
 
@@ -67,7 +69,13 @@ class StagedBackend(Backend):
             self._xp.ascontiguousarray(src).reshape(dst.shape).get(out=dst)
 
     def _h2d(self, src: np.ndarray, dst) -> None:
-        dst[...] = src.reshape(dst.shape) if self._xp is np else self._xp.asarray(src).reshape(dst.shape)
+        """Copy host ``src`` into device ``dst`` and wait for it: from pinned memory the
+        copy is asynchronous, and the pool piece is overwritten by the next piece."""
+        if self._xp is np:
+            dst[...] = src.reshape(dst.shape)
+            return
+        dst[...] = self._xp.asarray(src).reshape(dst.shape)
+        self._xp.cuda.get_current_stream().synchronize()
 
     def _gather_pieces(self, flat, displs, off: int, counts: np.ndarray, host: np.ndarray) -> None:
         """Copy ``counts[j]`` elements from ``flat[displs[j] + off:]`` of each peer block, packed."""
@@ -83,7 +91,16 @@ class StagedBackend(Backend):
             yield off, min(step, total - off)
 
     # -- point to point ----------------------------------------------
+    # Blocking calls go piece by piece through the pool. Non-blocking ones cannot share
+    # the pool (a peer's matching call may come after other traffic): each stages its
+    # message whole in a host buffer of its own and returns at once, so an algorithm
+    # that posts a send and then a receive to the same peer never blocks in the send.
     def _send(self, buf, peer, tag, async_op):
+        if async_op:
+            host = np.empty(buf.size, buf.dtype)
+            self._d2h(buf.reshape(-1), host)
+            sent = self._mpi.send(host, peer, tag=tag, async_op=True, validate=False)
+            return Handle(sent.wait, sent.test, None)  # the closures keep ``host`` alive
         flat = buf.reshape(-1)
         for off, k in self._pieces(flat.size, self._elems(buf.itemsize, 1)):
             (h,) = self._host(buf.dtype, (k,))
@@ -92,6 +109,11 @@ class StagedBackend(Backend):
         return CompletedHandle()
 
     def _recv(self, buf, peer, tag, async_op):
+        if async_op:
+            host = np.empty(buf.size, buf.dtype)
+            got = self._mpi.recv(host, peer, tag=tag, async_op=True, validate=False)
+            return Handle(got.wait, got.test, buf,
+                          on_done=lambda: self._h2d(host, buf.reshape(-1)))
         flat = buf.reshape(-1)
         for off, k in self._pieces(flat.size, self._elems(buf.itemsize, 1)):
             (h,) = self._host(buf.dtype, (k,))

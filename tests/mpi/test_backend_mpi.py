@@ -78,6 +78,21 @@ def test_all_reduce_matches_native(world, be, all_ranks, op, dtype, count):
     all_ranks(np.array_equal(got.astype(np.float64), want) and np.array_equal(inplace, got))
 
 
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int32", "uint64"])
+def test_integer_sums_wrap_around_as_in_numpy(world, be, all_ranks, dtype):
+    """Overflowing integer sums wrap (as NCCL, NumPy and C do); Open MPI's vectorised
+    MPI_SUM saturates 8- and 16-bit ones, which must not leak through."""
+    info = np.iinfo(dtype)
+    x = np.full(100, info.max - world.rank, dtype)
+    want = x.copy()
+    with np.errstate(over="ignore"):
+        for r in range(1, world.size):
+            want += np.full(100, info.max - r, dtype) if world.rank == 0 else 0
+    want = world.comm.bcast(want, root=0)
+    be.all_reduce(x, op="sum")
+    all_ranks(np.array_equal(x, want), f"{dtype}: {x[:3]} instead of {want[:3]}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "int64", "float16"])
 @given(block=st.integers(0, 500), uneven=st.booleans())
 @HYP

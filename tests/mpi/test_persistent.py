@@ -9,33 +9,34 @@ from collectives import plans
 from neocomm import CollectiveArgumentError
 
 
-def _cases(world, rng):
-    """(name, prepare(), plain(), output) per dense op; inputs differ per rank."""
+def _cases(world, rng, xp=np):
+    """(name, input, output, prepare(algo), plain(algo)) per dense op, on ``xp`` arrays (NumPy
+    here, CuPy in tests/gpu); inputs differ per rank."""
     p, r = world.size, world.rank
-    x = rng.integers(-8, 8, 6 * p).astype(np.float32)
-    y = np.empty_like(x)
+    x = xp.asarray(rng.integers(-8, 8, 6 * p).astype(np.float32))
+    y = xp.empty_like(x)
     counts = [(r + q) % 3 + 1 for q in range(p)]  # what this rank sends to q
     recv = [(q + r) % 3 + 1 for q in range(p)]  # what q sends to this rank
-    xv = rng.integers(-8, 8, sum(counts)).astype(np.int64)
-    yv = np.empty(sum(recv), np.int64)
-    rs_out = np.empty(x.size // p, np.float32)
-    ag_out = np.empty(x.size * p, np.float32)
-    bc = np.full(5, float(r), np.float64)
+    xv = xp.asarray(rng.integers(-8, 8, sum(counts)).astype(np.int64))
+    yv = xp.empty(sum(recv), np.int64)
+    rs_out = xp.empty(x.size // p, np.float32)
+    ag_out = xp.empty(x.size * p, np.float32)
+    bc = xp.full(5, float(r), np.float64)
     inplace = x.copy()
     return [
         ("all_to_all", x, y, lambda a: C.prepare_all_to_all(x, y, algo=a),
-         lambda a: C.all_to_all(x, np.empty_like(x), algo=a)),
+         lambda a: C.all_to_all(x, xp.empty_like(x), algo=a)),
         ("all_to_all_v", xv, yv, lambda a: C.prepare_all_to_all_v(xv, counts, yv, recv, algo=a),
-         lambda a: C.all_to_all_v(xv, counts, np.empty_like(yv), recv, algo=a)[0]),
+         lambda a: C.all_to_all_v(xv, counts, xp.empty_like(yv), recv, algo=a)[0]),
         ("all_reduce", x, y, lambda a: C.prepare_all_reduce(x, y, algo=a),
-         lambda a: C.all_reduce(x, np.empty_like(x), algo=a)),
+         lambda a: C.all_reduce(x, xp.empty_like(x), algo=a)),
         ("all_reduce_in_place", inplace, inplace,
          lambda a: C.prepare_all_reduce(inplace, op="max", algo=a),
          lambda a: C.all_reduce(inplace.copy(), op="max", algo=a)),
         ("reduce_scatter", x, rs_out, lambda a: C.prepare_reduce_scatter(x, rs_out, algo=a),
-         lambda a: C.reduce_scatter(x, np.empty_like(rs_out), algo=a)),
+         lambda a: C.reduce_scatter(x, xp.empty_like(rs_out), algo=a)),
         ("all_gather", x, ag_out, lambda a: C.prepare_all_gather(x, ag_out, algo=a),
-         lambda a: C.all_gather(x, np.empty_like(ag_out), algo=a)),
+         lambda a: C.all_gather(x, xp.empty_like(ag_out), algo=a)),
         ("broadcast", bc, bc, lambda a: C.prepare_broadcast(bc, root=p - 1, algo=a),
          lambda a: C.broadcast(bc.copy(), root=p - 1, algo=a)),
     ]

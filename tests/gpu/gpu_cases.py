@@ -1,0 +1,60 @@
+"""Inputs shared by the device tests: random bags with the cases that break kernels, and
+the cases of ``tests/mpi`` modules, which the device tests run again on device arrays."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from embedding.kernels import Bags, TableLayout
+from embedding.kernels.cuda_src import MAX_DIM
+
+__all__ = ["bag_case", "load_mpi_tests"]
+
+
+def load_mpi_tests(name: str):
+    """The module ``tests/mpi/<name>.py``, loaded under a name of its own."""
+    path = Path(__file__).resolve().parents[1] / "mpi" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_mpi_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bag_case(dtype, seed=0, weighted=True, groups=2, batch=6,
+             rows=(500, 37, 1000, 1, 5, 9), dims=(16, 64, 130, 33, MAX_DIM, 1),
+             slot_table=(0, 2, 0, 1, 3, 4, 5),
+             slot_mean=(False, True, False, True, False, True, False)):
+    """Random bags plus adversarial ones: per slot, bag 0 is empty, bag 1 repeats the table's
+    last row, bag 2 mixes rows 0 and last; hot rows repeat across bags and slots. The
+    tables include one of one row, one of dim MAX_DIM, dims that are not multiples of 32."""
+    rng = np.random.default_rng(seed)
+    layout = TableLayout(rows, dims)
+    sdims = [layout.dims[t] for t in slot_table]
+    cols = tuple(int(x) for x in np.concatenate([[0], np.cumsum(sdims)[:-1]]))
+    out_dim = int(sum(sdims))
+    bags = []
+    for _ in range(groups):
+        for t in slot_table:
+            last = layout.rows[t] - 1
+            for b in range(batch):
+                if b == 0:
+                    ids = np.zeros(0, np.int64)
+                elif b == 1:
+                    ids = np.full(3, last)
+                elif b == 2:
+                    ids = np.array([0, last, 0, last])
+                else:
+                    n = int(rng.integers(1, 7))
+                    hot = rng.choice([0, last, min(1, last)], n)
+                    ids = np.where(rng.random(n) < 0.5, hot, rng.integers(0, last + 1, n))
+                bags.append(np.asarray(ids, np.int64))
+    lens = [len(x) for x in bags]
+    ids = np.concatenate(bags)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    w = rng.uniform(0.5, 2, ids.size) if weighted else None
+    bags = Bags(ids, offsets, slot_table, cols, slot_mean, batch, out_dim, groups, w)
+    weights = rng.standard_normal(layout.total_elements).astype(dtype)
+    grad = rng.standard_normal((groups * batch, out_dim)).astype(dtype)
+    return layout, bags, weights, grad
