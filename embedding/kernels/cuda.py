@@ -152,8 +152,10 @@ def _opt_args(configs, dtype, state: dict | None, weights):
 
 
 def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, configs=None,
-                  weights=None, state=None, row_term=None):
-    """Launch ``segment_update`` over the segments of ``keys``; returns the segment info."""
+                  weights=None, state=None, row_terms=None):
+    """Launch ``segment_update`` over the segments of ``keys``; returns the segment info.
+
+    ``row_terms`` is ``(terms per occurrence, int32 flag per table)`` or None."""
     cp = _cp()
     woff, dims, row_base = _layout_arrays(layout)
     order, sk, seg_start, seg_table = _segments(keys, row_base)
@@ -169,7 +171,8 @@ def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, configs=No
     _function(dtype, "segment_update")(
         _blocks(u), (_THREADS,),
         (sk, order, seg_start, seg_table, np.int64(u), row_base, woff, dims) + grad_source
-        + ((row_term, np.int32(1)) if row_term is not None else (cp.zeros(1, dtype), np.int32(0)))
+        + (row_terms if row_terms is not None
+           else (cp.zeros(1, dtype), cp.zeros(layout.num_tables, cp.int32)))
         + (np.int32(mode), agg, agg_off) + _opt_args(configs, dtype, state, weights))
     return sk, seg_start, seg_table, agg, agg_off
 
@@ -249,6 +252,7 @@ def apply_updates(layout: TableLayout, config, weights, state: dict, sparse,
                          f"{len(sparse)}")
     dtype = weights.dtype
     keys, flats, row_offs, terms = [], [], [], []
+    given = np.zeros(layout.num_tables, np.int32)  # tables whose row terms replace mean(g*g)
     base = 0
     for t, (rows, grads) in enumerate(sparse):
         n = int(len(rows))
@@ -256,6 +260,7 @@ def apply_updates(layout: TableLayout, config, weights, state: dict, sparse,
             continue
         d = layout.dims[t]
         term = None if row_terms is None else row_terms[t]
+        given[t] = term is not None
         terms.append(cp.zeros(n, dtype) if term is None else cp.asarray(term, dtype))
         keys.append(cp.asarray(rows, cp.int64) + layout.row_base[t])
         flats.append(cp.asarray(grads, dtype).reshape(-1))
@@ -270,11 +275,9 @@ def apply_updates(layout: TableLayout, config, weights, state: dict, sparse,
     zt = cp.zeros(1, dtype)
     source = (np.int32(0), zt, zi, zi, zi, cp.zeros(1, cp.int32), zt, np.int32(0), np.int32(1),
               np.int32(1), np.int64(0), grad_rows, grad_row_offsets)
-    row_term = None
-    if row_terms is not None and any(t is not None for t in row_terms):
-        row_term = cp.concatenate(terms)
+    terms_arg = (cp.concatenate(terms), cp.asarray(given)) if given.any() else None
     _run_segments(layout, keys, dtype, source, 1, per_table_configs(config, layout.num_tables),
-                  weights, state, row_term)
+                  weights, state, terms_arg)
 
 
 def aggregate_rows(rows, grads, num_rows: int):

@@ -139,9 +139,10 @@ extern "C" __global__ void segment_update(
         const int* __restrict__ slot_mean, const T* __restrict__ per_id, const int has_per_id,
         const int num_slots, const int batch_size, const i64 out_dim,
         const T* __restrict__ grad_rows, const i64* __restrict__ grad_row_offsets,
-        // row-wise AdaGrad's mean(g*g) given per occurrence (has_row_term 1), e.g. whole-row
-        // terms for a column slice; read at the segment's first occurrence
-        const T* __restrict__ row_term, const int has_row_term,
+        // row-wise AdaGrad's mean(g*g) given per occurrence for the tables t with
+        // has_row_term[t] != 0, e.g. whole-row terms for a column slice; read at the segment's
+        // first occurrence
+        const T* __restrict__ row_term, const int* __restrict__ has_row_term,
         // mode 0: write sums to agg at agg_offsets; mode 1: optimizer step
         const int mode, T* __restrict__ agg, const i64* __restrict__ agg_offsets,
         // per table: optimizer code, (lr, eps, b1, 1-b1, b2, 1-b2) in T, (beta1, beta2) in double
@@ -186,7 +187,7 @@ extern "C" __global__ void segment_update(
             for (int c = lane; c < d; c += 32, ++k) w[c] = SUB(w[c], MUL(g[k], lr));
         } else if (kind == 1) {
             const T total = warp_sum(sumsq);
-            const T add = has_row_term ? row_term[order[lo]] : DIV(total, (T)d);
+            const T add = has_row_term[t] ? row_term[order[lo]] : DIV(total, (T)d);
             const T m = ADD(momentum[grow], add);
             __syncwarp();
             if (lane == 0) momentum[grow] = m;

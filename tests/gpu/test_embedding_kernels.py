@@ -10,40 +10,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedding.kernels import Bags, FusedTables, TableLayout
+from embedding.kernels import FusedTables, TableLayout
 from embedding.kernels import cpu
 from embedding.types import OptimizerConfig, OptimizerKind
+from gpu_cases import bag_case
 
 cp = pytest.importorskip("cupy", reason="CuPy is not installed")
 pytestmark = pytest.mark.gpu
 
 
-def _case(dtype, seed=0, weighted=True, groups=2, batch=64):
-    rng = np.random.default_rng(seed)
-    layout = TableLayout((500, 37, 1000, 3), (16, 64, 130, 8))
-    slot_table = (0, 2, 0, 1, 3)
-    slot_mean = (False, True, False, True, False)
-    dims = [layout.dims[t] for t in slot_table]
-    cols = tuple(int(x) for x in np.concatenate([[0], np.cumsum(dims)[:-1]]))
-    out_dim = int(sum(dims))
-    lens = rng.integers(0, 9, groups * len(slot_table) * batch)
-    ids = []
-    k = 0
-    for g in range(groups):
-        for t in slot_table:
-            for _ in range(batch):
-                n = int(lens[k])
-                k += 1
-                hot = rng.integers(0, 3, n)
-                ids.append(np.where(rng.random(n) < 0.5, hot,
-                                    rng.integers(0, layout.rows[t], n)))
-    ids = np.concatenate(ids).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    w = rng.uniform(0.5, 2, ids.size) if weighted else None
-    bags = Bags(ids, offsets, slot_table, cols, slot_mean, batch, out_dim, groups, w)
-    weights = rng.standard_normal(layout.total_elements).astype(dtype)
-    grad = rng.standard_normal((groups * batch, out_dim)).astype(dtype)
-    return layout, bags, weights, grad
+def _case(dtype, seed=0, weighted=True):
+    return bag_case(dtype, seed, weighted, batch=64, rows=(500, 37, 1000, 3),
+                    dims=(16, 64, 130, 8), slot_table=(0, 2, 0, 1, 3),
+                    slot_mean=(False, True, False, True, False))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
