@@ -169,7 +169,8 @@ SCHEMA: dict[str, dict[str, Check]] = {
                         "beta2": _float(0.0, below=1.0), "initial_accumulator": _float(0.0)},
     "train": {"steps": _int(1), "batch_size": _int(1), "eval_every": _int(0),
               "eval_batch_size": _int(0), "log_every": _int(1), "overlap": _bool,
-              "bucket_kib": _int(1), "dedup": _bool, "threads": _int(0), "seed": _int(0)},
+              "bucket_kib": _int(1), "dedup": _bool, "threads": _int(0), "seed": _int(0),
+              "device": _str(["cpu", "cuda"])},
     "plan": {"file": _str(), "fabric": _str(), "memory": _size_text, "shardings": _shardings},
     "checkpoint": {"dir": _str(), "every": _int(0), "keep": _int(1), "resume": _str()},
     "output": {"dir": _str(), "plot": _bool},
@@ -301,7 +302,8 @@ def _cross_check(cfg: TrainConfig, path: str) -> None:
 def apply_overrides(cfg: TrainConfig, *, steps: int | None = None,
                     batch_size: int | None = None, out: str | None = None,
                     resume: str | None = None, seed: int | None = None,
-                    plot: bool | None = None, overlap: bool | None = None) -> TrainConfig:
+                    plot: bool | None = None, overlap: bool | None = None,
+                    device: str | None = None) -> TrainConfig:
     """``cfg`` with command-line overrides (None: keep); ConfigError names the option."""
     train = {}
     for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 1),
@@ -314,6 +316,10 @@ def apply_overrides(cfg: TrainConfig, *, steps: int | None = None,
         train[name] = value
     if overlap is not None:
         train["overlap"] = bool(overlap)
+    if device is not None:
+        if device not in ("cpu", "cuda"):
+            raise ConfigError("command line", "--device", f"expected cpu or cuda, got {device!r}")
+        train["device"] = device
     if train:
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train))
     if out is not None:

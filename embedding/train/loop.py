@@ -103,7 +103,8 @@ class Trainer:
         from embedding.collection import ShardedEmbeddingCollection
 
         self.coll = ShardedEmbeddingCollection(
-            self.tables, self.plan, group, dtype=config.model.dtype, threads=self.threads,
+            self.tables, self.plan, group, device=tr.device, dtype=config.model.dtype,
+            threads=self.threads,
             dedup=tr.dedup, id_policy=id_policy_of(config), seed=tr.seed)
         m = config.model
         self.dense_config = DenseConfig(num_dense=data.num_dense, num_sparse=len(self.tables),

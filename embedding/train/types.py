@@ -112,6 +112,8 @@ class LoopConfig:
     completion hooks; off, each runs after the work it could hide behind.
     ``threads`` is the BLAS and kernel threads of each rank (0: the node's
     cores over its ranks). ``eval_every`` 0 evaluates at the end only.
+    ``device`` is where tables, activations and gradients live: ``"cpu"``
+    (NumPy, MPI) or ``"cuda"`` (CuPy on the rank's GPU, NCCL).
     """
 
     steps: int = 500
@@ -124,6 +126,7 @@ class LoopConfig:
     dedup: bool = False
     threads: int = 0
     seed: int = 0
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draw loss and AUC against steps into DIR/metrics.png (matplotlib)")
     parser.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                         help="run the input dist and the dense AllReduce without overlap")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                        help="train on NumPy arrays over MPI (cpu) or on CuPy arrays on each "
+                        "rank's GPU over NCCL (cuda) (train.device)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved configuration as TOML and exit")
 
@@ -61,7 +64,7 @@ def _config(args):
     cfg = load_config(args.config)
     return apply_overrides(cfg, steps=args.steps, batch_size=args.batch_size, out=args.out,
                            resume=args.resume, seed=args.seed, plot=args.plot,
-                           overlap=args.overlap)
+                           overlap=args.overlap, device=args.device)
 
 
 def run(args) -> int:

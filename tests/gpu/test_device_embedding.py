@@ -1,0 +1,98 @@
+"""The sharded embedding collection on device arrays, against the same collection on NumPy.
+
+Every sharding type and the mixes of ``tests/mpi/test_sharding.py``, every
+optimizer, per-id weights, dedup and the pipelined input dist: the pooled
+output of each step and every local shard's weights and optimizer state
+after the steps must equal the NumPy run's (float64 tables; the device's
+warp-order sums and ``pow`` differ by a few ulps at most). The device run
+goes through CuPy and NCCL (or the staged backend): the stand-in when no
+GPU is here.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cupy as cp
+from embedding.collection import ShardedEmbeddingCollection
+from embedding.optim import state_specs
+from embedding.types import OptimizerKind
+from gpu_cases import load_mpi_tests
+
+pytestmark = pytest.mark.mpi(min_size=1)
+RTOL = 1e-12
+
+
+S = load_mpi_tests("test_sharding")
+
+
+@pytest.fixture(params=["nccl", "staged"])
+def backend(request, monkeypatch, world):
+    monkeypatch.setenv("NEOCOMM_BACKEND", request.param)
+    return request.param
+
+
+def _close(got, want) -> float:
+    got = cp.asnumpy(got) if isinstance(got, cp.ndarray) else np.asarray(got)
+    if got.shape != want.shape:
+        return float("inf")
+    return float(np.max(np.abs(got - want) / (1 + np.abs(want)), initial=0))
+
+
+def _run(world, all_ranks, mix, kind, *, dedup=False, pipelined=False, steps=2):
+    group = world.world
+    tables = S.make_tables(kind)
+    plan = S.make_plan(tables, mix, group)
+    host = ShardedEmbeddingCollection(tables, plan, group, dedup=dedup)
+    dev = ShardedEmbeddingCollection(tables, plan, group, dedup=dedup, device="cuda")
+    rng = np.random.default_rng(99)
+    for t in tables:
+        w = rng.standard_normal((t.num_rows, t.dim))
+        host.load_table(t.name, w)
+        dev.load_table(t.name, cp.asarray(w))
+    batches = [S.global_batch(rng, tables, group.size, weighted=True) for _ in range(steps)]
+    grads = [rng.standard_normal((S.BATCH, host.out_dim)) for _ in range(steps)]
+    kjts = [S.local_kjt(bags, weights, group.rank) for bags, weights in batches]
+    nxt = (host.input_dist(kjts[0]), dev.input_dist(kjts[0])) if pipelined else None
+    for i in range(steps):
+        if pipelined:
+            (out_h, ctx_h), (out_d, ctx_d) = (host.forward_with_context(nxt[0]),
+                                              dev.forward_with_context(nxt[1]))
+            if i + 1 < steps:
+                nxt = (host.input_dist(kjts[i + 1]), dev.input_dist(kjts[i + 1]))
+        else:
+            out_h, ctx_h = host.forward(kjts[i]), None
+            out_d, ctx_d = dev.forward(kjts[i]), None
+        all_ranks(isinstance(out_d, cp.ndarray), f"{mix}: forward gave {type(out_d).__name__}")
+        err = _close(out_d, out_h)
+        all_ranks(err < RTOL, f"{mix}/{kind.value} step {i}: device forward differs by {err}")
+        host.backward(grads[i], ctx_h)
+        dev.backward(cp.asarray(grads[i]), ctx_d)
+    worst = 0.0
+    for sh, sd in zip(host.local_shards(), dev.local_shards()):
+        worst = max(worst, _close(sd.weight, sh.weight))
+        table = next(t for t in tables if t.name == sh.table)
+        for spec in state_specs(table.optimizer.kind):
+            worst = max(worst, _close(sd.tables.state_view(sd.index, spec.name),
+                                      sh.tables.state_view(sh.index, spec.name)))
+    all_ranks(worst < RTOL, f"{mix}/{kind.value}: device shards differ by {worst}")
+
+
+@pytest.mark.parametrize("kind", list(OptimizerKind), ids=lambda k: k.value)
+@pytest.mark.parametrize("mix", list(S.MIXES))
+def test_device_collection_matches_numpy(world, all_ranks, backend, mix, kind):
+    if S._needs_uniform(mix, world) and not world.uniform:
+        pytest.skip("table_row_wise needs the same number of ranks on every node")
+    _run(world, all_ranks, mix, kind)
+
+
+@pytest.mark.parametrize("mix", ["tw", "cw", "twcw", "mixed"])
+def test_device_dedup_matches_numpy(world, all_ranks, mix):
+    _run(world, all_ranks, mix, OptimizerKind.ROWWISE_ADAGRAD, dedup=True)
+
+
+@pytest.mark.parametrize("mix", ["mixed", "mixed_hier"])
+def test_device_pipelined_input_dist_matches_numpy(world, all_ranks, mix):
+    if S._needs_uniform(mix, world) and not world.uniform:
+        pytest.skip("table_row_wise needs the same number of ranks on every node")
+    _run(world, all_ranks, mix, OptimizerKind.ADAM, pipelined=True, steps=3)
