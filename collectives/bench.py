@@ -9,6 +9,12 @@ The peer, ``mpi``, is the native MPI call (mpi4py's ``Alltoall``,
 run. ``check`` iterations then fill the inputs with a known pattern and
 count wrong output elements, summed over the ranks.
 
+With ``device=True`` (``neocomm bench --device``) the buffers are CuPy
+arrays, allocated once per size, so every call runs over the device backend
+(NCCL); the peer is then that backend's own collective, the ``native``
+algorithm, and each timed loop synchronises the current stream before the
+clock is read. Results are checked on the host (``.get()``).
+
 Bandwidths follow nccl-tests: ``algbw = size / time``; ``busbw = algbw *
 factor`` with factor ``2 (n - 1) / n`` for AllReduce, ``(n - 1) / n`` for
 ReduceScatter, AllGather, AlltoAll(v) and ManyToMany, 1 for Broadcast and
@@ -31,10 +37,13 @@ from collectives.types import CollectiveOp
 from neocomm.errors import CollectiveArgumentError
 from neocomm.types import ReduceOp, bfloat16
 
-__all__ = ["BenchConfig", "Row", "run_bench", "bus_factor", "PEER"]
+__all__ = ["BenchConfig", "Row", "run_bench", "bus_factor", "peer_name", "PEER",
+           "DEVICE_PEER"]
 
-#: Name of the native MPI peer in tables and JSON.
+#: Name of the native MPI peer in tables and JSON (host buffers).
 PEER = "mpi"
+#: Name of the peer on device buffers: the backend's own collective (NCCL's).
+DEVICE_PEER = "native"
 
 
 @dataclass
@@ -55,6 +64,7 @@ class BenchConfig:
     root: int = 0
     prepared: bool = False  # ours through collectives.prepare_* (the peer stays plain)
     symmetric: bool = False  # buffers from collectives.symmetric (nccl-tests' -R)
+    device: bool = False  # CuPy buffers; the peer is the device backend's native call
 
 
 @dataclass
@@ -85,6 +95,23 @@ def bus_factor(op: CollectiveOp, n: int) -> float:
     if op in (CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY):
         return 1.0
     return (n - 1) / n
+
+
+def peer_name(cfg: BenchConfig) -> str:
+    """The peer measured next to our algorithms: ``mpi`` on host, ``native`` on device."""
+    return DEVICE_PEER if cfg.device else PEER
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def _sync(cfg: BenchConfig) -> None:
+    """Wait for the device work queued so far (device runs only)."""
+    if cfg.device:
+        _cupy().cuda.get_current_stream().synchronize()
 
 
 def _dtype(name: str) -> np.dtype:
@@ -138,17 +165,28 @@ class _Case:
             from collectives import symmetric
 
             return symmetric.empty(n, self.dtype, group=self.group)
+        if self.cfg.device:
+            return _cupy().empty(n, self.dtype)
         return np.empty(n, self.dtype)
 
     def fill(self, it: int) -> None:
         step = 1 << 22  # in pieces: no temporaries as large as the buffer
+        put = _cupy().asarray if self.cfg.device else (lambda a: a)
         for lo in range(0, self.send.size, step):
             hi = min(self.send.size, lo + step)
-            self.send[lo:hi] = _fill(self.group.rank, np.arange(lo, hi), it, self.dtype)
+            self.send[lo:hi] = put(_fill(self.group.rank, np.arange(lo, hi), it, self.dtype))
         if self.recv is not self.send or self.group.rank != self.cfg.root:
             self.recv[:] = 0
+        _sync(self.cfg)
 
     # -- the calls ---------------------------------------------------------
+    def peer(self):
+        """The peer: the native MPI call on host buffers, the device backend's
+        own collective (``native``) on device buffers."""
+        if self.cfg.device:
+            return self.ours(DEVICE_PEER)
+        return self.mpi()
+
     def mpi(self):
         """The native MPI peer."""
         comm, op, s, r = self.group.comm, self.op, self.send, self.recv
@@ -278,9 +316,11 @@ class _Case:
         """Run once on pattern ``it``; count wrong elements on this rank."""
         self.fill(it)
         run()
+        _sync(self.cfg)
         if self.op is CollectiveOp.ONE_TO_MANY and self.group.rank == self.cfg.root:
             return 0
-        got = self.output().astype(np.float64)
+        out = self.output()
+        got = (out.get() if self.cfg.device else out).astype(np.float64)
         return int(np.count_nonzero(got != self.expected(it).astype(np.float64)))
 
 
@@ -332,13 +372,15 @@ def sizes(cfg: BenchConfig) -> list[int]:
     return out
 
 
-def _time(group, fn, iters: int) -> float:
+def _time(group, fn, iters: int, cfg: BenchConfig) -> float:
     from mpi4py import MPI
 
+    _sync(cfg)
     group.comm.Barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
+    _sync(cfg)  # device work is queued: the clock stops when it is done
     elapsed = (time.perf_counter() - t0) / max(1, iters)
     return group.comm.allreduce(elapsed, op=MPI.MAX)
 
@@ -348,23 +390,31 @@ def run_bench(cfg: BenchConfig, group, on_row=None) -> list[Row]:
     from mpi4py import MPI
 
     op = cfg.op
+    peer = peer_name(cfg)
+    if cfg.device and cfg.symmetric:
+        raise ValueError("--device: symmetric buffers (-R) are host memory; use one or "
+                         "the other")
+    if cfg.device and DEVICE_PEER not in names(op):
+        raise ValueError(f"--device: {op.value} has no native backend call to measure "
+                         f"against; expected one of "
+                         f"{[o.value for o in CollectiveOp if DEVICE_PEER in names(o)]}")
     wanted = list(cfg.algos) if cfg.algos else ["auto"]
     optional: set = set()
     if "all" in wanted:
         optional = {a for a in names(op) if a not in wanted}
         wanted = [a for a in wanted if a != "all"] + [a for a in names(op) if a not in wanted]
     for name in wanted:
-        if name not in ("auto", PEER) and name not in names(op):
+        if name not in ("auto", peer) and name not in names(op):
             raise ValueError(f"--algo: unknown algorithm {name!r} for {op.value}; expected "
-                             f"one of {['auto', PEER] + list(names(op))}")
-    algos = [PEER] + [a for a in wanted if a != PEER]
+                             f"one of {['auto', peer] + list(names(op))}")
+    algos = [peer] + [a for a in wanted if a != peer]
     if op in (CollectiveOp.ONE_TO_MANY, CollectiveOp.BROADCAST) and not \
             0 <= cfg.root < group.size:
         raise ValueError(f"--root: expected a rank in [0, {group.size}), got {cfg.root}")
     rows: list[Row] = []
     for size in sizes(cfg):
         case = _Case(cfg, group, size)
-        calls = {a: case.mpi() if a == PEER else case.ours(None if a == "auto" else a)
+        calls = {a: case.peer() if a == peer else case.ours(None if a == "auto" else a)
                  for a in algos}
         for a in list(algos):
             try:
@@ -379,7 +429,7 @@ def run_bench(cfg: BenchConfig, group, on_row=None) -> list[Row]:
         times = {a: [] for a in algos}
         for _ in range(max(1, cfg.repeat)):
             for a in algos:
-                times[a].append(_time(group, calls[a], cfg.iters))
+                times[a].append(_time(group, calls[a], cfg.iters, cfg))
         size_rows = []
         for a in algos:
             wrong = sum(case.wrong(calls[a], it + 1) for it in range(cfg.check))

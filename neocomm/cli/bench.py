@@ -6,6 +6,10 @@ prints one line per size: for the native MPI peer (``mpi``) and each chosen
 algorithm the time (us), algbw and busbw (GB/s), the number of wrong output
 elements of the checked iterations (summed over ranks) and the ratio peer
 time / algorithm time (above 1: faster than MPI).
+
+With ``--device`` the buffers are CuPy arrays on each rank's GPU, so every
+call runs over the device backend (NCCL), and the peer is that backend's own
+collective (``native``) instead of the MPI host call.
 """
 from __future__ import annotations
 
@@ -78,6 +82,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="allocate the buffers as symmetric memory (collectives.symmetric), "
                         "for every algorithm and the MPI peer alike (as nccl-tests' -R "
                         "registers them)")
+    p.add_argument("--device", action="store_true",
+                   help="buffers are CuPy arrays on the rank's GPU: the collectives run over "
+                        "the device backend (NCCL) and the peer is its own collective "
+                        "('native') instead of the MPI host call; needs CuPy and CUDA")
     p.add_argument("--list", action="store_true", help="list the algorithms of every op")
 
 
@@ -108,6 +116,10 @@ def run(args) -> int:
         if value < low:
             print(f"neocomm bench: {name}: expected >= {low}, got {value}", file=sys.stderr)
             return 2
+    if args.device and args.calibrate:
+        print("neocomm bench: --calibrate: calibrates the host fabric; not with --device",
+              file=sys.stderr)
+        return 2
     if not args.check_args:
         os.environ["NEOCOMM_CHECK_ARGS"] = "0"
     import neocomm
@@ -116,13 +128,21 @@ def run(args) -> int:
 
     world = neocomm.init()
     group = getattr(world, args.group)
+    if args.device:
+        why = _device_unusable()
+        from mpi4py import MPI
+
+        if not group.comm.allreduce(why is None, op=MPI.LAND):  # agreed: all stop together
+            if why is not None:
+                print(f"neocomm bench: --device: rank {group.rank}: {why}", file=sys.stderr)
+            return 2
     algos = tuple(a.strip() for item in (args.algo or ["auto"]) for a in item.split(",")
                   if a.strip())
     cfg = BenchConfig(op=op, min_bytes=args.minbytes, max_bytes=args.maxbytes,
                       factor=args.stepfactor, iters=args.iters, warmup=args.warmup_iters,
                       check=args.check, repeat=args.repeat, algos=algos, dtype=args.dtype,
                       reduce_op=args.reduce_op, root=args.root, symmetric=args.symmetric,
-                      prepared=args.prepared)
+                      prepared=args.prepared, device=args.device)
     lead = group.rank == 0
     printer = _Printer(cfg, group, world) if lead else None
     try:
@@ -142,26 +162,46 @@ def run(args) -> int:
     return 1 if wrong else 0
 
 
+def _device_unusable() -> str | None:
+    """Why ``--device`` cannot run on this rank (no CuPy, no CUDA device), or None."""
+    try:
+        import cupy
+    except ImportError as exc:
+        return f"needs CuPy (pip install -e '.[gpu]'): {exc}"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "needs a CUDA device; CuPy sees none"
+    except Exception as exc:  # noqa: BLE001 - no driver, no runtime
+        return f"needs a usable CUDA runtime: {exc}"
+    return None
+
+
 class _Printer:
     def __init__(self, cfg, group, world):
+        from collectives.bench import peer_name
+
         self.cfg = cfg
+        self.peer = peer_name(cfg)
         self.algos = None
         layout = f"{group.num_nodes} node(s) x {group.ranks_per_node or 'uneven'}"
         print(f"# neocomm bench {cfg.op.value}: {group.size} ranks ({layout}), "
               f"{cfg.dtype}, {cfg.reduce_op}, {cfg.iters} iters, {cfg.warmup} warm-up, "
               f"{cfg.repeat} rounds (median), {cfg.check} checked"
-              + (", symmetric buffers" if cfg.symmetric else ""), flush=True)
+              + (", symmetric buffers" if cfg.symmetric else "")
+              + (", device buffers (peer: the backend's native collective)"
+                 if cfg.device else ""), flush=True)
 
     def row(self, rows) -> None:
         if self.algos is None:
             self.algos = [r.algo for r in rows]
+            peer = self.peer
             head1 = f"# {'':>11} {'':>11} " + " ".join(
-                f"{(a if a != 'mpi' else 'mpi (peer)'):^{43 if a == 'mpi' else 50}}"
+                f"{(a if a != peer else peer + ' (peer)'):^{43 if a == peer else 50}}"
                 for a in self.algos)
             cols = ["time(us)", "algbw", "busbw", "#wrong"]
             head2 = f"# {'size':>11} {'count':>11} " + " ".join(
-                " ".join(f"{c:>10}" for c in cols + ([] if a == "mpi" else ["ratio"]))
-                [:(43 if a == "mpi" else 54)] for a in self.algos)
+                " ".join(f"{c:>10}" for c in cols + ([] if a == peer else ["ratio"]))
+                [:(43 if a == peer else 54)] for a in self.algos)
             print(head1)
             print(head2, flush=True)
             if self.cfg.prepared:
@@ -170,7 +210,7 @@ class _Printer:
         cells = []
         for r in rows:
             text = f"{r.time * 1e6:10.1f} {r.algbw:10.3f} {r.busbw:10.3f} {r.wrong:10d}"
-            if r.algo != "mpi":
+            if r.algo != self.peer:
                 text += f" {r.ratio:10.2f}" if r.ratio else f" {'n/a':>10}"
             cells.append(text)
         print(f"  {rows[0].size:>11d} {rows[0].count:>11d} " + " ".join(cells), flush=True)
@@ -184,7 +224,7 @@ class _Printer:
             line = f"# {algo:>14}: avg busbw {bw:.3f} GB/s"
             ratios = [r.ratio for r in rs if r.ratio]
             if ratios:
-                line += (f", ratio vs mpi min {min(ratios):.2f} max {max(ratios):.2f}")
+                line += (f", ratio vs {self.peer} min {min(ratios):.2f} max {max(ratios):.2f}")
             chosen = sorted({r.chosen for r in rs if r.chosen and r.chosen != r.algo})
             if chosen:
                 line += f" (ran {', '.join(chosen)})"
@@ -195,6 +235,7 @@ class _Printer:
 
 def _write_json(path, cfg, group, world, rows, rss, staging) -> None:
     from collectives import settings
+    from collectives.bench import peer_name
     from collectives.fabric import fabric_for
 
     data = {"kind": "neocomm-bench", "op": cfg.op.value, "ranks": group.size,
@@ -202,6 +243,7 @@ def _write_json(path, cfg, group, world, rows, rss, staging) -> None:
             "group": group.name, "dtype": cfg.dtype, "reduce_op": cfg.reduce_op,
             "iters": cfg.iters, "warmup": cfg.warmup, "repeat": cfg.repeat,
             "check": cfg.check, "symmetric": cfg.symmetric, "prepared": cfg.prepared,
+            "device": cfg.device, "peer": peer_name(cfg),
             "host": socket.gethostname(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "settings": {k: v for k, v in vars(settings.current()).items()},
             "fabric_source": fabric_for(group).source,
