@@ -6,7 +6,10 @@
     python scripts/run_tests.py -k all_to_all
 
 Layouts: 1, 2, 3 and 4 ranks on one node, and emulated multi-node layouts
-(NEOCOMM_RANKS_PER_NODE): 2 nodes x 1 rank, 2 nodes x 2 ranks. A run that
+(NEOCOMM_RANKS_PER_NODE): 2 nodes x 1 rank, 2 nodes x 2 ranks. The device
+tests (``tests/gpu``) run in one process and, for the ones marked ``mpi``,
+at 2 ranks and at 4 ranks over 2 emulated nodes, on a real GPU when CuPy
+finds one and on the device stand-in (``tests/devsim``) otherwise. A run that
 collects no test counts as a failure, and so does a run that hangs past its
 timeout. The last line is the total: ``total: N passed, N failed, N skipped``.
 """
@@ -21,8 +24,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: (ranks, emulated ranks per node or None)
-LAYOUTS = [(1, None), (2, None), (3, None), (4, None), (2, 1), (4, 2)]
+#: (ranks, emulated ranks per node or None, test directory)
+LAYOUTS = [(1, None, "tests/mpi"), (2, None, "tests/mpi"), (3, None, "tests/mpi"),
+           (4, None, "tests/mpi"), (2, 1, "tests/mpi"), (4, 2, "tests/mpi"),
+           (2, None, "tests/gpu"), (4, 2, "tests/gpu")]
 TIMEOUT = 1200  # seconds per pytest run; a hang fails the suite instead of blocking CI
 
 
@@ -75,14 +80,17 @@ def main() -> int:
     results = []
     if args.only in (None, "unit"):
         results.append(_run("unit", [sys.executable, "-m", "pytest", "-q", "--color=no",
-                                     "-p", "no:cacheprovider", "tests/unit", "tests/gpu", *extra],
+                                     "-p", "no:cacheprovider", "-m", "not mpi",
+                                     "tests/unit", "tests/gpu", *extra],
                             env))
     if args.only in (None, "mpi"):
         from neocomm.launcher import build_command, find_launcher
 
         launcher = find_launcher()
-        for nprocs, rpn in LAYOUTS:
-            label = f"mpi n={nprocs}" + (f" nodes of {rpn}" if rpn else "")
+        for nprocs, rpn, where in LAYOUTS:
+            label = ("gpu " if where == "tests/gpu" else "") + f"mpi n={nprocs}" \
+                + (f" nodes of {rpn}" if rpn else "")
+            select = ["-m", "mpi"] if where == "tests/gpu" else []
             lenv = dict(env)
             if rpn:
                 lenv["NEOCOMM_RANKS_PER_NODE"] = str(rpn)
@@ -91,7 +99,7 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as outdir:
                 lenv["MPI_PYTEST_OUTDIR"] = outdir
                 argv = build_command(launcher, nprocs, [sys.executable, "scripts/mpi_pytest.py",
-                                                        "tests/mpi", *extra], ranks_per_node=rpn)
+                                                        where, *select, *extra], ranks_per_node=rpn)
                 results.append(_run(label, argv, lenv, outdir))
     total = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
     for _, counts in results:
