@@ -6,6 +6,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 
 __all__ = ["find_launcher", "build_command", "launch", "LauncherNotFound", "Launcher"]
@@ -89,11 +91,194 @@ def build_command(launcher: Launcher, nprocs: int, command: list[str], *,
     return argv + list(command)
 
 
+#: seconds between forwarding a signal (or the timeout's SIGTERM) and SIGKILL
+GRACE_ENV = "NEOCOMM_KILL_GRACE"
+_SHM_DIR = "/dev/shm"
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux): ranks whose
+    launcher died are re-parented here, not to init, and stay in the tracked tree."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # pragma: no cover - no prctl
+        return False
+
+
+def _stat(pid: int) -> tuple[int, int, str] | None:
+    """``(parent pid, start time, state)`` of ``pid`` from /proc, or None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2:].split()
+    return int(fields[1]), int(fields[19]), fields[0]
+
+
+class _Tree:
+    """Every process the job started, tracked by pid and start time (a pid reused by an
+    unrelated process is never signalled), found by walking /proc from this process."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.me = os.getpid()
+        self.seen: dict[int, int] = {}  # pid -> start time
+        self.has_proc = os.path.isdir("/proc")
+
+    def refresh(self) -> None:
+        if not self.has_proc:
+            return
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                st = _stat(int(entry))
+                if st is not None:
+                    children.setdefault(st[0], []).append(int(entry))
+        stack = [self.me]
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                st = _stat(child)
+                if st is not None and child not in self.seen:
+                    self.seen[child] = st[1]
+                stack.append(child)
+        self._reap()
+
+    def _reap(self) -> None:
+        """Collect orphans re-parented to this process (never the launcher itself:
+        ``Popen.wait`` reads its status)."""
+        for pid in list(self.seen):
+            if pid == self.proc.pid:
+                continue
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+    def alive(self) -> list[int]:
+        out = []
+        for pid, start in self.seen.items():
+            st = _stat(pid)
+            if st is not None and st[1] == start and st[2] not in ("Z", "X"):
+                out.append(pid)
+        return out
+
+    def signal(self, sig: int) -> None:
+        if not self.has_proc:  # pragma: no cover - no /proc: the launcher's session
+            try:
+                os.killpg(self.proc.pid, sig)
+            except OSError:
+                pass
+            return
+        for pid in self.alive():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    def stop(self, sig: int, grace: float) -> None:
+        """Send ``sig`` to the whole tree; SIGKILL what is left after ``grace`` seconds."""
+        self.refresh()
+        self.signal(sig)
+        end = time.monotonic() + grace
+        while time.monotonic() < end:
+            self.refresh()
+            if self.proc.poll() is not None and not self.alive():
+                return
+            time.sleep(0.05)
+        self.refresh()
+        self.signal(signal.SIGKILL)
+        for _ in range(100):
+            self.refresh()
+            if not self.alive():
+                break
+            time.sleep(0.02)
+
+    def remove_shared_memory(self, before: set[str]) -> list[str]:
+        """Remove the /dev/shm files the job left behind: neocomm's (``neocomm-<pid>-*``
+        of a pid of the job: see :mod:`collectives.symmetric`) and the MPI library's
+        shared-memory segments that appeared during the job (not in ``before``) and
+        that no process maps any more (a job killed mid-run cannot remove its own)."""
+        removed = []
+        try:
+            names = set(os.listdir(_SHM_DIR))
+        except OSError:
+            return removed
+        pids = set(self.seen)
+        ours = {n for n in names if _shm_owner(n) in pids}
+        mpi = {n for n in names - before if n.startswith(_MPI_SEGMENTS)}
+        if mpi:
+            mpi -= _mapped_shm()
+        for name in sorted(ours | mpi):
+            try:
+                os.unlink(os.path.join(_SHM_DIR, name))
+                removed.append(name)
+            except OSError:
+                pass
+        return removed
+
+
+#: name prefixes of MPI libraries' shared-memory segments in /dev/shm (Open MPI's sm/vader)
+_MPI_SEGMENTS = ("sm_segment.", "vader_segment.")
+
+
+def _shm_owner(name: str) -> int | None:
+    parts = name.split("-")
+    if len(parts) >= 3 and parts[0] == "neocomm" and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def _shm_names() -> set[str]:
+    try:
+        return set(os.listdir(_SHM_DIR))
+    except OSError:
+        return set()
+
+
+def _mapped_shm() -> set[str]:
+    """Names of the /dev/shm files some process maps now (from /proc/*/maps)."""
+    out = set()
+    prefix = _SHM_DIR + "/"
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps", "rb") as fh:
+                for line in fh:
+                    i = line.find(prefix.encode())
+                    if i >= 0:
+                        out.add(line[i + len(prefix):].split(b" ")[0].strip().decode(
+                            errors="replace"))
+        except OSError:
+            continue
+    return out
+
+
+def _grace() -> float:
+    try:
+        return max(0.0, float(os.environ.get(GRACE_ENV, "5")))
+    except ValueError:
+        return 5.0
+
+
 def launch(nprocs: int, command: list[str], **kw) -> int:
     """Run ``command`` on ``nprocs`` ranks; return the job's exit status.
 
     The launcher ends the whole job when a rank fails, and its status is the
-    failing rank's. Ctrl-C is forwarded to the job.
+    failing rank's. This process owns the job's whole process tree (a
+    sub-reaper on Linux, every descendant tracked by pid): SIGINT, SIGTERM
+    and SIGHUP are forwarded to every process of the job, which gets
+    ``NEOCOMM_KILL_GRACE`` seconds (default 5) before SIGKILL; a second
+    signal kills at once. The timeout does the same. Shared-memory files the
+    job left in /dev/shm are removed. Exit status: the job's, 128 + the
+    signal's number after a signal (130, 143, 129), 124 after the timeout.
     """
     timeout = kw.pop("timeout", None)
     if sys.stdout.isatty():
@@ -102,14 +287,50 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
     env = dict(os.environ)
     if kw.get("ranks_per_node"):
         env["NEOCOMM_RANKS_PER_NODE"] = str(kw["ranks_per_node"])
+    _become_subreaper()
+    received: list[int] = []
+
+    def on_signal(signum, frame):
+        received.append(signum)
+
+    catch = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP")
+                                               else [])
+    saved = {sig: signal.signal(sig, on_signal) for sig in catch} \
+        if threading.current_thread() is threading.main_thread() else {}
+    shm_before = _shm_names()
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    tree = _Tree(proc)
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        sys.stderr.write(f"neocomm run: the job did not finish within {timeout} s; killing it\n")
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return 124
-    except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGINT)
-        return proc.wait()
+        while True:
+            tree.refresh()
+            try:
+                rc = proc.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                rc = None
+            if received:
+                sig = received[0]
+                name = signal.Signals(sig).name
+                sys.stderr.write(f"neocomm run: {name} received; stopping the job "
+                                 f"({len(tree.alive())} process(es))\n")
+                tree.stop(sig, 0.0 if len(received) > 1 else _grace())
+                return 128 + sig
+            if deadline is not None and time.monotonic() > deadline:
+                sys.stderr.write(f"neocomm run: the job did not finish within {timeout} s; "
+                                 f"stopping it\n")
+                tree.stop(signal.SIGTERM, _grace())
+                return 124
+            if rc is not None:
+                left = tree.alive()
+                if left:  # ranks that outlived their launcher
+                    sys.stderr.write(f"neocomm run: the MPI launcher exited ({rc}) but "
+                                     f"process(es) {left} of the job did not; stopping them\n")
+                    tree.stop(signal.SIGTERM, _grace())
+                    rc = rc or 1
+                return rc
+    finally:
+        if proc.poll() is None:  # an exception of our own: leave nothing behind
+            tree.stop(signal.SIGTERM, _grace())
+        tree.remove_shared_memory(shm_before)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -9,7 +9,9 @@ Layouts: 1, 2, 3 and 4 ranks on one node, and emulated multi-node layouts
 (NEOCOMM_RANKS_PER_NODE): 2 nodes x 1 rank, 2 nodes x 2 ranks. The device
 tests (``tests/gpu``) run in one process and, for the ones marked ``mpi``,
 at 2 ranks and at 4 ranks over 2 emulated nodes, on a real GPU when CuPy
-finds one and on the device stand-in (``tests/devsim``) otherwise. A run that
+finds one and on the device stand-in (``tests/devsim``) otherwise. The fault
+suite (``tests/faults``) starts real jobs with ``neocomm run`` and injects
+faults (signals to the launcher, the timeout, ranks that ignore signals). A run that
 collects no test counts as a failure, and so does a run that hangs past its
 timeout. The last line is the total: ``total: N passed, N failed, N skipped``.
 """
@@ -70,7 +72,7 @@ def _run(label: str, argv: list[str], env: dict, outdir: str | None = None) -> t
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=["unit", "mpi"], help="run one part")
+    p.add_argument("--only", choices=["unit", "faults", "mpi"], help="run one part")
     p.add_argument("-k", default=None, help="pytest -k expression")
     args, extra = p.parse_known_args()
     if args.k:
@@ -83,6 +85,9 @@ def main() -> int:
                                      "-p", "no:cacheprovider", "-m", "not mpi",
                                      "tests/unit", "tests/gpu", *extra],
                             env))
+    if args.only in (None, "faults"):
+        results.append(_run("faults", [sys.executable, "-m", "pytest", "-q", "--color=no",
+                                       "-p", "no:cacheprovider", "tests/faults", *extra], env))
     if args.only in (None, "mpi"):
         from neocomm.launcher import build_command, find_launcher
 
