@@ -57,16 +57,24 @@ def context(group, buf) -> Context:
     return Context(group, group.backend(buf), array_module(buf))
 
 
-def fail(ctx: Context, op: CollectiveOp, problem: Problem | None, signature) -> None:
-    """Raise on every rank when any rank has a problem (agreement), or locally
-    when argument checks are off."""
+def fail(ctx: Context, op: CollectiveOp, problem: Problem | None, signature,
+         call=None) -> None:
+    """Raise on every rank when any rank has a problem or the ranks' calls differ
+    (agreement; ``call`` describes this rank's call for the message), or locally when
+    argument checks are off."""
     if ctx.check:
-        agree(ctx.group.comm, op.value, problem, signature)
+        agree(ctx.group.comm, op.value, problem, signature, call, where_of(ctx.group))
     elif problem is not None:
         rank = ctx.group.rank
         raise CollectiveArgumentError(f"{op.value}: {problem.message}", op=op.value,
                                       field=problem.field, ranks=(rank,),
                                       per_rank={rank: problem.message})
+
+
+def where_of(group) -> str:
+    """`` on group 'NAME', call #N``: the group and the number of its next call (the same on
+    every rank that has made the same calls), for the names of waits."""
+    return f" on group {group.name!r}, call #{progress.peek(group)}"
 
 
 def _symmetric_sig(chosen, fields) -> int:
@@ -81,7 +89,7 @@ def _symmetric_sig(chosen, fields) -> int:
 
 def launch(ctx: Context, request: Request, problem: Problem | None, signature, *,
            algo: str | None, chunk_bytes, itemsize: int, fields: dict, result,
-           async_op: bool, plan_key=None, plan_bufs=()):
+           async_op: bool, plan_key=None, plan_bufs=(), call=None):
     """Select, agree, build the :class:`Call` (``fields`` built lazily when it is a
     callable) and run it; returns the handle. A blocking call leaves a plan under
     ``plan_key`` (see :mod:`collectives.plans`)."""
@@ -101,11 +109,13 @@ def launch(ctx: Context, request: Request, problem: Problem | None, signature, *
             problem = Problem("chunk_bytes", str(exc))
     index = registry()[op].index(chosen) if chosen is not None else -1
     chunk_sig = 0 if policy is None else policy.intra ^ (policy.inter << 1)
-    signature = list(signature) + [("symmetric buffers", _symmetric_sig(chosen, fields)),
+    signature = list(signature) + [("async", int(bool(async_op))),
+                                   ("symmetric buffers", _symmetric_sig(chosen, fields)),
                                    ("algo", index), ("chunk", chunk_sig & 0x7FFFFFFF)]
-    fail(ctx, op, problem, signature)
+    fail(ctx, op, problem, signature, call)
     if callable(fields):
         fields = fields()
+    where = where_of(ctx.group)
     call = Call(op, ctx.group, ctx.backend, ctx.xp, ctx.fabric, policy,
                 staging_pool(ctx.xp), progress.next_tag(ctx.group), ctx.layout,
                 blocking=not async_op, **fields)
@@ -113,4 +123,5 @@ def launch(ctx: Context, request: Request, problem: Problem | None, signature, *
     if plan_key is not None and not async_op:
         agreement = (ctx.group.comm, op.value, signature) if ctx.check else None
         plans.remember(plan_key, plan_bufs, call, chosen, result, agreement)
-    return progress.start(chosen.run(call), result, async_op, f"{op.value} ({chosen.name})")
+    return progress.start(chosen.run(call), result, async_op,
+                          f"{op.value} ({chosen.name}){where}")

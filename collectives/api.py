@@ -17,19 +17,19 @@ import numpy as np
 
 from neocomm import watchdog
 from neocomm.agree import Problem
-from neocomm.backends.checks import (check_buffer, check_counts, check_peer, check_same_dtype,
-                                     counts_digest, first)
+from neocomm.backends.checks import (REDUCE_CODES, check_buffer, check_counts, check_overlap,
+                                     check_peer, check_same_dtype, counts_digest, first,
+                                     same_memory)
 from neocomm.backends.checks import dtype_code_of as _dcode
 from neocomm.types import ReduceOp
 from collectives import plans, symmetric
-from collectives._launch import OP_CODES, context, launch
+from collectives._launch import OP_CODES, context, fail, launch
 from collectives.algorithms import displs
 from collectives.types import CollectiveOp, Request
 
 __all__ = ["all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce", "all_gather",
            "broadcast"]
 
-_REDUCE_CODES = {op: i for i, op in enumerate(ReduceOp, start=1)}
 
 
 def _size(buf) -> int:
@@ -52,6 +52,8 @@ def _check_out(sendbuf, recvbuf, dev: bool, size: int | None = None,
     ``size`` elements when given (``expected`` says how many, in words)."""
     problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
                     check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
+    if problem is None:
+        problem = check_overlap("sendbuf", sendbuf, "recvbuf", recvbuf)
     if problem is None and size is not None and recvbuf.size != size:
         problem = Problem("recvbuf", f"recvbuf: expected {expected}, got {recvbuf.size}")
     return problem
@@ -70,6 +72,46 @@ def _counts_key(counts):
 def _flat(buf):
     """``buf`` as a flat view (None for None and for what is not an array)."""
     return buf.reshape(-1) if hasattr(buf, "reshape") and hasattr(buf, "dtype") else None
+
+
+def _shown(value) -> str:
+    """A user's argument as they wrote it (counts as a list), for messages."""
+    if isinstance(value, str):
+        return repr(value)
+    if hasattr(value, "value") and isinstance(getattr(value, "value"), str):
+        return repr(value.value)  # a ReduceOp
+    try:
+        return str([int(x) for x in np.asarray(value).reshape(-1)])
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _call(name: str, buf, *args, async_op: bool = False, **kw):
+    """This rank's call in the user's words (``all_to_all_v(float32, counts [8, 8])``),
+    made only when an error needs it."""
+    def text() -> str:
+        dt = getattr(getattr(buf, "dtype", None), "name", type(buf).__name__)
+        parts = [dt] + [str(a) for a in args] + [f"{k}={_shown(v)}" for k, v in kw.items()]
+        if async_op:
+            parts.append("async_op=True")
+        return f"{name}({', '.join(parts)})"
+    return text
+
+
+def _reduce_op(op) -> tuple[ReduceOp, Problem | None]:
+    """The reduce op, or SUM and the problem naming the op as given."""
+    try:
+        return ReduceOp.parse(op), None
+    except (ValueError, TypeError) as exc:
+        return ReduceOp.SUM, Problem("op", str(exc))
+
+
+def _apart(sendbuf, recvbuf):
+    """``sendbuf``, or a copy of it when ``recvbuf`` is the same memory: an exchange in
+    place would overwrite blocks before they are sent."""
+    if recvbuf is not None and sendbuf is not None and same_memory(sendbuf, recvbuf):
+        return sendbuf.copy()
+    return sendbuf
 
 
 def _request(ctx, op, nbytes, itemsize, **kw) -> Request:
@@ -107,6 +149,8 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
         problem = _check_out(sendbuf, recvbuf, dev, sendbuf.size,
                              f"{sendbuf.size} elements (as sendbuf)")
     ok = problem is None
+    if ok:
+        sendbuf = _apart(sendbuf, recvbuf)
     itemsize = sendbuf.dtype.itemsize if ok else 1
     block = sendbuf.size // p if ok else -1
     bits, symf = symmetric.describe(ctx.group, sendbuf) if ok else (0, {})
@@ -121,7 +165,9 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     sig = [("op", OP_CODES[op]), ("dtype", _dcode(sendbuf)), ("block", block)]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                           itemsize=itemsize, fields=fields, result=recvbuf,
-                          async_op=async_op, plan_key=key, plan_bufs=(sendbuf, recvbuf)),
+                          async_op=async_op, plan_key=key, plan_bufs=(sendbuf, recvbuf),
+                          call=_call("all_to_all", sendbuf, _size(sendbuf),
+                                     async_op=async_op)),
                    async_op)
 
 
@@ -166,6 +212,13 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
         problem = problem or prc
     if problem is None and recvbuf is not None:
         problem = _check_out(sendbuf, recvbuf, dev)
+    if problem is None:
+        sendbuf = _apart(sendbuf, recvbuf)
+    call = _call("all_to_all_v", sendbuf, f"counts {_shown(send_counts)}", async_op=async_op)
+    # Agree on the call before the counts move: a rank in another collective (or in this
+    # one with async_op different) is named now instead of meeting the exchange.
+    fail(ctx, op, problem, [("op", OP_CODES[op]), ("async", int(bool(async_op))),
+                            ("dtype", _dcode(sendbuf))], call)
     if rc is None or ctx.check:  # exchange the counts: to learn them, or to check them
         offered = np.empty(p, np.int64)
         with watchdog.guard("all_to_all_v (exchange of the counts)"):
@@ -198,7 +251,7 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
     sig = [("op", OP_CODES[op]), ("dtype", _dcode(sendbuf))]
     handle = launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                     itemsize=itemsize, fields=fields, result=(recvbuf, rc), async_op=async_op,
-                    plan_key=key, plan_bufs=(sendbuf, recvbuf))
+                    plan_key=key, plan_bufs=(sendbuf, recvbuf), call=call)
     return _result(handle, async_op)
 
 
@@ -230,10 +283,10 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
         if out is not None:
             return out
     kind = CollectiveOp.REDUCE_SCATTER
-    rop = ReduceOp.parse(op)
+    rop, problem = _reduce_op(op)
     ctx = context(group, sendbuf)
     p, dev = ctx.group.size, ctx.backend.device
-    problem = check_buffer("sendbuf", sendbuf, device=dev, reducible=True)
+    problem = problem or check_buffer("sendbuf", sendbuf, device=dev, reducible=True)
     counts = None
     if problem is None:
         if recv_counts is None:
@@ -259,10 +312,13 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
     fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), recv_counts=counts,
                   reduce_op=rop, **symf)
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf)),
-           ("reduce_op", _REDUCE_CODES[rop]), ("recv_counts", counts_digest(counts))]
+           ("reduce_op", REDUCE_CODES[rop]), ("recv_counts", counts_digest(counts))]
+    extra = {} if recv_counts is None else {"recv_counts": recv_counts}
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                           itemsize=itemsize, fields=fields, result=recvbuf,
-                          async_op=async_op, plan_key=key, plan_bufs=(sendbuf, recvbuf)),
+                          async_op=async_op, plan_key=key, plan_bufs=(sendbuf, recvbuf),
+                          call=_call("reduce_scatter", sendbuf, _size(sendbuf), op=op,
+                                     async_op=async_op, **extra)),
                    async_op)
 
 
@@ -279,6 +335,8 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
 
     Returns the result buffer.
     """
+    if recvbuf is not None and same_memory(sendbuf, recvbuf):
+        recvbuf = None  # the same memory: the in-place call
     key = None
     if not async_op:
         key = ("all_reduce", group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
@@ -288,11 +346,11 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
             return out
     bufs = (sendbuf,) if recvbuf is None else (sendbuf, recvbuf)
     kind = CollectiveOp.ALL_REDUCE
-    rop = ReduceOp.parse(op)
+    rop, problem = _reduce_op(op)
     ctx = context(group, sendbuf)
     dev = ctx.backend.device
-    problem = check_buffer("sendbuf", sendbuf, device=dev, reducible=True,
-                           writable=recvbuf is None)
+    problem = problem or check_buffer("sendbuf", sendbuf, device=dev, reducible=True,
+                                      writable=recvbuf is None)
     if problem is None and recvbuf is not None:
         problem = _check_out(sendbuf, recvbuf, dev, sendbuf.size,
                              f"{sendbuf.size} elements (as sendbuf)")
@@ -306,10 +364,12 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
     fields = dict(sendbuf=flat_in, recvbuf=flat_in if recvbuf is None else _flat(recvbuf),
                   reduce_op=rop, **symf)
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf)),
-           ("reduce_op", _REDUCE_CODES[rop])]
+           ("reduce_op", REDUCE_CODES[rop])]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                           itemsize=itemsize, fields=fields, result=out, async_op=async_op,
-                          plan_key=key, plan_bufs=bufs), async_op)
+                          plan_key=key, plan_bufs=bufs,
+                          call=_call("all_reduce", sendbuf, _size(sendbuf), op=op,
+                                     async_op=async_op)), async_op)
 
 
 def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
@@ -348,7 +408,9 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf))]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                           itemsize=itemsize, fields=fields, result=recvbuf,
-                          async_op=async_op, plan_key=key, plan_bufs=(sendbuf, recvbuf)),
+                          async_op=async_op, plan_key=key, plan_bufs=(sendbuf, recvbuf),
+                          call=_call("all_gather", sendbuf, _size(sendbuf),
+                                     async_op=async_op)),
                    async_op)
 
 
@@ -386,7 +448,9 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
            ("root", int(root) if isinstance(root, (int, np.integer)) else -1)]
     return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                           itemsize=itemsize, fields=fields, result=buf, async_op=async_op,
-                          plan_key=key, plan_bufs=(buf,)), async_op)
+                          plan_key=key, plan_bufs=(buf,),
+                          call=_call("broadcast", buf, _size(buf), root=root,
+                                     async_op=async_op)), async_op)
 
 
 def _result(handle, async_op: bool):

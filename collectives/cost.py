@@ -356,8 +356,11 @@ def candidates(op: CollectiveOp) -> tuple[str, ...]:
     return tuple(FORMULAS[CollectiveOp.parse(op)])
 
 
-def shape_reason(op: CollectiveOp, algorithm: str, fabric: FabricModel) -> str | None:
-    """Why ``algorithm`` cannot run ``op`` on a group of ``fabric``'s shape (None if it can)."""
+def shape_reason(op: CollectiveOp, algorithm: str, fabric: FabricModel,
+                 group_size: int | None = None) -> str | None:
+    """Why ``algorithm`` cannot run ``op`` on a group of ``fabric``'s shape (None if it can).
+    ``group_size``: the group's real size, when its nodes hold different numbers of ranks
+    (the fabric's shape is then nodes x the largest node)."""
     op = CollectiveOp.parse(op)
     if algorithm not in FORMULAS[op]:
         return f"no {algorithm!r} algorithm for {op.value}"
@@ -368,8 +371,9 @@ def shape_reason(op: CollectiveOp, algorithm: str, fabric: FabricModel) -> str |
             return "needs at least 2 ranks per node"
     if algorithm == "symmetric" and fabric.nodes > 1:
         return "needs a group within one node (shared memory)"
-    if algorithm == "doubling" and fabric.size & (fabric.size - 1):
-        return f"needs a power-of-two group size, got {fabric.size}"
+    size = fabric.size if group_size is None else int(group_size)
+    if algorithm == "doubling" and size & (size - 1):
+        return f"needs a group whose size is a power of two, got {size} ranks"
     return None
 
 

@@ -11,6 +11,7 @@ on different ranks cannot deadlock.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import threading
@@ -37,6 +38,11 @@ def counter(group) -> "itertools.count":
         with _seq_lock:
             found = _seq.setdefault(group, itertools.count())
     return found
+
+
+def peek(group) -> int:
+    """The number the next operation on ``group`` will get (nothing is taken)."""
+    return next(copy.copy(counter(group)))
 
 
 def tag_of(seq: int) -> int:

@@ -22,7 +22,7 @@ from neocomm.types import dtype_from_code
 __all__ = ["agree", "Problem"]
 
 #: Fixed number of signature slots, so ranks calling different ops still agree on the layout.
-SIGNATURE_SLOTS = 8
+SIGNATURE_SLOTS = 12
 
 
 class Problem(ValueError):
@@ -35,13 +35,16 @@ class Problem(ValueError):
 
 
 def agree(comm, op: str, problem: "Problem | str | None" = None,
-          signature: Sequence[tuple[str, int]] = ()) -> None:
+          signature: Sequence[tuple[str, int]] = (), call=None, where: str = "") -> None:
     """Raise :class:`CollectiveArgumentError` on every rank if any rank has a problem.
 
     ``comm`` is an mpi4py communicator (or a ProcessGroup); ``problem`` this
     rank's validation failure (None when fine); ``signature`` up to
     :data:`SIGNATURE_SLOTS` named integers that must be equal on every rank
-    (op code, dtype code, count, root, …).
+    (op code, dtype code, count, root, …); ``call`` this rank's call in the
+    user's words (a string, or a function that makes it: only an error needs
+    it), shown for every rank when the signatures differ; ``where`` (e.g. " on group
+    'world', call #3") completes the name of the wait the stall watchdog reports.
     """
     comm = getattr(comm, "comm", comm)
     if len(signature) > SIGNATURE_SLOTS:
@@ -56,15 +59,39 @@ def agree(comm, op: str, problem: "Problem | str | None" = None,
     out = np.empty_like(vec)
     from mpi4py import MPI
 
-    with watchdog.guard(f"argument agreement of {op}"):
+    with watchdog.guard(f"argument agreement of {op}{where}"):
         comm.Allreduce(vec, out, op=MPI.MAX)
     mismatch = not np.array_equal(out[1:1 + SIGNATURE_SLOTS], -out[1 + SIGNATURE_SLOTS:])
     if out[0] == 0 and not mismatch:
         return
-    _raise_together(comm, op, problem, signature, sig)
+    _raise_together(comm, op, problem, signature, sig, call)
 
 
-def _raise_together(comm, op, problem, signature, sig) -> None:
+#: signature fields that are internal numbers, never shown to a user
+_INTERNAL = {"op", "symmetric buffers", "algo", "chunk", "recv_counts", "ranks"}
+
+
+def _describe(op: str, signature) -> str:
+    """A call in the user's words from its signature: ``all_reduce(float32, count=4,
+    reduce_op='sum')`` (internal codes left out)."""
+    from neocomm.backends.checks import REDUCE_CODES
+
+    parts = []
+    for name, value in signature:
+        if name == "dtype":
+            parts.insert(0, dtype_from_code(value))
+        elif name == "reduce_op":
+            by_code = {code: rop.value for rop, code in REDUCE_CODES.items()}
+            parts.append(f"op={by_code.get(value, value)!r}")
+        elif name == "async":
+            if value:
+                parts.append("async_op=True")
+        elif name not in _INTERNAL:
+            parts.append(f"{name}={value}")
+    return f"{op}({', '.join(str(p) for p in parts)})"
+
+
+def _raise_together(comm, op, problem, signature, sig, call) -> None:
     if isinstance(problem, Problem):
         mine = (problem.field, problem.message)
     elif problem is not None:
@@ -72,29 +99,46 @@ def _raise_together(comm, op, problem, signature, sig) -> None:
     else:
         mine = None
     names = [name for name, _ in signature]
+    if callable(call):
+        call = call()
+    elif call is None:
+        call = _describe(op, signature)
     with watchdog.guard(f"error report of {op}"):
-        everyone = comm.allgather((mine, names, sig.tolist()))
-    per_rank = {r: m[1] for r, (m, _, _) in enumerate(everyone) if m is not None}
+        everyone = comm.allgather((mine, names, sig.tolist(), call))
+    per_rank = {r: m[1] for r, (m, _, _, _) in enumerate(everyone) if m is not None}
     if per_rank:
         first = min(per_rank)
         field = everyone[first][0][0]
         ranks = tuple(sorted(per_rank))
         where = "rank " + str(ranks[0]) if len(ranks) == 1 else f"ranks {list(ranks)}"
         msg = f"{op}: {per_rank[first]} (on {where})"
-        if len(per_rank) > 1:
-            others = "; ".join(f"rank {r}: {m}" for r, m in per_rank.items() if r != first)
+        others = "; ".join(f"rank {r}: {m}" for r, m in per_rank.items()
+                           if r != first and m != per_rank[first])
+        if others:  # what the other ranks said differently
             msg += f"; also {others}"
         raise CollectiveArgumentError(msg, op=op, field=field, ranks=ranks, per_rank=per_rank)
-    # No local problem anywhere: the signatures differ. Name the first field that does.
-    sigs = [s for _, _, s in everyone]
-    opnames = [n for _, n, _ in everyone]
+    # No local problem anywhere: the signatures differ. Name the first field that does,
+    # and show every rank's call when the ranks described them.
+    sigs = [s for _, _, s, _ in everyone]
+    opnames = [n for _, n, _, _ in everyone]
+    calls = [c for _, _, _, c in everyone]
     for i in range(SIGNATURE_SLOTS):
         values = [s[i] for s in sigs]
         if len(set(values)) > 1:
-            field = opnames[0][i] if i < len(opnames[0]) else f"slot{i}"
+            same_layout = all(n == opnames[0] for n in opnames)
+            field = opnames[0][i] if same_layout and i < len(opnames[0]) else "call"
+            if field in ("op", "async"):
+                field = "call"  # different operations, or blocking and not
+            ranks = tuple(r for r, v in enumerate(values) if v != values[0]) or (0,)
+            if all(calls):
+                by_rank = "; ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
+                what = "the ranks' calls differ" if field == "call" else \
+                    f"{op}: {field} differs across ranks"
+                raise CollectiveArgumentError(
+                    f"{what}: {by_rank}", op=op, field=field, ranks=ranks,
+                    per_rank=dict(enumerate(calls)))
             shown = [dtype_from_code(v) if field == "dtype" else v for v in values]
             by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown))
-            ranks = tuple(r for r, v in enumerate(values) if v != values[0]) or (0,)
             raise CollectiveArgumentError(
                 f"{op}: {field} differs across ranks ({by_rank})", op=op, field=field,
                 ranks=ranks, per_rank={r: f"{field}={v}" for r, v in enumerate(shown)})

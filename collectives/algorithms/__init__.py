@@ -43,7 +43,7 @@ class Algorithm:
         """None when this algorithm can run ``request``, else the reason it cannot."""
         if request.op not in self.ops:
             return f"does not implement {request.op.value}"
-        return cost.shape_reason(request.op, self.name, fabric)
+        return cost.shape_reason(request.op, self.name, fabric, request.group_size)
 
     def cost(self, request: Request, fabric: FabricModel) -> float:
         """Modelled seconds for ``request`` (calibration factors included)."""

@@ -95,6 +95,36 @@ def check_same_dtype(a_name: str, a, b_name: str, b) -> Problem | None:
     return None
 
 
+def _span(buf) -> tuple[int, int]:
+    """``(first byte address, one past the last)`` of a contiguous array (host or device)."""
+    iface = getattr(buf, "__cuda_array_interface__", None) or buf.__array_interface__
+    start = int(iface["data"][0])
+    return start, start + int(buf.nbytes)
+
+
+def same_memory(a, b) -> bool:
+    """Whether arrays ``a`` and ``b`` are the very same bytes (an in-place call)."""
+    if a is b:
+        return True
+    try:
+        return a.nbytes == b.nbytes and a.nbytes > 0 and _span(a) == _span(b)
+    except (AttributeError, KeyError, TypeError):
+        return False
+
+
+def check_overlap(a_name: str, a, b_name: str, b) -> Problem | None:
+    """``b`` is ``a`` itself (in place) or memory of its own: a partial overlap (views of
+    one array at different offsets) would be read after it was written."""
+    if a is b or a.nbytes == 0 or b.nbytes == 0:
+        return None
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    if a0 == b0 and a1 == b1 or a1 <= b0 or b1 <= a0:
+        return None  # the same memory (in place), or disjoint
+    return Problem(b_name, f"{b_name}: overlaps {a_name} in part (bytes {max(a0, b0) - a0} to "
+                           f"{min(a1, b1) - a0} of {a_name}); pass the same array for an "
+                           f"in-place call, or arrays that do not overlap")
+
+
 def check_counts(name: str, counts, size: int, total: int, buf_name: str) -> tuple[Problem | None, np.ndarray]:
     """Per-peer counts: ``size`` non-negative integers summing to ``total``."""
     try:

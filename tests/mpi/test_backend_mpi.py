@@ -221,8 +221,10 @@ def test_ranks_calling_different_ops(world, be):
         fn = lambda: be.all_reduce(np.ones(2))  # noqa: E731
     else:
         fn = lambda: be.all_gather(np.ones(2), np.empty(2 * world.size))  # noqa: E731
-    err = _raises_everywhere(fn, "op differs across ranks")
-    assert err.field == "op"
+    err = _raises_everywhere(fn, "the ranks' calls differ")
+    assert err.field == "call"
+    assert "rank 0: all_reduce(float64, count=2, op='sum')" in str(err), str(err)
+    assert "rank 1: all_gather(float64, count=2)" in str(err), str(err)
 
 
 @pytest.mark.mpi(min_size=2)

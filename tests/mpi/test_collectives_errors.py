@@ -178,3 +178,139 @@ def test_all_to_all_v_counts_that_cannot_be_read_raise_everywhere(world, all_ran
     counts = [[1]] * p if world.rank == 0 else [1] * p  # a list of lists on rank 0
     raises_everywhere(all_ranks, lambda: C.all_to_all_v(x, counts, np.zeros(p, np.float32),
                                                         [1] * p), field="send_counts")
+
+
+def test_doubling_on_a_group_that_is_not_a_power_of_two(world, all_ranks):
+    """A 3-rank group (split from 4 over 2 nodes: nodes of 2 and 1) cannot run recursive
+    doubling: every member is told which algorithm, the group size and the rule, before
+    any message moves; the default algorithm still gathers correctly."""
+    if world.size < 3:
+        pytest.skip("needs a group of 3 ranks")
+    sub = world.world.split([0, 1, 2])
+    ok = True
+    if sub is not None:
+        x = np.full(4, sub.rank, np.float32)
+        try:
+            C.all_gather(x, group=sub, algo="doubling")
+            ok = False
+        except CollectiveArgumentError as exc:
+            msg = str(exc)
+            ok = ("'doubling'" in msg and "power of two" in msg and "got 3 ranks" in msg
+                  and exc.field == "algo")
+        got = C.all_gather(x, group=sub)
+        ok = ok and np.array_equal(got.reshape(-1), np.repeat(np.arange(3.0), 4))
+    all_ranks(ok, "doubling on 3 ranks")
+
+
+def test_different_collectives_on_different_ranks_are_named(world, all_ranks):
+    """Rank 0 in all_to_all_v while the others are in all_to_all: every rank raises at
+    once (no watchdog), showing each rank's call as written."""
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    p = world.size
+    x = np.ones(8 * p, np.float32)
+    if world.rank == 0:
+        fn = lambda: C.all_to_all_v(x, [8] * p, recv_counts=[8] * p)  # noqa: E731
+    else:
+        fn = lambda: C.all_to_all(x)  # noqa: E731
+    exc = raises_everywhere(all_ranks, fn, "call")
+    msg = str(exc)
+    all_ranks(f"rank 0: all_to_all_v(float32, counts {[8] * p})" in msg
+              and f"rank 1: all_to_all(float32, {8 * p})" in msg, msg)
+
+
+@pytest.mark.parametrize("async_rank", [0, -1])
+def test_blocking_and_async_calls_do_not_match(world, all_ranks, async_rank):
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    mine = world.rank == async_rank % world.size
+    x = np.ones(16, np.float32)
+
+    def call():
+        h = C.all_reduce(x, async_op=mine)
+        if mine:
+            h.wait()
+    exc = raises_everywhere(all_ranks, call, "call")
+    all_ranks(f"rank {async_rank % world.size}: all_reduce(float32, 16, op='sum', "
+              f"async_op=True)" in str(exc), str(exc))
+
+
+@pytest.mark.parametrize("fn", ["all_reduce", "reduce_scatter"])
+def test_an_invalid_op_on_one_rank_is_refused_everywhere(world, all_ranks, fn):
+    x = np.ones(4 * world.size, np.float32)
+    op = "average" if world.rank == world.size - 1 else "sum"
+    exc = raises_everywhere(all_ranks, lambda: getattr(C, fn)(x, op=op), "op", "'average'")
+    all_ranks(exc.ranks == (world.size - 1,), f"{exc.ranks}")
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "int32"])
+def test_integer_overflow_wraps_on_every_algorithm(world, all_ranks, dtype):
+    """C's two's-complement wrap-around (as MPI and NCCL define it) on every path."""
+    from collectives.algorithms import registry
+    from collectives.types import CollectiveOp
+
+    info = np.iinfo(dtype)
+    x = np.full(64 * world.size, info.max - 3, dtype)
+    want = np.full_like(x, info.max - 3)
+    with np.errstate(over="ignore"):
+        for _ in range(world.size - 1):
+            want = want + np.full_like(x, info.max - 3)
+    bad = []
+    for algo in registry()[CollectiveOp.ALL_REDUCE]:
+        y = x.copy()
+        try:
+            C.all_reduce(y, algo=algo.name)
+        except CollectiveArgumentError as exc:
+            if exc.field == "algo":  # cannot run on this group: said on every rank
+                continue
+            raise
+        if not np.array_equal(y, want):
+            bad.append(f"{algo.name}: {y[:2]}")
+    all_ranks(not bad, f"{dtype} sums that did not wrap to {want[:2]}: {bad}")
+
+
+@pytest.mark.parametrize("shift", [4, -4], ids=["recv_after_send", "recv_before_send"])
+@pytest.mark.parametrize("fn", ["all_to_all", "all_to_all_v", "all_reduce", "reduce_scatter",
+                                "all_gather"])
+def test_partly_overlapping_buffers_are_refused(world, all_ranks, fn, shift):
+    """Views of one array at different offsets are refused on every rank, naming both
+    buffers; the very same array (in place) still works."""
+    p = world.size
+    n = 8 * p
+    base = np.arange(n * p + 16, dtype=np.float32)
+    out_n = {"reduce_scatter": n // p, "all_gather": n * p}.get(fn, n)
+    s0 = 8
+    send = base[s0:s0 + n]
+    recv = base[s0 + shift:s0 + shift + out_n]
+    call = {"all_to_all": lambda: C.all_to_all(send, recv),
+            "all_to_all_v": lambda: C.all_to_all_v(send, [8] * p, recv, [8] * p),
+            "all_reduce": lambda: C.all_reduce(send, recv),
+            "reduce_scatter": lambda: C.reduce_scatter(send, recv),
+            "all_gather": lambda: C.all_gather(send, recv)}[fn]
+    raises_everywhere(all_ranks, call, "recvbuf", "overlaps sendbuf in part")
+
+
+@pytest.mark.parametrize("fn", ["all_to_all", "all_to_all_v", "all_reduce"])
+def test_the_same_array_as_send_and_receive_buffer_works_on_every_algorithm(world, all_ranks,
+                                                                            fn):
+    from collectives.algorithms import registry
+    from collectives.types import CollectiveOp
+
+    p = world.size
+    bad = []
+    for algo in registry()[CollectiveOp(fn)]:
+        x = np.arange(8 * p, dtype=np.float32) + 100 * world.rank
+        want = np.empty_like(x)
+        (world.comm.Allreduce if fn == "all_reduce" else world.comm.Alltoall)(x.copy(), want)
+        try:
+            if fn == "all_to_all_v":
+                got = C.all_to_all_v(x, [8] * p, x, [8] * p, algo=algo.name)[0]
+            else:
+                got = getattr(C, fn)(x, x, algo=algo.name)
+        except CollectiveArgumentError as exc:
+            if exc.field == "algo":  # cannot run on this group (said on every rank)
+                continue
+            raise
+        if not np.array_equal(got, want):
+            bad.append(algo.name)
+    all_ranks(not bad, f"{fn} in place wrong with {bad}")
