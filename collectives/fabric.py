@@ -95,7 +95,12 @@ def _links_from_topology(group, device: bool) -> FabricModel | None:
     from collectives.topofabric import discover_group_topology, fabric_from_topology
 
     if group not in _TOPOLOGIES:
-        _TOPOLOGIES[group] = discover_group_topology(group)
+        from neocomm import watchdog
+
+        # collective over the group: the first call on it waits here for every member
+        with watchdog.guard(f"topology discovery of group {getattr(group, 'name', '?')!r} "
+                            f"(its first collective)"):
+            _TOPOLOGIES[group] = discover_group_topology(group)
     cluster = _TOPOLOGIES[group]
     if cluster is None:
         return None

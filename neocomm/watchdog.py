@@ -64,13 +64,18 @@ class Watchdog:
     :data:`OPEN` and the live :class:`Slot` objects for the process-wide one)
     outlives ``timeout`` seconds."""
 
-    def __init__(self, timeout: float, rank: int, abort=None, open_waits: dict | None = None):
+    def __init__(self, timeout: float, rank: int, abort=None, open_waits: dict | None = None,
+                 comm=None):
         self.timeout = float(timeout)
         self.rank = rank
         self._abort = abort or _mpi_abort
         self._open: dict = {} if open_waits is None else open_waits
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: a communicator of the whole job that only the watchdogs use: the stall inspector
+        #: asks every rank where it is (MPI_THREAD_MULTIPLE; None: no inspector)
+        self._comm = comm
+        self._sends: list = []  # the inspector's messages in flight (kept until sent)
 
     def start(self) -> None:
         if self.timeout > 0 and self._thread is None:
@@ -85,22 +90,76 @@ class Watchdog:
         """Context manager registering one wait named ``what`` with this watchdog."""
         return _Guard(self._open, what)
 
+    def _waits(self) -> list:
+        waits = [(g.what, since) for g, since in list(self._open.items())]
+        if self._open is OPEN:
+            waits += _open_slots()
+        return waits
+
     def _loop(self) -> None:
         interval = min(1.0, max(self.timeout / 4, 0.05))
         while not self._stop.wait(interval):
+            self._answer()
             now = time.monotonic()
-            waits = [(g.what, since) for g, since in list(self._open.items())]
-            if self._open is OPEN:
-                waits += _open_slots()
-            for what, since in waits:
+            for what, since in self._waits():
                 if now - since > self.timeout:
                     msg = (f"neocomm: rank {self.rank}: {what} has not completed after "
-                           f"{now - since:.1f} s (NEOCOMM_TIMEOUT={self.timeout:g}); a peer "
-                           f"never arrived or died. Aborting the job.\n")
-                    sys.stderr.write(msg)
-                    sys.stderr.flush()
+                           f"{now - since:.1f} s (NEOCOMM_TIMEOUT={self.timeout:g}); "
+                           f"{self._inspect(what)}. Aborting the job.\n")
+                    _say(msg)
                     self._abort(msg)
                     return
+
+    # -- the stall inspector (after Horovod's): who arrived, who did not -------------------
+    def _answer(self) -> None:
+        """Tell every rank that asked where this rank is (its open waits)."""
+        comm = self._comm
+        if comm is None:
+            return
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        while comm.Iprobe(source=MPI.ANY_SOURCE, tag=_ASK, status=status):
+            comm.recv(source=status.Get_source(), tag=_ASK)
+            where = [what for what, _ in self._waits()]
+            self._sends.append(comm.isend(where, dest=status.Get_source(), tag=_WHERE))
+        self._sends = [r for r in self._sends if not r.Test()]
+
+    def _inspect(self, what: str) -> str:
+        """Ask every rank where it is; name the ranks in the same wait and the others."""
+        comm = self._comm
+        if comm is None or comm.Get_size() == 1:
+            return "a peer never arrived or died"
+        from mpi4py import MPI
+
+        me, size = comm.Get_rank(), comm.Get_size()
+        for r in range(size):
+            if r != me:
+                self._sends.append(comm.isend(None, dest=r, tag=_ASK))
+        answers: dict[int, list] = {me: [what]}
+        status = MPI.Status()
+        # every live rank's watchdog answers within its interval (1 s at most)
+        end = time.monotonic() + min(10.0, max(3.0, self.timeout))
+        while len(answers) < size and time.monotonic() < end:
+            self._answer()  # others may be asking too
+            if comm.Iprobe(source=MPI.ANY_SOURCE, tag=_WHERE, status=status):
+                src = status.Get_source()
+                answers[src] = comm.recv(source=src, tag=_WHERE)
+            else:
+                time.sleep(0.01)
+        arrived = sorted(r for r, ws in answers.items() if what in ws)
+        parts = [f"ranks {arrived} are in it"]
+        for r in range(size):
+            if r in arrived:
+                continue
+            if r not in answers:
+                parts.append(f"rank {r} did not answer (dead, or blocked outside Python)")
+            elif answers[r]:
+                parts.append(f"rank {r} is in {'; '.join(answers[r])}")
+            else:
+                parts.append(f"rank {r} is not in any neocomm collective")
+        missing = [r for r in range(size) if r not in arrived]
+        return f"waiting for rank(s) {missing}: " + "; ".join(parts)
 
 
 class _Guard:
@@ -120,6 +179,17 @@ class _Guard:
 
 
 _now = time.monotonic
+_ASK, _WHERE = 7301, 7302  # tags of the inspector's questions and answers
+
+
+def _say(msg: str) -> None:
+    """Write ``msg`` to the process's standard error file itself: the job is about to end,
+    and a Python-level redirection of ``sys.stderr`` would swallow it."""
+    try:
+        sys.stderr.flush()
+        os.write(2, msg.encode(errors="replace"))
+    except OSError:  # pragma: no cover - no stderr
+        pass
 
 
 def _mpi_abort(msg: str) -> None:  # pragma: no cover - ends the process
@@ -134,13 +204,19 @@ def _mpi_abort(msg: str) -> None:  # pragma: no cover - ends the process
 _ACTIVE: Watchdog | None = None
 
 
-def configure(timeout: float, rank: int) -> Watchdog:
+def configure(timeout: float, rank: int, comm=None) -> Watchdog:
     """Install the process-wide watchdog (replacing any earlier one; open waits stay
-    open)."""
+    open). ``comm``: a communicator of the whole job for the stall inspector alone (it
+    needs MPI_THREAD_MULTIPLE; without it, stalls name only this rank's wait)."""
     global _ACTIVE
     if _ACTIVE is not None:
         _ACTIVE.stop()
-    _ACTIVE = Watchdog(timeout, rank, open_waits=OPEN)
+    if comm is not None:
+        from mpi4py import MPI
+
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            comm = None
+    _ACTIVE = Watchdog(timeout, rank, open_waits=OPEN, comm=comm)
     _ACTIVE.start()
     return _ACTIVE
 

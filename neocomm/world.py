@@ -125,7 +125,7 @@ def init(comm=None, *, ranks_per_node: int | None = None) -> World:
     world = World(base, k)
     if settings["ABORT_ON_EXCEPTION"]:
         install_abort_hook(world.rank)
-    watchdog.configure(settings["TIMEOUT"], world.rank)
+    watchdog.configure(settings["TIMEOUT"], world.rank, comm=base.Dup())
     _log.debug("initialised %r", world)
     _WORLD = world
     return world

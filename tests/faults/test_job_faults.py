@@ -89,3 +89,63 @@ print("ok", w.rank)
 """)
     assert out.returncode == 0, out
     assert out.stdout.count("ok") == 2
+
+
+COLLECTIVES = PRELUDE + """
+import collectives as C
+"""
+
+
+def test_a_rank_that_never_enters_the_first_collective_is_named(tmp_path):
+    """The job's first collective (which also discovers the group's topology) is watched:
+    the message names the wait, who is in it and who is not, and the job ends non-zero."""
+    out = _job(tmp_path, COLLECTIVES + """
+if w.rank == 1:
+    time.sleep(600)
+C.all_reduce(np.ones(4, np.float32))
+""", n=3, env={"NEOCOMM_TIMEOUT": "4"})
+    assert out.returncode not in (0, 124), out
+    assert "group 'world'" in out.stderr and "ranks [0, 2] are in it" in out.stderr, out.stderr
+    assert "rank 1 is not in any neocomm collective" in out.stderr, out.stderr
+
+
+def test_the_first_collective_of_a_new_group_is_watched(tmp_path):
+    out = _job(tmp_path, COLLECTIVES + """
+C.all_reduce(np.ones(4, np.float32))
+sub = w.world.split([0, 1, 2], name="trio")
+if w.rank == 2:
+    time.sleep(600)
+if sub is not None:
+    C.all_reduce(np.ones(4, np.float32), group=sub)
+""", n=3, env={"NEOCOMM_TIMEOUT": "4"})
+    assert out.returncode not in (0, 124), out
+    assert "group 'trio'" in out.stderr and "ranks [0, 1] are in it" in out.stderr, out.stderr
+
+
+def test_a_stall_names_the_call_number_and_where_every_rank_is(tmp_path):
+    out = _job(tmp_path, COLLECTIVES + """
+C.all_reduce(np.ones(4, np.float32))
+if w.rank == 1:
+    time.sleep(600)
+if w.rank == 2:
+    C.all_gather(np.ones(4, np.float32))
+C.all_reduce(np.ones(4, np.float32))
+""", n=4, env={"NEOCOMM_TIMEOUT": "4"})
+    assert out.returncode not in (0, 124), out
+    err = out.stderr
+    assert "all_reduce on group 'world', call #1" in err and "ranks [0, 3] are in it" in err, err
+    assert "rank 1 is not in any neocomm collective" in err, err
+    assert "rank 2 is in argument agreement of all_gather on group 'world', call #1" in err, err
+
+
+def test_a_dead_rank_is_named_as_not_answering(tmp_path):
+    """A rank killed without the launcher noticing at once (SIGSTOP: frozen) does not
+    answer the inspector; the stall still ends the job, naming it."""
+    out = _job(tmp_path, COLLECTIVES + """
+C.all_reduce(np.ones(4, np.float32))
+if w.rank == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)
+C.all_reduce(np.ones(4, np.float32))
+""", n=3, env={"NEOCOMM_TIMEOUT": "4"})
+    assert out.returncode not in (0, 124), out
+    assert "rank 1 did not answer" in out.stderr, out.stderr
