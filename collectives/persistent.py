@@ -57,7 +57,7 @@ class Prepared:
     """
 
     __slots__ = ("op", "algo", "result", "_call", "_algo", "_request", "_direct", "_slot",
-                 "_seq", "_handle", "_bufs", "_freed")
+                 "_seq", "_handle", "_bufs", "_freed", "_layout")
 
     def __init__(self, bufs, call, algo, result, request, direct):
         self.op, self.algo, self.result = call.op.value, algo.name, result
@@ -67,6 +67,7 @@ class Prepared:
         self._seq = progress.counter(call.group)
         self._handle = None
         self._freed = False
+        self._layout = tuple((b.dtype, b.shape) for b in bufs)
 
     @property
     def persistent(self) -> bool:
@@ -77,6 +78,8 @@ class Prepared:
         """Run once (blocking) and return :attr:`result`."""
         if self._freed or self._handle is not None:
             self._check("run")
+        if tuple((b.dtype, b.shape) for b in self._bufs) != self._layout:
+            self._changed()
         seq = next(self._seq)  # every run numbers its group's operations, as any call does
         plans.LAST_CHOSEN[self.op] = self.algo
         if not progress._ACTIVE:  # else drive the outstanding operations too
@@ -105,10 +108,20 @@ class Prepared:
     def start(self) -> None:
         """Begin a run without waiting for it; :meth:`wait` finishes it."""
         self._check("start")
+        if tuple((b.dtype, b.shape) for b in self._bufs) != self._layout:
+            self._changed()
         seq = next(self._seq)
         plans.LAST_CHOSEN[self.op] = self.algo
         self._handle = progress.start(self._steps(seq, False), self.result, True,
                                       self._slot.what)
+
+    def _changed(self):
+        """Refuse a run on buffers whose dtype or shape changed since preparing."""
+        for i, (b, (dtype, shape)) in enumerate(zip(self._bufs, self._layout)):
+            if (b.dtype, b.shape) != (dtype, shape):
+                raise ValueError(f"prepared {self.op}: buffer {i} is {b.dtype.name} "
+                                 f"{tuple(b.shape)} now, it was prepared as {dtype.name} "
+                                 f"{tuple(shape)}; prepare the collective again")
 
     def wait(self):
         """Finish the run begun by :meth:`start`; return :attr:`result`."""

@@ -41,7 +41,7 @@ class Plan:
     algorithm, how the result is made of the buffers, and optionally a direct
     callable (``fast``, see :meth:`collectives.algorithms.native.Native.fast`)."""
 
-    __slots__ = ("refs", "sizes", "snap", "backend", "checked", "call", "algo", "fast",
+    __slots__ = ("refs", "sizes", "dtypes", "snap", "backend", "checked", "call", "algo", "fast",
                  "seq", "slot", "agreement", "op_name", "algo_name", "result_at",
                  "result_rest", "send_at", "recv_at", "__weakref__")
 
@@ -51,6 +51,7 @@ class Plan:
         drop = _dropper(key, self) if getattr(call, "peer_send", None) is not None else None
         self.refs = tuple(weakref.ref(b, drop) for b in bufs)  # TypeError: no plan
         self.sizes = tuple(b.size for b in bufs)
+        self.dtypes = tuple(b.dtype for b in bufs)
         self.result_at, self.result_rest = _result_shape(result, bufs)
         self.snap = settings.current()
         self.backend = call.backend
@@ -141,10 +142,10 @@ def replay(key, a, b=None):
     if (plan is None or _OPS or plan.snap is not settings._SNAPSHOT
             or plan.backend.check_args is not plan.checked):
         return None
-    refs, sizes = plan.refs, plan.sizes
-    if refs[0]() is not a or a.size != sizes[0]:
-        return None
-    if b is not None and (refs[1]() is not b or b.size != sizes[1]):
+    refs, sizes, dtypes = plan.refs, plan.sizes, plan.dtypes
+    if refs[0]() is not a or a.size != sizes[0] or a.dtype is not dtypes[0]:
+        return None  # (the same array with its dtype or size changed: a fresh call)
+    if b is not None and (refs[1]() is not b or b.size != sizes[1] or b.dtype is not dtypes[1]):
         return None
     fast = plan.fast
     if fast is None or plan.agreement is not None:

@@ -192,3 +192,32 @@ def test_the_benchmark_runs_prepared_collectives(world, all_ranks, op):
     ok = {PEER, "auto", "native"} <= {r.algo for r in rows} and all(r.wrong == 0 for r in rows)
     ok = ok and all(r.chosen for r in rows if r.algo == "auto")
     all_ranks(ok, str([(r.size, r.algo, r.chosen, r.wrong) for r in rows]))
+
+
+@pytest.mark.parametrize("change", ["dtype", "shape"])
+def test_a_prepared_run_on_buffers_that_changed_is_refused(world, all_ranks, change):
+    """The same arrays, their dtype or shape changed in place since preparing: the run
+    raises naming both layouts (it would run with the prepared layout otherwise); an
+    implicit plan of the same arrays is not replayed either (a fresh call runs)."""
+    p = world.size
+    x = np.arange(4 * p, dtype=np.float32)
+    y = np.empty_like(x)
+    prep = C.prepare_all_to_all(x, y)
+    C.all_to_all(x, y)  # leaves an implicit plan of (x, y)
+    if change == "dtype":
+        x.dtype, y.dtype = np.int32, np.int32  # same bytes, read as int32
+    else:
+        x.shape, y.shape = (p, 4), (p, 4)
+    msgs = []
+    for run in (prep, prep.start):
+        try:
+            run()
+            msgs.append("")
+        except ValueError as exc:
+            msgs.append(str(exc))
+    want = "int32 (" if change == "dtype" else f"float32 ({p}, 4)"
+    all_ranks(all(want in m and "prepared as float32" in m for m in msgs), f"{msgs}")
+    expect = np.empty_like(x)
+    world.comm.Alltoall(x, expect)
+    all_ranks(np.array_equal(C.all_to_all(x, y), expect), "the implicit plan replayed")
+    prep.free()

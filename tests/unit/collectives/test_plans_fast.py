@@ -80,6 +80,7 @@ class _Resizable:
 
     def __init__(self, size):
         self.size = size
+        self.dtype = np.dtype(np.float32)
 
     def reshape(self, shape):
         return self
@@ -90,6 +91,14 @@ def test_a_resized_buffer_misses():
     _plan("k", x, y, fast=lambda s, r: None)
     assert plans.replay("k", x, y) is y
     y.size = 8
+    assert plans.replay("k", x, y) is None
+
+
+def test_a_buffer_whose_dtype_changed_misses():
+    x, y = _Resizable(4), _Resizable(4)
+    _plan("k", x, y, fast=lambda s, r: None)
+    assert plans.replay("k", x, y) is y
+    y.dtype = np.dtype(np.int32)  # the same bytes read as another type: a fresh call
     assert plans.replay("k", x, y) is None
 
 
