@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,11 @@ class CheckpointInfo:
 
 def _marker_problem(path: Path) -> str:
     """Empty when ``path`` is a complete checkpoint, else why not."""
+    for name in (MARKER, MANIFEST):
+        why = _link_problem(path, name) if (path / name).exists() or \
+            (path / name).is_symlink() else None
+        if why:
+            return why
     try:
         marker = json.loads((path / MARKER).read_text())
     except FileNotFoundError:
@@ -57,6 +63,25 @@ def _marker_problem(path: Path) -> str:
             hashlib.sha256(text).hexdigest():
         return f"{MANIFEST} does not match the hash in {MARKER}"
     return ""
+
+
+def _link_problem(root: Path, rel: str) -> str | None:
+    """Why file ``rel`` of checkpoint ``root`` must not be read: a symbolic link on its way
+    (a checkpoint holds regular files only) or a path that resolves outside ``root``."""
+    here = root
+    for part in Path(rel).parts:
+        here = here / part
+        if here.is_symlink():
+            return (f"file {rel} of the checkpoint is a symbolic link ({here} -> "
+                    f"{os.readlink(here)}); a checkpoint holds regular files only, "
+                    f"refusing to load it")
+    try:
+        inside = (root / rel).resolve().is_relative_to(root.resolve())
+    except OSError:
+        inside = False
+    if not inside:
+        return f"file {rel} resolves outside the checkpoint directory; refusing to load it"
+    return None
 
 
 def list_checkpoints(root) -> list[CheckpointInfo]:
@@ -113,6 +138,9 @@ class Checkpoint:
             if ".." in Path(rec.path).parts or Path(rec.path).is_absolute():
                 raise CheckpointError(f"manifest names a file outside the checkpoint: "
                                       f"{rec.path!r}", path=str(self.path))
+            why = _link_problem(self.path, rec.path)
+            if why:
+                raise CheckpointError(why, path=str(self.path))
             self._by_name.setdefault(rec.name, []).append(rec)
 
     @property
@@ -257,5 +285,7 @@ def load_checkpoint(path_or_root, *, verify: bool = True) -> Checkpoint:
         return Checkpoint(p, verify=verify)
     latest = latest_checkpoint(p)
     if latest is None:
-        raise CheckpointError("no complete checkpoint here", path=str(p))
+        refused = [f"{c.path.name}: {c.why}" for c in list_checkpoints(p) if c.why]
+        raise CheckpointError("no complete checkpoint here" + (
+            f" ({'; '.join(refused)})" if refused else ""), path=str(p))
     return Checkpoint(latest, verify=verify)

@@ -258,3 +258,34 @@ def test_cli_inspect(tmp_path, capsys):
     assert cli(["checkpoint", "inspect", "--no-verify", str(path)]) == 0  # sizes still match
     capsys.readouterr()
     assert cli(["checkpoint", "inspect", str(tmp_path / "nothing")]) == 2
+
+
+@pytest.mark.parametrize("what", ["shard", "directory", "manifest"])
+def test_symlinks_in_a_checkpoint_are_refused_naming_the_file(tmp_path, capsys, what):
+    """A shard, a directory on its way, or the manifest that is a symbolic link (here to a
+    copy of itself outside the checkpoint, so checksums would pass) is refused by
+    loading, by resuming and by ``checkpoint inspect``, naming the file."""
+    import shutil
+
+    path = save(tmp_path / "run", 3)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    rec = Checkpoint(path).manifest.files[0]
+    if what == "shard":
+        name = rec.path
+    elif what == "directory":
+        name = str(__import__("pathlib").Path(rec.path).parent)
+        assert name != "."
+    else:
+        name = MANIFEST
+    target = outside / "copy"
+    src = path / name
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, target)
+    shutil.rmtree(src) if src.is_dir() else src.unlink()
+    src.symlink_to(target)
+    with pytest.raises(CheckpointError, match=f"{name}.*symbolic link"):
+        load_checkpoint(path)  # what train --resume opens
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        load_checkpoint(tmp_path / "run")  # the newest under a root, as --resume finds it
+    assert cli(["checkpoint", "inspect", str(path)]) != 0
+    assert "symbolic link" in capsys.readouterr().err
