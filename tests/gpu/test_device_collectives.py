@@ -207,22 +207,7 @@ def test_two_ranks_on_one_gpu_are_a_clear_error(world, all_ranks):
 def test_prepared_collectives_on_device(backend, world, rng, all_ranks, algo):
     """Prepared (persistent) collectives on device buffers follow their contents, as the
     plain calls do: each run after the input changed on the device gives the new result."""
-    bad = []
-    for name, inp, out, prepare, plain in load_mpi_tests("test_persistent")._cases(
-            world, rng, xp=cp):
-        with prepare(algo) as prep:
-            for step in range(3):
-                inp += 1  # new contents, same buffers (a kernel on the current stream)
-                want = plain(algo).get()
-                if step < 2:
-                    got = prep()
-                else:
-                    prep.start()
-                    got = prep.wait()
-                got = got[0] if name == "all_to_all_v" else got
-                if got is not out or not np.array_equal(got.get().reshape(-1),
-                                                         want.reshape(-1)):
-                    bad.append(f"{name} step {step}")
+    bad = load_mpi_tests("test_persistent").prepared_mismatches(world, rng, algo, cp)
     all_ranks(not bad, f"rank {world.rank}: {bad}")
 
 
