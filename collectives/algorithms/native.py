@@ -24,6 +24,12 @@ class Native(Algorithm):
                      CollectiveOp.ALL_GATHER, CollectiveOp.BROADCAST,
                      CollectiveOp.MANY_TO_MANY})
 
+    def supports(self, request, fabric) -> str | None:
+        reason = super().supports(request, fabric)
+        if reason is None and not request.device:
+            reason = _count_reason(request)
+        return reason
+
     def run(self, call: Call):
         b, op, kw = call.backend, call.op, {"async_op": not call.blocking, "validate": False}
         if op is CollectiveOp.ALL_TO_ALL:
@@ -62,12 +68,15 @@ class Native(Algorithm):
         from the buffer's format on every call.
         """
         t = host_datatype(call)
-        if t is None:
-            return None
+        if t is None or max(_size(call.sendbuf), _size(call.recvbuf)) > INT_MAX:
+            return None  # (a buffer beyond MPI's int counts goes through the backend)
         from mpi4py import MPI
 
+        from neocomm.backends.mpi import mpi_op
+
         comm, op = call.group.comm, call.op
-        mop = getattr(MPI, call.reduce_op.name) if call.reduce_op is not None else None
+        # the backend's op: 8- and 16-bit integer sums wrap (see neocomm.backends.mpi)
+        mop = mpi_op(call.sendbuf.dtype, call.reduce_op) if call.reduce_op is not None else None
         if op is CollectiveOp.ALL_TO_ALL:
             alltoall = comm.Alltoall
             return lambda s, r: alltoall([s, t], [r, t])
@@ -96,6 +105,32 @@ class Native(Algorithm):
             bcast, root = comm.Bcast, call.root
             return lambda b: bcast([b, t], root)
         return None
+
+
+#: MPI's counts and displacements are C ints
+INT_MAX = 2**31 - 1
+
+
+def _count_reason(request) -> str | None:
+    """Why MPI's own call cannot take ``request``'s counts (C ints), or None. AllReduce
+    and Broadcast are elementwise: the MPI backend cuts them into calls that fit."""
+    op = request.op
+    if op in (CollectiveOp.ALL_REDUCE, CollectiveOp.BROADCAST):
+        return None
+    item = max(1, request.itemsize)
+    block = request.max_block // item
+    total = request.nbytes // item
+    if block > INT_MAX:
+        return f"MPI counts are C ints: a block of {block} elements is more than 2^31 - 1"
+    if op in (CollectiveOp.ALL_TO_ALL_V, CollectiveOp.MANY_TO_MANY, CollectiveOp.ALL_GATHER,
+              CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_TO_ALL) and total > INT_MAX:
+        return (f"MPI counts and displacements are C ints: {total} elements in one call "
+                f"are more than 2^31 - 1")
+    return None
+
+
+def _size(buf) -> int:
+    return 0 if buf is None else int(buf.size)
 
 
 def host_datatype(call: Call):

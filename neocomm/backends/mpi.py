@@ -71,9 +71,13 @@ def _mpi_type(dtype):
 
 
 _OP_BY_DTYPE: dict = {}
+_INT_MAX = 2**31 - 1  # MPI's counts are C ints
+_PIECE = 1 << 30      # elements per call when a buffer holds more
 
 
-def _mpi_op(dtype, op: ReduceOp):
+def mpi_op(dtype, op: ReduceOp):
+    """The MPI op of ``op`` on ``dtype`` as this backend reduces it (wrap-around integer
+    sums, user ops for the 2-byte floats)."""
     key = (dtype, op)
     mop = _OP_BY_DTYPE.get(key)
     if mop is None:
@@ -163,6 +167,29 @@ class MpiBackend(Backend):
         check(status)
         return CompletedHandle(buf)
 
+    # -- elementwise calls beyond MPI's int counts ------------------------
+    def _cut(self, what: str, bufs, call, async_op, result) -> Handle:
+        """Run ``call(piece_bufs...)`` (returning a request when ``async_op``) on pieces of
+        at most 2^30 elements of the flat ``bufs``: MPI's counts are C ints, and these
+        calls (AllReduce, Broadcast) are elementwise."""
+        from mpi4py import MPI
+
+        flats = [b if b is MPI.IN_PLACE else b.reshape(-1) for b in bufs]
+        n = next(f.size for f in flats if f is not MPI.IN_PLACE)
+        pieces = [[f if f is MPI.IN_PLACE else f[o:o + _PIECE] for f in flats]
+                  for o in range(0, n, _PIECE)]
+        if async_op:
+            reqs = [call(*p) for p in pieces]
+
+            def wait():
+                with watchdog.guard(what):
+                    MPI.Request.Waitall(reqs)
+            return Handle(wait, lambda: MPI.Request.Testall(reqs), result)
+        with watchdog.guard(what):
+            for p in pieces:
+                call(*p)
+        return CompletedHandle(result)
+
     # -- collectives --------------------------------------------------
     def _all_to_all(self, sendbuf, recvbuf, async_op):
         if async_op:
@@ -183,7 +210,15 @@ class MpiBackend(Backend):
     def _all_reduce(self, sendbuf, recvbuf, op, async_op):
         from mpi4py import MPI
 
-        mop = _mpi_op(sendbuf.dtype, op)
+        mop = mpi_op(sendbuf.dtype, op)
+        if sendbuf.size > _INT_MAX:
+            t = _mpi_type(sendbuf.dtype)
+            reduce = self.comm.Iallreduce if async_op else self.comm.Allreduce
+            if recvbuf is None:
+                return self._cut("all_reduce", (MPI.IN_PLACE, sendbuf),
+                                 lambda s, r: reduce(s, [r, t], op=mop), async_op, sendbuf)
+            return self._cut("all_reduce", (sendbuf, recvbuf),
+                             lambda s, r: reduce([s, t], [r, t], op=mop), async_op, recvbuf)
         if recvbuf is None:
             s, r, out = MPI.IN_PLACE, _spec(sendbuf), sendbuf
         else:
@@ -195,7 +230,7 @@ class MpiBackend(Backend):
         return CompletedHandle(out)
 
     def _reduce_scatter(self, sendbuf, recvbuf, op, recv_counts, async_op):
-        mop = _mpi_op(sendbuf.dtype, op)
+        mop = mpi_op(sendbuf.dtype, op)
         s, r = _spec(sendbuf), _spec(recvbuf)
         if recv_counts is None:
             if async_op:
@@ -215,6 +250,10 @@ class MpiBackend(Backend):
         return self._blocking("all_gather", self.comm.Allgather, _spec(sendbuf), _spec(recvbuf))
 
     def _broadcast(self, buf, root, async_op):
+        if buf.size > _INT_MAX:
+            t = _mpi_type(buf.dtype)
+            bcast = self.comm.Ibcast if async_op else self.comm.Bcast
+            return self._cut("broadcast", (buf,), lambda b: bcast([b, t], root), async_op, buf)
         if async_op:
             return self._handle(self.comm.Ibcast(_spec(buf), root), "broadcast", buf)
         with watchdog.guard("broadcast"):
