@@ -117,12 +117,12 @@ def run(args) -> list[dict]:
 
 
 def _print(results) -> None:
-    print(f"# {'kernel':<16} {'bytes':>12} {'rows':>10} {'time(us)':>11} {'GB/s':>9} "
-          f"{'memcpy GB/s':>12} {'ratio':>7}")
+    from release_check_summary import header, row  # beside this script
+
+    print(header("kernel", "rows", "memcpy GB/s"))
     for r in results:
-        ratio = f"{r['ratio']:7.2f}" if r["ratio"] is not None else f"{'n/a':>7}"
-        print(f"  {r['name']:<16} {r['bytes']:>12d} {r['rows']:>10d} {r['time'] * 1e6:11.1f} "
-              f"{r['gbps']:9.2f} {r['memcpy_gbps']:12.2f} {ratio}")
+        print(row(r["name"], r["bytes"], r["rows"], r["time"], r["gbps"], r["memcpy_gbps"],
+                  r["ratio"]))
 
 
 def main(argv=None) -> int:

@@ -25,6 +25,21 @@ def _load(path):
         return None
 
 
+def header(name: str, count: str, peer: str, wrong: bool = False) -> str:
+    """The column line of the release check's tables (and of the kernel benchmark's)."""
+    return (f"# {name:<16} {'bytes':>12} {count:>10} {'time(us)':>11} {'GB/s':>9} "
+            f"{peer:>12} {'ratio':>7}" + (f" {'#wrong':>7}" if wrong else ""))
+
+
+def row(name, nbytes, count, seconds, gbps, peer_gbps, ratio, wrong=None) -> str:
+    """One table row; a missing peer figure or ratio shows as n/a."""
+    peer = f"{peer_gbps:12.3f}" if peer_gbps is not None else f"{'n/a':>12}"
+    shown = f"{ratio:7.2f}" if ratio else f"{'n/a':>7}"
+    tail = "" if wrong is None else f" {wrong:>7}"
+    return (f"  {name:<16} {int(nbytes):>12d} {int(count):>10d} {seconds * 1e6:11.1f} "
+            f"{gbps:9.3f} {peer} {shown}{tail}")
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -64,17 +79,13 @@ def main(argv=None) -> int:
         json.dump(summary, fh, indent=1)
         fh.write("\n")
 
-    print(f"# {'name':<16} {'bytes':>12} {'rows/ranks':>10} {'time(us)':>11} {'GB/s':>9} "
-          f"{'peer GB/s':>10} {'ratio':>7} {'#wrong':>7}")
+    print(header("name", "rows/ranks", "peer GB/s", wrong=True))
     for c in collectives:
-        ratio = f"{c['ratio']:7.2f}" if c["ratio"] else f"{'n/a':>7}"
-        peer = f"{c['peer_busbw']:10.3f}" if c["peer_busbw"] is not None else f"{'n/a':>10}"
-        print(f"  {c['op']:<16} {c['size']:>12d} {c['ranks']:>10d} {c['time'] * 1e6:11.1f} "
-              f"{c['busbw']:9.3f} {peer} {ratio} {c['wrong']:>7d}")
+        print(row(c["op"], c["size"], c["ranks"], c["time"], c["busbw"], c["peer_busbw"],
+                  c["ratio"], c["wrong"]))
     for k in kernels:
-        ratio = f"{k['ratio']:7.2f}" if k["ratio"] is not None else f"{'n/a':>7}"
-        print(f"  {k['name']:<16} {k['bytes']:>12d} {k['rows']:>10d} {k['time'] * 1e6:11.1f} "
-              f"{k['gbps']:9.3f} {k['memcpy_gbps']:10.3f} {ratio} {'-':>7}")
+        print(row(k["name"], k["bytes"], k["rows"], k["time"], k["gbps"], k["memcpy_gbps"],
+                  k["ratio"], "-"))
     print("# collectives: GB/s is busbw of our 'auto' at the largest size, peer is the "
           "backend's native collective (NCCL); kernels: peer is a device memcpy of the same "
           "bytes")
