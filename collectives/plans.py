@@ -138,7 +138,10 @@ def replay(key, a, b=None):
 
     This is the plan's checks and :meth:`Plan.run` in one frame: it is the
     whole per-call cost of a repeated native call."""
-    plan = _PLANS.get(key)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an argument that cannot be a key (a bad group): the call says why
+        return None
     if (plan is None or _OPS or plan.snap is not settings._SNAPSHOT
             or plan.backend.check_args is not plan.checked):
         return None

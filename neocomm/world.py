@@ -137,8 +137,15 @@ def current_world() -> World:
 
 
 def group_or_world(group):
-    """``group``, or the world group of :func:`current_world` when it is None."""
-    return current_world().world if group is None else group
+    """``group``, or the world group of :func:`current_world` when it is None; TypeError
+    naming what was given when it is neither."""
+    if group is None:
+        return current_world().world
+    if not (hasattr(group, "comm") and hasattr(group, "backend")):
+        raise TypeError(f"group: expected a neocomm ProcessGroup (world.world, "
+                        f"world.intra_node, world.rail, or one from ProcessGroup.split) or "
+                        f"None for the world, got {type(group).__name__} {group!r:.60}")
+    return group
 
 
 def install_abort_hook(rank: int) -> None:

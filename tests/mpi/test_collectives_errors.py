@@ -316,3 +316,20 @@ def test_the_same_array_as_send_and_receive_buffer_works_on_every_algorithm(worl
         if not np.array_equal(got, want):
             bad.append(algo.name)
     all_ranks(not bad, f"{fn} in place wrong with {bad}")
+
+
+@pytest.mark.parametrize("bad", ["world", 3, "comm"])
+def test_something_that_is_not_a_group_is_named(world, all_ranks, bad):
+    """An mpi4py communicator, a number or a name where a group goes: a TypeError that
+    names what was given and what a group is, on every rank that passed it."""
+    from mpi4py import MPI
+
+    given = MPI.COMM_WORLD if bad == "comm" else bad
+    x = np.ones(4, np.float32)
+    try:
+        C.all_reduce(x, group=given)
+        msg = ""
+    except TypeError as exc:
+        msg = str(exc)
+    want = {"comm": "got Intracomm", 3: "got int 3", "world": "got str 'world'"}[bad]
+    all_ranks("group: expected a neocomm ProcessGroup" in msg and want in msg, msg)

@@ -149,8 +149,9 @@ def test_one_to_many_transport_wiring(monkeypatch):
     import collectives
     from embedding.data import one_to_many_transport
 
-    class Group:
+    class Group:  # what the transport reads of a group (a real one has a communicator)
         size = 3
+        comm = backend = None
 
     calls = []
 
