@@ -58,12 +58,13 @@ def context(group, buf) -> Context:
 
 
 def fail(ctx: Context, op: CollectiveOp, problem: Problem | None, signature,
-         call=None) -> None:
+         call=None, where: str | None = None) -> None:
     """Raise on every rank when any rank has a problem or the ranks' calls differ
-    (agreement; ``call`` describes this rank's call for the message), or locally when
-    argument checks are off."""
+    (agreement; ``call`` describes this rank's call for the message, ``where`` names
+    the group and call, :func:`where_of`), or locally when argument checks are off."""
     if ctx.check:
-        agree(ctx.group.comm, op.value, problem, signature, call, where_of(ctx.group))
+        agree(ctx.group.comm, op.value, problem, signature, call,
+              where_of(ctx.group) if where is None else where)
     elif problem is not None:
         rank = ctx.group.rank
         raise CollectiveArgumentError(f"{op.value}: {problem.message}", op=op.value,
@@ -112,10 +113,10 @@ def launch(ctx: Context, request: Request, problem: Problem | None, signature, *
     signature = list(signature) + [("async", int(bool(async_op))),
                                    ("symmetric buffers", _symmetric_sig(chosen, fields)),
                                    ("algo", index), ("chunk", chunk_sig & 0x7FFFFFFF)]
-    fail(ctx, op, problem, signature, call)
+    where = where_of(ctx.group)
+    fail(ctx, op, problem, signature, call, where)
     if callable(fields):
         fields = fields()
-    where = where_of(ctx.group)
     call = Call(op, ctx.group, ctx.backend, ctx.xp, ctx.fabric, policy,
                 staging_pool(ctx.xp), progress.next_tag(ctx.group), ctx.layout,
                 blocking=not async_op, **fields)

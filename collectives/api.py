@@ -335,8 +335,6 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
 
     Returns the result buffer.
     """
-    if recvbuf is not None and same_memory(sendbuf, recvbuf):
-        recvbuf = None  # the same memory: the in-place call
     key = None
     if not async_op:
         key = ("all_reduce", group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
@@ -344,6 +342,10 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
         out = plans.replay(key, sendbuf, recvbuf)
         if out is not None:
             return out
+    if recvbuf is not None and same_memory(sendbuf, recvbuf):
+        # the same memory: the in-place call (left without a plan: the plan of a call
+        # is kept under the buffers it was given, and this one drops one)
+        recvbuf, key = None, None
     bufs = (sendbuf,) if recvbuf is None else (sendbuf, recvbuf)
     kind = CollectiveOp.ALL_REDUCE
     rop, problem = _reduce_op(op)

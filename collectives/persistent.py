@@ -67,7 +67,7 @@ class Prepared:
         self._seq = progress.counter(call.group)
         self._handle = None
         self._freed = False
-        self._layout = tuple((b.dtype, b.shape) for b in bufs)
+        self._layout = tuple((b, b.dtype, b.shape) for b in bufs)
 
     @property
     def persistent(self) -> bool:
@@ -78,8 +78,7 @@ class Prepared:
         """Run once (blocking) and return :attr:`result`."""
         if self._freed or self._handle is not None:
             self._check("run")
-        if tuple((b.dtype, b.shape) for b in self._bufs) != self._layout:
-            self._changed()
+        self._check_layout()
         seq = next(self._seq)  # every run numbers its group's operations, as any call does
         plans.LAST_CHOSEN[self.op] = self.algo
         if not progress._ACTIVE:  # else drive the outstanding operations too
@@ -108,17 +107,17 @@ class Prepared:
     def start(self) -> None:
         """Begin a run without waiting for it; :meth:`wait` finishes it."""
         self._check("start")
-        if tuple((b.dtype, b.shape) for b in self._bufs) != self._layout:
-            self._changed()
+        self._check_layout()
         seq = next(self._seq)
         plans.LAST_CHOSEN[self.op] = self.algo
         self._handle = progress.start(self._steps(seq, False), self.result, True,
                                       self._slot.what)
 
-    def _changed(self):
-        """Refuse a run on buffers whose dtype or shape changed since preparing."""
-        for i, (b, (dtype, shape)) in enumerate(zip(self._bufs, self._layout)):
-            if (b.dtype, b.shape) != (dtype, shape):
+    def _check_layout(self) -> None:
+        """Refuse a run on buffers whose dtype or shape changed since preparing (a loop,
+        not a comparison of rebuilt tuples: this runs on every run)."""
+        for i, (b, dtype, shape) in enumerate(self._layout):
+            if b.dtype != dtype or b.shape != shape:
                 raise ValueError(f"prepared {self.op}: buffer {i} is {b.dtype.name} "
                                  f"{tuple(b.shape)} now, it was prepared as {dtype.name} "
                                  f"{tuple(shape)}; prepare the collective again")
@@ -142,6 +141,7 @@ class Prepared:
         if self._request is not None:
             self._request.Free()
         self._request = self._direct = self._call = self._bufs = self.result = None
+        self._layout = ()
         self._freed = True
 
     def __enter__(self) -> "Prepared":

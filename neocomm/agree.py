@@ -76,12 +76,12 @@ def _describe(op: str, signature) -> str:
     reduce_op='sum')`` (internal codes left out)."""
     from neocomm.backends.checks import REDUCE_CODES
 
+    by_code = {code: rop.value for rop, code in REDUCE_CODES.items()}
     parts = []
     for name, value in signature:
         if name == "dtype":
             parts.insert(0, dtype_from_code(value))
         elif name == "reduce_op":
-            by_code = {code: rop.value for rop, code in REDUCE_CODES.items()}
             parts.append(f"op={by_code.get(value, value)!r}")
         elif name == "async":
             if value:
@@ -118,7 +118,7 @@ def _raise_together(comm, op, problem, signature, sig, call) -> None:
             msg += f"; also {others}"
         raise CollectiveArgumentError(msg, op=op, field=field, ranks=ranks, per_rank=per_rank)
     # No local problem anywhere: the signatures differ. Name the first field that does,
-    # and show every rank's call when the ranks described them.
+    # and show every rank's call (as the caller described it, or from its signature).
     sigs = [s for _, _, s, _ in everyone]
     opnames = [n for _, n, _, _ in everyone]
     calls = [c for _, _, _, c in everyone]
@@ -130,16 +130,9 @@ def _raise_together(comm, op, problem, signature, sig, call) -> None:
             if field in ("op", "async"):
                 field = "call"  # different operations, or blocking and not
             ranks = tuple(r for r, v in enumerate(values) if v != values[0]) or (0,)
-            if all(calls):
-                by_rank = "; ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
-                what = "the ranks' calls differ" if field == "call" else \
-                    f"{op}: {field} differs across ranks"
-                raise CollectiveArgumentError(
-                    f"{what}: {by_rank}", op=op, field=field, ranks=ranks,
-                    per_rank=dict(enumerate(calls)))
-            shown = [dtype_from_code(v) if field == "dtype" else v for v in values]
-            by_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown))
-            raise CollectiveArgumentError(
-                f"{op}: {field} differs across ranks ({by_rank})", op=op, field=field,
-                ranks=ranks, per_rank={r: f"{field}={v}" for r, v in enumerate(shown)})
+            by_rank = "; ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
+            what = "the ranks' calls differ" if field == "call" else \
+                f"{op}: {field} differs across ranks"
+            raise CollectiveArgumentError(f"{what}: {by_rank}", op=op, field=field,
+                                          ranks=ranks, per_rank=dict(enumerate(calls)))
     raise CollectiveArgumentError(f"{op}: arguments differ across ranks", op=op)  # pragma: no cover

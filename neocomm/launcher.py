@@ -135,18 +135,16 @@ class _Tree:
     def refresh(self) -> None:
         if not self.has_proc:
             return
-        children: dict[int, list[int]] = {}
+        children: dict[int, list[tuple[int, int]]] = {}  # parent -> [(pid, start time)]
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 st = _stat(int(entry))
                 if st is not None:
-                    children.setdefault(st[0], []).append(int(entry))
+                    children.setdefault(st[0], []).append((int(entry), st[1]))
         stack = [self.me]
         while stack:
-            for child in children.get(stack.pop(), ()):
-                st = _stat(child)
-                if st is not None and child not in self.seen:
-                    self.seen[child] = st[1]
+            for child, start in children.get(stack.pop(), ()):
+                self.seen.setdefault(child, start)
                 stack.append(child)
         self._reap()
 
