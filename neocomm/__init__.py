@@ -7,6 +7,16 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import os as _os
+
+#: variables a process started by an MPI launcher (mpirun/prterun, Hydra, srun) inherits
+_LAUNCHED_BY = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID")
+if not any(key in _os.environ for key in _LAUNCHED_BY):
+    # A process started without a launcher is an MPI singleton: Open MPI's shared-memory
+    # transport would create a /dev/shm segment that nothing cleans up (no launcher to
+    # register its removal) and that a lone process never uses.
+    _os.environ.setdefault("OMPI_MCA_btl", "^sm")
+
 from neocomm.errors import (BackendUnavailableError, CollectiveArgumentError, NeocommError,
                             RankFailureError, StallError)
 from neocomm.types import BackendKind, GroupKind, ReduceOp

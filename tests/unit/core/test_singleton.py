@@ -1,0 +1,41 @@
+"""A process started without a launcher (an MPI singleton) leaves nothing in /dev/shm."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from neocomm import _LAUNCHED_BY
+
+SINGLETON = """
+import neocomm, numpy as np
+import collectives as C
+w = neocomm.init()
+x = np.ones(4)
+C.all_reduce(x)
+assert w.size == 1 and x[0] == 1
+with open("/proc/self/maps") as fh:
+    shm = sorted({line.split()[-1] for line in fh if "/dev/shm/" in line})
+print("\\n".join(["ran"] + shm))
+"""
+
+
+def test_a_singleton_leaves_no_shared_memory_file():
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY
+           and not k.startswith("OMPI_MCA_")}
+    out = subprocess.run([sys.executable, "-c", SINGLETON], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    assert lines[0] == "ran"
+    left = [path for path in lines[1:] if os.path.exists(path)]
+    assert left == [], f"the singleton left {left} in /dev/shm"
+
+
+def test_a_chosen_transport_is_kept():
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY}
+    env["OMPI_MCA_btl"] = "self,tcp"
+    out = subprocess.run([sys.executable, "-c", "import neocomm, os; "
+                          "print(os.environ['OMPI_MCA_btl'])"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.strip() == "self,tcp", out.stderr
