@@ -36,6 +36,7 @@ from time import monotonic as _now
 import numpy as np
 
 from neocomm.agree import Problem
+from neocomm.errors import GroupGoneError
 from neocomm.watchdog import Slot
 from neocomm.world import group_or_world
 
@@ -57,7 +58,7 @@ class Prepared:
     """
 
     __slots__ = ("op", "algo", "result", "_call", "_algo", "_request", "_direct", "_slot",
-                 "_seq", "_handle", "_bufs", "_freed", "_layout")
+                 "_seq", "_handle", "_bufs", "_freed", "_layout", "_group")
 
     def __init__(self, bufs, call, algo, result, request, direct):
         self.op, self.algo, self.result = call.op.value, algo.name, result
@@ -67,6 +68,7 @@ class Prepared:
         self._seq = progress.counter(call.group)
         self._handle = None
         self._freed = False
+        self._group = call.group
         self._layout = tuple((b, b.dtype, b.shape) for b in bufs)
 
     @property
@@ -76,7 +78,7 @@ class Prepared:
 
     def __call__(self):
         """Run once (blocking) and return :attr:`result`."""
-        if self._freed or self._handle is not None:
+        if self._freed or self._handle is not None or self._group.unusable():
             self._check("run")
         self._check_layout()
         seq = next(self._seq)  # every run numbers its group's operations, as any call does
@@ -156,6 +158,9 @@ class Prepared:
         return f"<Prepared {self.op} ({self.algo}), {state}>"
 
     def _check(self, what: str) -> None:
+        gone = self._group.unusable()
+        if gone is not None:
+            raise GroupGoneError(f"prepared {self.op}: {what}: {gone}", ranks=self._group.ranks)
         if self._freed:
             raise ValueError(f"prepared {self.op}: {what} after free()")
         if self._handle is not None:

@@ -18,13 +18,13 @@ if not any(key in _os.environ for key in _LAUNCHED_BY):
     _os.environ.setdefault("OMPI_MCA_btl", "^sm")
 
 from neocomm.errors import (BackendUnavailableError, CollectiveArgumentError, NeocommError,
-                            RankFailureError, StallError)
+                            GroupGoneError, RankFailureError, StallError)
 from neocomm.types import BackendKind, GroupKind, ReduceOp
 
 __all__ = [
     "__version__", "init", "World", "ProcessGroup", "ReduceOp", "BackendKind", "GroupKind",
     "NeocommError", "CollectiveArgumentError", "BackendUnavailableError", "StallError",
-    "RankFailureError",
+    "RankFailureError", "GroupGoneError",
 ]
 
 

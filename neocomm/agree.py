@@ -49,22 +49,35 @@ def agree(comm, op: str, problem: "Problem | str | None" = None,
     comm = getattr(comm, "comm", comm)
     if len(signature) > SIGNATURE_SLOTS:
         raise ValueError(f"signature: at most {SIGNATURE_SLOTS} fields, got {len(signature)}")
-    sig = np.zeros(SIGNATURE_SLOTS, np.int64)
-    for i, (_, value) in enumerate(signature):
+    sig = np.zeros(_SLOTS, np.int64)
+    sig[0] = _OP_IDS.get(op) or _op_id(op)  # different operations never agree
+    for i, (_, value) in enumerate(signature, 1):
         sig[i] = value
-    vec = np.empty(1 + 2 * SIGNATURE_SLOTS, np.int64)
+    vec = np.empty(1 + 2 * _SLOTS, np.int64)
     vec[0] = 1 if problem is not None else 0
-    vec[1:1 + SIGNATURE_SLOTS] = sig
-    vec[1 + SIGNATURE_SLOTS:] = -sig
+    vec[1:1 + _SLOTS] = sig
+    vec[1 + _SLOTS:] = -sig
     out = np.empty_like(vec)
     from mpi4py import MPI
 
     with watchdog.guard(f"argument agreement of {op}{where}"):
         comm.Allreduce(vec, out, op=MPI.MAX)
-    mismatch = not np.array_equal(out[1:1 + SIGNATURE_SLOTS], -out[1 + SIGNATURE_SLOTS:])
+    mismatch = not np.array_equal(out[1:1 + _SLOTS], -out[1 + _SLOTS:])
     if out[0] == 0 and not mismatch:
         return
     _raise_together(comm, op, problem, signature, sig, call)
+
+
+_SLOTS = 1 + SIGNATURE_SLOTS  # the operation's own number first
+_OP_IDS: dict[str, int] = {}
+
+
+def _op_id(op: str) -> int:
+    """A number for the operation's name (the same in every process), never 0."""
+    import zlib
+
+    found = _OP_IDS[op] = (zlib.crc32(op.encode()) & 0x7FFFFFFF) or 1
+    return found
 
 
 #: signature fields that are internal numbers, never shown to a user
@@ -98,7 +111,7 @@ def _raise_together(comm, op, problem, signature, sig, call) -> None:
         mine = ("", str(problem))
     else:
         mine = None
-    names = [name for name, _ in signature]
+    names = ["op"] + [name for name, _ in signature]
     if callable(call):
         call = call()
     elif call is None:
@@ -122,7 +135,7 @@ def _raise_together(comm, op, problem, signature, sig, call) -> None:
     sigs = [s for _, _, s, _ in everyone]
     opnames = [n for _, n, _, _ in everyone]
     calls = [c for _, _, _, c in everyone]
-    for i in range(SIGNATURE_SLOTS):
+    for i in range(_SLOTS):
         values = [s[i] for s in sigs]
         if len(set(values)) > 1:
             same_layout = all(n == opnames[0] for n in opnames)

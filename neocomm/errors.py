@@ -12,6 +12,7 @@ __all__ = [
     "BackendUnavailableError",
     "StallError",
     "RankFailureError",
+    "GroupGoneError",
 ]
 
 
@@ -74,3 +75,8 @@ class StallError(NeocommError):
 
 class RankFailureError(NeocommError):
     """Another rank failed; this rank stops with it."""
+
+
+class GroupGoneError(NeocommError, ValueError):
+    """A call on a process group that was freed, or whose world was closed;
+    ``ranks`` are the group's world ranks."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from neocomm.errors import BackendUnavailableError
+from neocomm.errors import BackendUnavailableError, GroupGoneError
 from neocomm.types import BackendKind, GroupKind
 
 __all__ = ["ProcessGroup", "is_device_array"]
@@ -40,9 +40,39 @@ class ProcessGroup:
         self.node_ids: tuple[int, ...] = tuple(sorted(by_node))
         self.nodes: tuple[tuple[int, ...], ...] = tuple(tuple(by_node[n]) for n in self.node_ids)
         self._backends: dict[BackendKind, object] = {}
+        #: why this group can no longer be used (None while it can)
+        self.gone: str | None = None
+        world.adopt(self)
 
     def __repr__(self) -> str:
         return f"ProcessGroup({self.name!r}, rank={self.rank}, size={self.size})"
+
+    def unusable(self) -> str | None:
+        """Why a call on this group must be refused (freed, or its world closed), or None."""
+        return self.gone or self.world.gone
+
+    def free(self) -> None:
+        """Release the group (collective over its ranks, like ``MPI_Comm_free``): its
+        backends and communicator go, and any later call on it raises, naming it."""
+        from neocomm.agree import agree
+
+        if self.gone is not None:
+            return
+        agree(self.comm, "free", None, [("size", self.size)])
+        self._release(f"group {self.name!r} (world ranks {list(self.ranks)}) was freed by "
+                      f"group.free(); use a live group")
+
+    def _release(self, why: str) -> None:
+        self.close()
+        try:
+            from collectives import plans
+
+            plans.clear()  # plans keep the group's backend and communicator
+        except ImportError:  # pragma: no cover - collectives is part of the install
+            pass
+        self.gone = why
+        if self.comm is not self.world.comm:
+            self.comm.Free()
 
     # -- layout --------------------------------------------------------
     def node_of(self, group_rank: int) -> int:
@@ -73,6 +103,8 @@ class ProcessGroup:
         kind = BackendKind(kind)
         backend = self._backends.get(kind)
         if backend is None:
+            if self.unusable():
+                raise GroupGoneError(self.unusable(), ranks=self.ranks)
             cls = backend_class(kind)
             ok, reason = cls.availability()
             if not ok:

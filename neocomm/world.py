@@ -34,6 +34,9 @@ class World:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.emulated = ranks_per_node > 0
+        #: why this world can no longer be used (None while it can): see :meth:`close`
+        self.gone: str | None = None
+        self._groups: list = []  # weak references to every group of this world, in order
         shm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         #: this rank's position among the ranks of its real host (emulated nodes share one)
         self.host_rank = shm.Get_rank()
@@ -58,6 +61,31 @@ class World:
         self.rail = ProcessGroup(self, comm.Split(self.local_rank, self.rank),
                                  GroupKind.RAIL, f"rail{self.local_rank}")
         self.device = _bind_device(self.host_rank)
+
+    def adopt(self, group) -> None:
+        """Record ``group`` as one of this world's (it goes when the world is closed)."""
+        import weakref
+
+        self._groups = [g for g in self._groups if g() is not None] + [weakref.ref(group)]
+
+    def close(self) -> None:
+        """End this world (collective over its ranks): every group of it is freed, and any
+        later call on one raises, naming the group. :func:`init` makes a new world."""
+        global _WORLD
+        from neocomm.agree import agree
+
+        if self.gone is not None:
+            return
+        agree(self.comm, "World.close", None, [("size", self.size)])
+        why = "world.close() ended its world; use a group of the current world"
+        for ref in reversed(self._groups):  # the same order on every member of each group
+            group = ref()
+            if group is not None and group.gone is None:
+                group._release(f"group {group.name!r} (world ranks {list(group.ranks)}): {why}")
+        self.gone = f"the world was closed by world.close(); {why}"
+        self.comm.Free()
+        if _WORLD is self:
+            _WORLD = None
 
     def node_of(self, rank: int) -> int:
         """Node index of world rank ``rank``."""
@@ -145,6 +173,11 @@ def group_or_world(group):
         raise TypeError(f"group: expected a neocomm ProcessGroup (world.world, "
                         f"world.intra_node, world.rail, or one from ProcessGroup.split) or "
                         f"None for the world, got {type(group).__name__} {group!r:.60}")
+    gone = group.gone or group.world.gone
+    if gone is not None:
+        from neocomm.errors import GroupGoneError
+
+        raise GroupGoneError(gone, ranks=group.ranks)
     return group
 
 

@@ -69,3 +69,78 @@ def test_init_is_idempotent(world):
     import neocomm
 
     assert neocomm.init() is world and neocomm.current_world() is world
+
+
+def _raises_gone(call, *names):
+    from neocomm import GroupGoneError
+
+    with pytest.raises(GroupGoneError) as info:
+        call()
+    for name in names:
+        assert name in str(info.value), (name, str(info.value))
+    return info.value
+
+
+def test_a_freed_group_refuses_every_later_call(world, all_ranks):
+    import collectives as C
+
+    sub = world.world.split(list(range(world.size)), name="short-lived")
+    x = np.ones(3)
+    C.all_reduce(x, group=sub)
+    C.all_reduce(x, group=sub)  # a remembered plan now holds the group's communicator
+    prepared = C.prepare_all_reduce(x, group=sub)
+    prepared()
+    sub.free()
+    ranks = f"world ranks {list(range(world.size))}"
+    err = _raises_gone(lambda: C.all_reduce(x, group=sub), "'short-lived'", ranks, "freed")
+    assert err.ranks == tuple(range(world.size))
+    _raises_gone(lambda: sub.backend(), "'short-lived'")
+    _raises_gone(prepared, "prepared all_reduce", "'short-lived'")
+    _raises_gone(lambda: C.all_gather(x, group=sub), "'short-lived'")
+    sub.free()  # a second free is a no-op
+    C.all_reduce(x)  # the world is untouched
+    all_ranks(x[0] == world.size ** 4)
+
+
+def test_free_against_another_call_fails_together(world, all_ranks):
+    from neocomm import CollectiveArgumentError
+
+    sub = world.world.split(list(range(world.size)), name="mixed")
+    if world.size == 1:
+        sub.free()
+        return
+    with pytest.raises(CollectiveArgumentError) as info:
+        if world.rank == 0:
+            sub.free()
+        else:
+            sub.backend().all_reduce(np.ones(2))
+    text = str(info.value)
+    assert "the ranks' calls differ" in text and "rank 0: free(" in text, text
+    assert "rank 1: all_reduce(float64" in text, text
+    assert sub.gone is None  # nobody freed it: it still works
+    x = np.ones(2)
+    sub.backend().all_reduce(x)
+    all_ranks(x[0] == world.size)
+    sub.free()
+
+
+def test_groups_of_a_closed_world_are_refused(world, all_ranks):
+    import collectives as C
+    import neocomm
+    from mpi4py import MPI
+
+    other = neocomm.init(comm=MPI.COMM_WORLD)
+    sub = other.world.split([0], name="lone")
+    x = np.ones(2)
+    C.all_reduce(x, group=other.world)
+    other.close()
+    for group in (other.world, other.intra_node, other.rail):
+        _raises_gone(lambda: C.all_reduce(x, group=group), "world.close()", repr(group.name))
+    if sub is not None:
+        _raises_gone(lambda: C.broadcast(x, group=sub), "'lone'", "world.close()")
+    other.close()  # closing twice is a no-op
+    y = np.ones(2)
+    C.all_reduce(y)  # group=None: a new current world
+    C.all_reduce(y, group=world.world)  # and the first world lives on
+    all_ranks(y[0] == world.size ** 2)
+    assert neocomm.current_world() is not other
