@@ -124,7 +124,9 @@ def empty(shape, dtype="float32", *, group=None) -> np.ndarray:
     elif code:
         nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
     agree(g.comm, "symmetric.empty", problem,
-          [("op", 1), ("dtype", code), ("shape", zlib.crc32(repr(shp).encode()) & 0x7FFFFFFF)])
+          [("op", 1), ("dtype", code), ("shape", zlib.crc32(repr(shp).encode()) & 0x7FFFFFFF)],
+          call=lambda: f"symmetric.empty({shape!r:.80}, "
+                       f"dtype={repr(dt.name) if code else repr(dtype)})")
     comm = _node_comm(g)
     seg = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
     whole, ident, problem = _map(comm, seg)

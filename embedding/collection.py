@@ -33,7 +33,7 @@ import numpy as np
 from embedding.jagged import KeyedJagged
 from embedding.sharding import STRATEGIES, ShardingEnv
 from embedding.sharding.base import LocalShard
-from embedding.types import IdPolicy, ShardingPlan, ShardingType, TableConfig
+from embedding.types import IdPolicy, ShardingPlan, ShardingType, TableConfig, enum_arg
 
 __all__ = ["ShardedEmbeddingCollection", "DistributedBatch", "init_weights", "STAGES"]
 
@@ -133,12 +133,14 @@ class ShardedEmbeddingCollection:
         self.feature_names = tuple(self._cols)
         # Policies and row counts per feature.
         if isinstance(id_policy, (IdPolicy, str)):
-            pol = {t.name: IdPolicy(id_policy) for t in self.tables}
+            one = enum_arg(IdPolicy, id_policy, "id_policy")
+            pol = {t.name: one for t in self.tables}
         else:
             unknown = sorted(set(id_policy) - set(names))
             if unknown:
                 raise ValueError(f"id_policy: unknown tables {unknown}")
-            pol = {t.name: IdPolicy(id_policy.get(t.name, IdPolicy.ERROR)) for t in self.tables}
+            pol = {t.name: enum_arg(IdPolicy, id_policy.get(t.name, IdPolicy.ERROR),
+                                    f"id_policy[{t.name!r}]") for t in self.tables}
         self._rows = {f: t.num_rows for t in self.tables for f in t.features}
         self._policy = {f: pol[t.name] for t in self.tables for f in t.features}
         # Strategies, in a fixed order on every rank.

@@ -26,7 +26,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from embedding.types import IdPolicy
+from embedding.types import IdPolicy, enum_arg
 
 __all__ = ["KeyedJagged", "JaggedFeature", "hash_ids", "apply_id_policy"]
 
@@ -255,7 +255,7 @@ class KeyedJagged:
         new_values = None
         for i, key in enumerate(self.keys):
             rows = int(num_rows[key])
-            policy = IdPolicy(policies.get(key, IdPolicy.ERROR))
+            policy = enum_arg(IdPolicy, policies.get(key, IdPolicy.ERROR), f"policies[{key!r}]")
             s, e = self.value_range(key)
             ids = self.values[s:e]
             if policy is IdPolicy.ERROR:
@@ -294,7 +294,7 @@ def hash_ids(ids, xp=np):
 
 def apply_id_policy(ids, num_rows: int, policy: IdPolicy, xp=np):
     """Map ``ids`` into ``[0, num_rows)`` by ``policy`` (ERROR returns them unchanged)."""
-    policy = IdPolicy(policy)
+    policy = enum_arg(IdPolicy, policy, "policy")
     if policy is IdPolicy.ERROR:
         return ids
     if policy is IdPolicy.MODULO:

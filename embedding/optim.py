@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from embedding.types import OptimizerConfig, OptimizerKind
+from embedding.types import OptimizerConfig, OptimizerKind, enum_arg
 
 __all__ = ["StateSpec", "state_specs", "sparse_update", "dense_reference_update"]
 
@@ -53,7 +53,7 @@ _SPECS = {
 
 def state_specs(kind: OptimizerKind) -> tuple[StateSpec, ...]:
     """The state arrays optimizer ``kind`` keeps (all start at zero)."""
-    return _SPECS[OptimizerKind(kind)]
+    return _SPECS[enum_arg(OptimizerKind, kind, "kind")]
 
 
 def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,

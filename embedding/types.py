@@ -11,7 +11,19 @@ import json
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig", "ShardingType",
-           "Shard", "TablePlan", "ShardingPlan", "IdPolicy"]
+           "Shard", "TablePlan", "ShardingPlan", "IdPolicy", "enum_arg"]
+
+
+def enum_arg(cls: type[enum.Enum], value, name: str):
+    """``value`` as a member of ``cls`` (a member or its value); ValueError naming the
+    argument ``name``, the accepted values and the value as given otherwise."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(value)
+    except ValueError:
+        raise ValueError(f"{name}: expected one of {[m.value for m in cls]}, "
+                         f"got {value!r:.80}") from None
 
 
 class Pooling(enum.Enum):
@@ -41,7 +53,7 @@ class OptimizerConfig:
 
     def __post_init__(self):
         if not isinstance(self.kind, OptimizerKind):
-            object.__setattr__(self, "kind", OptimizerKind(self.kind))
+            object.__setattr__(self, "kind", enum_arg(OptimizerKind, self.kind, "kind"))
         if not self.lr > 0:
             raise ValueError(f"lr: expected a positive learning rate, got {self.lr}")
 
@@ -60,13 +72,14 @@ class TableConfig:
 
     def __post_init__(self):
         if not self.name:
-            raise ValueError("name: a table needs a non-empty name")
+            raise ValueError(f"name: a table needs a non-empty name, got {self.name!r}")
         if int(self.num_rows) <= 0:
             raise ValueError(f"num_rows of table {self.name!r}: expected > 0, got {self.num_rows}")
         if int(self.dim) <= 0:
             raise ValueError(f"dim of table {self.name!r}: expected > 0, got {self.dim}")
         if not isinstance(self.pooling, Pooling):
-            object.__setattr__(self, "pooling", Pooling(self.pooling))
+            object.__setattr__(self, "pooling", enum_arg(Pooling, self.pooling,
+                                                         f"pooling of table {self.name!r}"))
         if not self.features:
             object.__setattr__(self, "features", (self.name,))
         else:
@@ -131,7 +144,8 @@ class TablePlan:
 
     def __post_init__(self):
         if not isinstance(self.sharding, ShardingType):
-            object.__setattr__(self, "sharding", ShardingType(self.sharding))
+            object.__setattr__(self, "sharding", enum_arg(ShardingType, self.sharding,
+                                                          f"sharding of table {self.table!r}"))
         object.__setattr__(self, "shards", tuple(
             s if isinstance(s, Shard) else Shard(**s) for s in self.shards))
 

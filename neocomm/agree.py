@@ -80,8 +80,9 @@ def _op_id(op: str) -> int:
     return found
 
 
-#: signature fields that are internal numbers, never shown to a user
-_INTERNAL = {"op", "symmetric buffers", "algo", "chunk", "recv_counts", "ranks"}
+#: signature fields that are internal numbers (codes, digests), never shown to a user
+_INTERNAL = {"op", "symmetric buffers", "algo", "chunk", "recv_counts", "ranks", "counts",
+             "shape", "plan"}
 
 
 def _describe(op: str, signature) -> str:

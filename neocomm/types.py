@@ -68,11 +68,10 @@ SUPPORTED_DTYPES: tuple[str, ...] = tuple(DTYPE_CODES)
 
 def dtype_code(dtype) -> int:
     """The stable wire code of ``dtype``; TypeError for unsupported dtypes."""
-    name = np.dtype(dtype).name
     try:
-        return DTYPE_CODES[name]
-    except KeyError:
-        raise TypeError(f"dtype: expected one of {list(DTYPE_CODES)}, got {name}") from None
+        return DTYPE_CODES[np.dtype(dtype).name]
+    except (KeyError, TypeError):
+        raise TypeError(f"dtype: expected one of {list(DTYPE_CODES)}, got {dtype!r:.80}") from None
 
 
 def dtype_from_code(code: int) -> str:

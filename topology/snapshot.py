@@ -75,7 +75,7 @@ def parse_tree(text: str, source: str = "<tree>") -> list[tuple[str, str, str]]:
         elif current is not None:
             current[2].append(line)
         elif line.strip() and not line.startswith("#"):
-            raise ValueError(f"{source}:{lineno}: content outside a @file entry")
+            raise ValueError(f"{source}:{lineno}: content outside a @file entry: {line!r:.80}")
     out = []
     for kind, path, value in entries:
         if kind == "file":
@@ -116,7 +116,7 @@ def materialize(tree: str | Path, dest: str | Path) -> Path:
             path.mkdir(parents=True, exist_ok=True)
         else:
             if path.is_symlink() or path.exists():
-                raise ValueError(f"{source}: {rel} is defined twice")
+                raise ValueError(f"{source}: {rel!r} is defined twice")
             os.symlink(value, path)
     return dest
 

@@ -208,7 +208,8 @@ def parse_spec(text: str, path: str = "<spec>") -> FabricSpec:
                       affinity, PciPath[n.get("max_path", "SYS").upper()],
                       n.get("numa_local", False), n.get("gpudirect", False))
     if gpus == 0 and node.get("gpu_model"):
-        raise SpecError(path, "[node] gpu_model", "names a GPU model but [node] gpus = 0")
+        raise SpecError(path, "[node] gpu_model", f"names a GPU model, {node['gpu_model']!r}, "
+                        f"but [node] gpus = 0")
     bandwidth = tuple((k, float(v)) for k, v in t.get("bandwidth", {}).items())
     return FabricSpec(t["fabric"]["name"], t["cluster"]["nodes"], gpus,
                       t["fabric"].get("description", ""), node.get("gpu_model", ""),

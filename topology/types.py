@@ -223,13 +223,15 @@ class HostTopology:
         for gpu in self.gpus:
             if gpu.index == index:
                 return gpu
-        raise KeyError(f"GPU{index} not on host {self.hostname}")
+        raise KeyError(f"GPU {index!r} not on host {self.hostname!r} (its GPUs: "
+                       f"{[g.index for g in self.gpus]})")
 
     def nic(self, name: str) -> Nic:
         for nic in self.nics:
             if nic.name == name:
                 return nic
-        raise KeyError(f"NIC {name} not on host {self.hostname}")
+        raise KeyError(f"NIC {name!r} not on host {self.hostname!r} (its NICs: "
+                       f"{[n.name for n in self.nics]})")
 
     def link(self, a: str, b: str) -> Link | None:
         """The link between endpoints ``a`` and ``b`` (either order), or None."""

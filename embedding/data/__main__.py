@@ -11,13 +11,23 @@ import sys
 from embedding.data.synthetic import TABLE_PRESETS, SyntheticConfig, planted_auc, table_size_preset
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return value
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m embedding.data", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("planted-auc", help="AUC of the planted model on synthetic records")
     p.add_argument("--preset", default="criteo-1tb-1000x", choices=list(TABLE_PRESETS))
-    p.add_argument("--records", type=int, default=1 << 20)
+    p.add_argument("--records", type=_positive_int, default=1 << 20)
     p.add_argument("--seed", type=int, default=0)
     c = sub.add_parser("convert", help="convert Criteo text (or .gz) files to the binary format")
     c.add_argument("inputs", nargs="+")

@@ -44,6 +44,7 @@ import numpy as np
 
 from embedding.data.batch import Batch
 from embedding.data.types import NUM_DENSE, SPARSE_NAMES, NUM_SPARSE, DataFormatError
+from embedding.types import enum_arg
 
 __all__ = ["MAGIC", "VERSION", "Verify", "BinaryWriter", "BinaryDataset", "convert_text",
            "write_batches"]
@@ -140,8 +141,9 @@ class BinaryWriter:
         finite = np.isfinite(dense).all(axis=1)
         if not finite.all():
             i = int(np.flatnonzero(~finite)[0])
-            raise DataFormatError("dense features hold NaN or inf", path=self.path,
-                                  record=base + i)
+            j = int(np.flatnonzero(~np.isfinite(dense[i]))[0])
+            raise DataFormatError(f"dense features hold NaN or inf: dense[{i}, {j}] is "
+                                  f"{float(dense[i, j])}", path=self.path, record=base + i)
         _check_ids(ids, self.table_sizes, self.empty_bags, self.path, base)
         rec = np.zeros(n, self.dtype)
         rec["label"] = labels
@@ -216,7 +218,7 @@ class BinaryDataset:
 
     def __init__(self, path, verify: Verify | str = Verify.LAZY):
         self.path = os.fspath(path)
-        self.verify_mode = Verify(verify)
+        self.verify_mode = enum_arg(Verify, verify, "verify")
         size = os.path.getsize(self.path)
         with open(self.path, "rb") as f:
             head = f.read(64)
@@ -286,9 +288,9 @@ class BinaryDataset:
             b = min(a + self.chunk_records, self.num_records)
             got = zlib.crc32(raw[a * rb:b * rb])
             if got != int(self._crcs[c]):
-                raise DataFormatError(f"records [{a}, {b}) fail their crc32 checksum (stored "
-                                      f"{int(self._crcs[c]):#010x}, computed {got:#010x})",
-                                      path=self.path, record=a)
+                raise DataFormatError(f"records [{a}, {b}) fail their crc32 checksum: the "
+                                      "file changed after it was written (a corrupt copy "
+                                      "or disk)", path=self.path, record=a)
             self._verified[c] = True
 
     def read(self, start: int, stop: int) -> Batch:

@@ -30,6 +30,7 @@ import numpy as np
 from embedding.data.batch import Batch
 from embedding.data.types import (NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, CategoricalEncoding,
                                   DataFormatError, MissingCategorical)
+from embedding.types import enum_arg
 
 __all__ = ["RawRecords", "parse_lines", "iter_raw_chunks", "preprocess_dense",
            "Vocabulary", "Preprocessor", "read_criteo_text"]
@@ -180,10 +181,17 @@ class Vocabulary:
         self.keys = [np.asarray(k, np.uint32) for k in keys]
         self.rows = [np.asarray(r, np.int64) for r in rows]
         for f, (k, r) in enumerate(zip(self.keys, self.rows)):
-            if k.shape != r.shape or (k.size and np.any(np.diff(k.astype(np.int64)) <= 0)):
-                raise ValueError(f"keys[{f}]: expected sorted unique keys matching rows")
+            if k.shape != r.shape:
+                raise ValueError(f"keys[{f}]: expected sorted unique keys matching rows, got "
+                                 f"shape {k.shape} for rows[{f}] of shape {r.shape}")
+            if k.size and np.any(np.diff(k.astype(np.int64)) <= 0):
+                i = int(np.flatnonzero(np.diff(k.astype(np.int64)) <= 0)[0]) + 1
+                raise ValueError(f"keys[{f}]: expected sorted unique keys matching rows, got "
+                                 f"{int(k[i])} after {int(k[i - 1])} at index {i}")
             if r.size and (r.min() < 1 or r.max() >= self.table_sizes[f]):
-                raise ValueError(f"rows[{f}]: expected rows in [1, {self.table_sizes[f]})")
+                i = int(np.flatnonzero((r < 1) | (r >= self.table_sizes[f]))[0])
+                raise ValueError(f"rows[{f}]: expected rows in [1, {self.table_sizes[f]}), got "
+                                 f"{int(r[i])} at index {i}")
 
     @classmethod
     def build(cls, chunks: Iterable[RawRecords], table_sizes, min_count: int = 1) -> "Vocabulary":
@@ -247,11 +255,12 @@ class Preprocessor:
         if len(sizes) != NUM_SPARSE or min(sizes) <= 0:
             raise ValueError(f"table_sizes: expected {NUM_SPARSE} positive sizes, got {sizes}")
         self.table_sizes = sizes
-        self.encoding = CategoricalEncoding(encoding)
-        self.missing = MissingCategorical(missing)
+        self.encoding = enum_arg(CategoricalEncoding, encoding, "encoding")
+        self.missing = enum_arg(MissingCategorical, missing, "missing")
         if self.encoding is CategoricalEncoding.VOCABULARY:
             if vocabulary is None:
-                raise ValueError("vocabulary: the vocabulary encoding needs a Vocabulary")
+                raise ValueError("vocabulary: the vocabulary encoding needs a Vocabulary, "
+                                 "got None")
             if vocabulary.table_sizes != sizes:
                 raise ValueError(f"vocabulary: built for table sizes {vocabulary.table_sizes}, "
                                  f"got table_sizes {sizes}")

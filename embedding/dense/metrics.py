@@ -30,8 +30,10 @@ def auc(labels, scores) -> float:
     if y.shape != s.shape:
         raise ValueError(f"scores: expected {y.shape[0]} scores for {y.shape[0]} labels, "
                          f"got {s.shape[0]}")
-    if np.isnan(s).any():
-        raise ValueError("scores: expected no NaN")
+    nan = np.isnan(s)
+    if nan.any():
+        raise ValueError(f"scores: expected no NaN, got {int(nan.sum())} NaN of {s.size}; the "
+                         f"first at index {int(np.flatnonzero(nan)[0])}")
     pos = y == 1
     n_pos = int(pos.sum())
     n_neg = int(y.shape[0] - n_pos)
@@ -75,7 +77,7 @@ def bce_with_logits(logits, labels):
                          f"{y.shape}")
     b = z.shape[0]
     if b == 0:
-        raise ValueError("logits: expected a non-empty batch")
+        raise ValueError(f"logits: expected a non-empty batch, got shape {z.shape}")
     loss = (xp.maximum(z, 0) - z * y + xp.log1p(xp.exp(-xp.abs(z)))).mean()
     grad = (sigmoid(z) - y) * (1.0 / b)
     return loss, grad.astype(z.dtype, copy=False)

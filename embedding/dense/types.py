@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from embedding.types import enum_arg
+
 __all__ = ["DenseConfig", "DenseOptimizerKind", "DenseOptimizerConfig", "Bucket"]
 
 
@@ -37,8 +39,12 @@ class DenseConfig:
             raise ValueError(f"bottom_mlp: expected positive widths, got {self.bottom_mlp}")
         if not self.top_mlp or min(self.top_mlp) <= 0 or self.top_mlp[-1] != 1:
             raise ValueError(f"top_mlp: expected positive widths ending in 1, got {self.top_mlp}")
-        if np.dtype(self.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise ValueError(f"dtype: expected float32 or float64, got {self.dtype}")
+        try:
+            dt = np.dtype(self.dtype)
+        except TypeError:
+            dt = None
+        if dt is None or dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise ValueError(f"dtype: expected float32 or float64, got {self.dtype!r}")
 
     @property
     def embedding_dim(self) -> int:
@@ -96,7 +102,7 @@ class DenseOptimizerConfig:
 
     def __post_init__(self):
         if not isinstance(self.kind, DenseOptimizerKind):
-            object.__setattr__(self, "kind", DenseOptimizerKind(self.kind))
+            object.__setattr__(self, "kind", enum_arg(DenseOptimizerKind, self.kind, "kind"))
         if not self.lr > 0:
             raise ValueError(f"lr: expected a positive learning rate, got {self.lr}")
         if not 0 <= self.momentum < 1:

@@ -32,8 +32,12 @@ class FusedTables:
                  names: Sequence[str] | None = None, threads: int = 1):
         self.layout = TableLayout(tuple(rows), tuple(dims))
         self.optimizers = per_table_configs(optimizer, self.layout.num_tables)
-        if np.dtype(dtype).name not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtype: expected one of {list(SUPPORTED_DTYPES)}, got {dtype}")
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = None
+        if name not in SUPPORTED_DTYPES:
+            raise ValueError(f"dtype: expected one of {list(SUPPORTED_DTYPES)}, got {dtype!r}")
         self.dtype = np.dtype(dtype)
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")

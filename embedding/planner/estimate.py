@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from collectives.cost import estimate
 from collectives.types import CollectiveOp, FabricModel
 from embedding.planner.types import Hardware, MemoryEstimate
-from embedding.types import OptimizerKind, TableConfig
+from embedding.types import OptimizerKind, TableConfig, enum_arg
 
 __all__ = ["OPTIMIZER_STATE_ITEMSIZE", "DTYPES", "itemsize", "weight_bytes", "optimizer_bytes",
            "shard_memory", "touch_bytes_per_id", "CostModel", "Scope"]
@@ -61,7 +61,7 @@ def optimizer_bytes(kind: OptimizerKind, num_rows: int, num_cols: int) -> int:
     >>> optimizer_bytes(OptimizerKind.ADAM, 1000, 64)
     512000
     """
-    kind = OptimizerKind(kind)
+    kind = enum_arg(OptimizerKind, kind, "kind")
     if kind is OptimizerKind.SGD:
         return 0
     if kind is OptimizerKind.ROWWISE_ADAGRAD:

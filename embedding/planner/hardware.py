@@ -167,6 +167,10 @@ def hardware_for(target: Target, world_size: int, *, ranks_per_node: int | None 
     """
     if ranks_per_node is None:
         ranks_per_node = max(1, min(target.devices_per_host, world_size))
+        if world_size % ranks_per_node:
+            raise ValueError(f"ranks_per_node: expected a divisor of world_size {world_size}, "
+                             f"got {ranks_per_node}, the default: the devices per host of "
+                             f"{target.name!r}; give ranks_per_node")
     if device_memory is None:
         if target.device_memory is None:
             raise ValueError(f"memory: {target.name!r} declares no device memory; give it "

@@ -45,8 +45,10 @@ def _prepare(costs, num_bins, sizes, capacity, preload, preload_sizes, groups):
     if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
         raise ValueError(f"num_bins: expected an int >= 1, got {num_bins!r}")
     costs = [float(c) for c in costs]
-    if any(c < 0 for c in costs):
-        raise ValueError("costs: expected non-negative numbers")
+    bad = [i for i, c in enumerate(costs) if c < 0]
+    if bad:
+        raise ValueError(f"costs: expected non-negative numbers, got {costs[bad[0]]:g} at "
+                         f"index {bad[0]}")
     sizes = [0.0] * n if sizes is None else [float(s) for s in sizes]
     groups = [None] * n if groups is None else list(groups)
     for name, seq in (("sizes", sizes), ("groups", groups)):

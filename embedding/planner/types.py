@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass, field, replace
 
 from collectives.types import CollectiveOp, FabricModel
-from embedding.types import ShardingPlan, ShardingType
+from embedding.types import ShardingPlan, ShardingType, enum_arg
 from neocomm.errors import NeocommError
 
 __all__ = ["PlacementKind", "PartitionMethod", "Workload", "TableConstraints", "Hardware",
@@ -91,7 +91,8 @@ class TableConstraints:
         if self.ids_per_sample is not None:
             _positive("ids_per_sample", self.ids_per_sample)
         object.__setattr__(self, "shardings",
-                           tuple(ShardingType(s) for s in self.shardings))
+                           tuple(enum_arg(ShardingType, s, f"shardings[{i}]")
+                                 for i, s in enumerate(self.shardings)))
         if isinstance(self.column_slices, bool) or not isinstance(self.column_slices, int) \
                 or self.column_slices < 0:
             raise ValueError(f"column_slices: expected an int >= 0, got {self.column_slices!r}")
