@@ -31,9 +31,9 @@ class Context:
 
     __slots__ = ("group", "backend", "xp", "fabric", "layout", "check")
 
-    def __init__(self, group, backend, xp):
+    def __init__(self, group, backend, xp, op: str = ""):
         self.group, self.backend, self.xp = group, backend, xp
-        self.fabric = fabric_for(group, device=xp.__name__ != "numpy")
+        self.fabric = fabric_for(group, device=xp.__name__ != "numpy", first=op)
         self.layout = layout_of(group)
         self.check = bool(getattr(backend, "check_args", True))
 
@@ -49,12 +49,13 @@ def array_module(buf):
     return numpy
 
 
-def context(group, buf) -> Context:
-    """The :class:`Context` of a call on ``group`` (None: the world group) moving ``buf``."""
+def context(group, buf, op: str = "") -> Context:
+    """The :class:`Context` of a call ``op`` on ``group`` (None: the world group) moving
+    ``buf``."""
     from neocomm.world import group_or_world
 
     group = group_or_world(group)
-    return Context(group, group.backend(buf), array_module(buf))
+    return Context(group, group.backend(buf), array_module(buf), op)
 
 
 def fail(ctx: Context, op: CollectiveOp, problem: Problem | None, signature,

@@ -80,6 +80,8 @@ def _shown(value) -> str:
         return repr(value)
     if hasattr(value, "value") and isinstance(getattr(value, "value"), str):
         return repr(value.value)  # a ReduceOp
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
     try:
         return str([int(x) for x in np.asarray(value).reshape(-1)])
     except (TypeError, ValueError):
@@ -139,7 +141,7 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
         if out is not None:
             return out
     op = CollectiveOp.ALL_TO_ALL
-    ctx = context(group, sendbuf)
+    ctx = context(group, sendbuf, op.value)
     p, dev = ctx.group.size, ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev)
     if problem is None and sendbuf.size % p:
@@ -199,7 +201,7 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
         if out is not None:
             return out
     op = CollectiveOp.ALL_TO_ALL_V
-    ctx = context(group, sendbuf)
+    ctx = context(group, sendbuf, op.value)
     p, dev, comm = ctx.group.size, ctx.backend.device, ctx.group.comm
     problem = check_buffer("sendbuf", sendbuf, device=dev)
     sc = np.zeros(p, np.int64)
@@ -284,7 +286,7 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
             return out
     kind = CollectiveOp.REDUCE_SCATTER
     rop, problem = _reduce_op(op)
-    ctx = context(group, sendbuf)
+    ctx = context(group, sendbuf, kind.value)
     p, dev = ctx.group.size, ctx.backend.device
     problem = problem or check_buffer("sendbuf", sendbuf, device=dev, reducible=True)
     counts = None
@@ -349,7 +351,7 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
     bufs = (sendbuf,) if recvbuf is None else (sendbuf, recvbuf)
     kind = CollectiveOp.ALL_REDUCE
     rop, problem = _reduce_op(op)
-    ctx = context(group, sendbuf)
+    ctx = context(group, sendbuf, kind.value)
     dev = ctx.backend.device
     problem = problem or check_buffer("sendbuf", sendbuf, device=dev, reducible=True,
                                       writable=recvbuf is None)
@@ -392,7 +394,7 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
         if out is not None:
             return out
     kind = CollectiveOp.ALL_GATHER
-    ctx = context(group, sendbuf)
+    ctx = context(group, sendbuf, kind.value)
     p, dev = ctx.group.size, ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev)
     if problem is None and recvbuf is not None:
@@ -435,7 +437,7 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
         if out is not None:
             return out
     kind = CollectiveOp.BROADCAST
-    ctx = context(group, buf)
+    ctx = context(group, buf, kind.value)
     p, dev = ctx.group.size, ctx.backend.device
     problem = first(check_buffer("buf", buf, device=dev, writable=True),
                     check_peer("root", root, p))

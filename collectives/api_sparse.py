@@ -18,7 +18,7 @@ from neocomm.types import bfloat16, dtype_from_code
 from neocomm.backends.checks import check_buffer
 from collectives._launch import OP_CODES, context, fail, launch
 from collectives.algorithms import displs
-from collectives.api import _dcode, _flat, _request, _result
+from collectives.api import _dcode, _flat, _request, _result, _shown
 from collectives.fabric import fabric_for
 from collectives.types import CollectiveOp
 
@@ -84,7 +84,7 @@ def one_to_many(sendbuf=None, recvbuf=None, *, root: int, ranks: Sequence[int],
     """
     kind = CollectiveOp.ONE_TO_MANY
     probe = sendbuf if sendbuf is not None else recvbuf
-    ctx = context(group, probe if probe is not None else np.empty(0, np.uint8))
+    ctx = context(group, probe if probe is not None else np.empty(0, np.uint8), kind.value)
     # Ranks outside ``ranks`` may hold no buffer: every rank prices the algorithms
     # with the host fabric, so that all of them select alike.
     ctx.fabric = fabric_for(ctx.group)
@@ -125,14 +125,15 @@ def one_to_many(sendbuf=None, recvbuf=None, *, root: int, ranks: Sequence[int],
     sig = [("op", OP_CODES[kind]), ("root", int(root) if isinstance(root, (int, np.integer))
                                     else -1),
            ("ranks", _digest(members)), ("counts", 0 if identical else _digest(cnt))]
-    fail(ctx, kind, problem, sig)
+    fail(ctx, kind, problem, sig, call=lambda: f"one_to_many(root={root!r}, ranks="
+                                              f"{_shown(ranks)}, counts={_shown(counts)})")
     ctx.group.comm.Bcast(head, root=int(root))
     code, size = int(head[0]), int(head[1])
     problem = None
     if receiver and recvbuf is not None:
         if _dcode(recvbuf) != code:
-            problem = Problem("recvbuf", f"recvbuf: dtype code {_dcode(recvbuf)} differs from "
-                                         f"the root's payload ({code})")
+            problem = Problem("recvbuf", f"recvbuf: dtype {recvbuf.dtype.name} differs from "
+                                         f"the root's payload ({dtype_from_code(code)})")
         elif identical and recvbuf.size != size:
             problem = Problem("recvbuf", f"recvbuf: expected the root's {size} elements, got "
                                          f"{recvbuf.size}")
@@ -179,7 +180,7 @@ def many_to_many(sendbuf, send_peers: Sequence[int], send_counts: Sequence[int] 
     Returns ``(recvbuf, recv_peers, recv_counts)``.
     """
     kind = CollectiveOp.MANY_TO_MANY
-    ctx = context(group, sendbuf)
+    ctx = context(group, sendbuf, kind.value)
     p, dev, comm = ctx.group.size, ctx.backend.device, ctx.group.comm
     problem = check_buffer("sendbuf", sendbuf, device=dev)
     pp, speers = _peers("send_peers", send_peers, p)

@@ -69,17 +69,18 @@ def layout_of(group) -> Layout:
     return found
 
 
-def fabric_for(group, device: bool = False) -> FabricModel:
+def fabric_for(group, device: bool = False, first: str = "") -> FabricModel:
     """The (cached) fabric model of ``group`` for host (or ``device``) buffers:
     shape, links from the topology, calibration. The first call on a group is
-    collective over it (the topology of its hosts is gathered)."""
+    collective over it (the topology of its hosts is gathered), after an agreement
+    that every member is making the same call (``first``, the collective's name)."""
     path = settings.calibration_path()
     cached = _FABRICS.get(group)
     key = (path, bool(device))
     if cached is not None and key in cached:
         return cached[key]
     layout = layout_of(group)
-    fabric = _links_from_topology(group, device) or FabricModel()
+    fabric = _links_from_topology(group, device, first) or FabricModel()
     fabric = fabric.with_shape(layout.ranks_per_node, layout.num_nodes)
     if path:
         fabric = apply_calibration(fabric, load_calibration(path))
@@ -90,12 +91,21 @@ def fabric_for(group, device: bool = False) -> FabricModel:
 _TOPOLOGIES: "weakref.WeakKeyDictionary[object, object]" = weakref.WeakKeyDictionary()
 
 
-def _links_from_topology(group, device: bool) -> FabricModel | None:
+def _links_from_topology(group, device: bool, first: str = "") -> FabricModel | None:
     """Links of the group's discovered topology (None when discovery failed)."""
     from collectives.topofabric import discover_group_topology, fabric_from_topology
 
     if group not in _TOPOLOGIES:
         from neocomm import watchdog
+        from neocomm.agree import agree
+
+        # A member making a call that is not a collective (freeing the group, splitting
+        # it) fails here with every member, rather than leaving the others in discovery;
+        # collectives that differ are told apart by their own agreement, which follows.
+        name = getattr(group, "name", "?")
+        agree(group.comm, "collective", None, [],
+              call=f"{first or 'a collective'}(...) (the first collective of group {name!r})",
+              where=f" on group {name!r} (its first collective)")
 
         # collective over the group: the first call on it waits here for every member
         with watchdog.guard(f"topology discovery of group {getattr(group, 'name', '?')!r} "

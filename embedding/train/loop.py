@@ -29,8 +29,9 @@ from embedding.dense.metrics import bce_with_logits
 from embedding.train.data import GuardedDataset, TrainData, filler_batch, open_data
 from embedding.train.metrics import MetricsLog
 from embedding.train.progress import ProgressBar
-from embedding.train.setup import (build_tables, fail_together, id_policy_of, make_plan,
-                                   make_reader)
+from embedding.train.setup import (build_tables, check_disk_room, fail_together, id_policy_of,
+                                   make_plan, make_reader)
+from embedding.train.state import checkpoint_bytes
 from embedding.train.step import (EmbeddingStages, GradSync, PhaseTimer, finite,
                                   symmetric_grads)
 from embedding.train.types import ConfigError, DataSource, Phase, TrainConfig, TrainingError
@@ -100,16 +101,23 @@ class Trainer:
         self._setup_threads()
         self.tables = build_tables(config, data.table_sizes, data.feature_names)
         self.plan = make_plan(config, self.tables, group)
+        m = config.model
+        self.dense_config = DenseConfig(num_dense=data.num_dense, num_sparse=len(self.tables),
+                                        bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp,
+                                        dtype=m.dtype)
+        out = Path(config.output.dir)
+        self.out_dir = out
+        self.checkpoint_dir = Path(config.checkpoint.dir) if config.checkpoint.dir else \
+            out / "checkpoints"
+        dense_params = sum(i * o + o for _, i, o in self.dense_config.layer_shapes())
+        check_disk_room(group, [out, self.checkpoint_dir],
+                        checkpoint_bytes(self.plan, self.tables, self.rank, dense_params))
         from embedding.collection import ShardedEmbeddingCollection
 
         self.coll = ShardedEmbeddingCollection(
             self.tables, self.plan, group, device=tr.device, dtype=config.model.dtype,
             threads=self.threads,
             dedup=tr.dedup, id_policy=id_policy_of(config), seed=tr.seed)
-        m = config.model
-        self.dense_config = DenseConfig(num_dense=data.num_dense, num_sparse=len(self.tables),
-                                        bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp,
-                                        dtype=m.dtype)
         self.model = DenseModel(self.dense_config, seed=tr.seed, xp=self.coll.xp,
                                 bucket_bytes=tr.bucket_kib << 10,
                                 grad_alloc=symmetric_grads(group, self.coll.xp))
@@ -123,10 +131,6 @@ class Trainer:
                                   broadcast=config.data.broadcast, shuffle=config.data.shuffle,
                                   seed=tr.seed, feature_names=data.feature_names)
         self._check_sizes = (data.table_sizes if config.tables.id_policy == "error" else None)
-        out = Path(config.output.dir)
-        self.out_dir = out
-        self.checkpoint_dir = Path(config.checkpoint.dir) if config.checkpoint.dir else \
-            out / "checkpoints"
         self.metrics = MetricsLog(out / "metrics.jsonl", enabled=self.rank == 0)
         self.progress = ProgressBar(tr.steps, stream=stream, every=tr.log_every,
                                     enabled=self.rank == 0)

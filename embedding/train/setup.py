@@ -16,7 +16,7 @@ from embedding.train.types import ConfigError, TrainConfig, TrainingError
 from embedding.types import IdPolicy, Pooling, ShardingPlan, TableConfig
 
 __all__ = ["fail_together", "problem_kind", "build_tables", "make_plan", "make_reader",
-           "host_memory"]
+           "host_memory", "check_disk_room"]
 
 _log = logging.getLogger(__name__)
 
@@ -170,6 +170,64 @@ def _plan_locally(cfg: TrainConfig, tables, group) -> ShardingPlan:
     except PlanDoesNotFitError as exc:
         raise TrainingError(f"the planner found no plan: {exc}", tensor="plan") from None
     return report.plan
+
+
+#: bytes kept free beside a checkpoint for the metrics log, manifests and the plot
+OUTPUT_MARGIN = 1 << 20
+
+
+def _size(n: int) -> str:
+    from neocomm.launcher import _size as size
+
+    return size(n)
+
+
+def check_disk_room(group, dirs: Sequence, need: int) -> None:
+    """Refuse to start, on every rank, before anything is allocated, when a directory the
+    job writes (``dirs``, the checkpoint directory last) cannot be created or written, or
+    when its file system has less free space than one checkpoint of the ranks of this host
+    that write to it (``need``: this rank's bytes of a checkpoint)."""
+    import socket
+
+    from neocomm import watchdog
+
+    exc, where = None, None
+    for d in dirs:
+        try:
+            os.makedirs(d, exist_ok=True)
+            _probe(d)
+        except OSError as e:
+            exc = TrainingError(f"{d}: cannot write there ({e.strerror or e}); free some space "
+                                f"or choose another output.dir / checkpoint.dir",
+                                tensor="disk")
+            break
+    if exc is None:
+        where = (socket.gethostname(), os.stat(dirs[-1]).st_dev, int(need))
+    with watchdog.guard("the start-up check of the output directories"):
+        everyone = group.comm.allgather(where)  # (and every rank's probe is gone)
+    if where is not None:
+        sharing = [w for w in everyone if w is not None and w[:2] == where[:2]]
+        total = sum(w[2] for w in sharing) + OUTPUT_MARGIN
+        st = os.statvfs(dirs[-1])
+        free = st.f_bavail * st.f_frsize
+        if free < total:
+            exc = TrainingError(
+                f"{dirs[-1]}: {_size(free)} free; a checkpoint needs about {_size(total)} "
+                f"there ({len(sharing)} rank(s) of {where[0]} write to this file system); "
+                f"free some space or choose another checkpoint.dir", tensor="disk")
+    fail_together(group, "checking the output directories", exc)
+
+
+def _probe(path, nbytes: int = 64 << 10) -> None:
+    """Write ``nbytes`` to a new file in ``path`` and remove it (OSError when it fails)."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=".neocomm-probe-", dir=path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(bytes(nbytes))
+    finally:
+        os.unlink(name)
 
 
 def make_reader(dataset, global_batch: int, group, *, broadcast: bool, shuffle: bool,

@@ -25,7 +25,8 @@ from embedding.dense._xp import to_numpy
 from embedding.optim import state_specs
 from embedding.types import ShardingType
 
-__all__ = ["shard_arrays", "dense_arrays", "load_shards", "load_dense", "check_state"]
+__all__ = ["shard_arrays", "dense_arrays", "load_shards", "load_dense", "check_state",
+           "checkpoint_bytes"]
 
 
 def _shard_index(plan, table: str, shard) -> int:
@@ -54,6 +55,28 @@ def shard_arrays(collection, plan, rank: int) -> tuple[dict, dict]:
             arrays[f"{base}/{spec.name}"] = to_numpy(s.tables.state_view(s.index, spec.name))
             slices[f"{base}/{spec.name}"] = shard_slice(s.table, spec.name, s.shard, gshape)
     return arrays, slices
+
+
+def checkpoint_bytes(plan, tables, rank: int, dense_params: int = 0) -> int:
+    """Bytes ``rank`` writes into each checkpoint (before any array exists): the shards
+    and sparse optimizer state :func:`shard_arrays` would return, and on rank 0 the dense
+    model of ``dense_params`` parameters with an optimizer state of at most twice that."""
+    by_name = {t.name: t for t in tables}
+    total = 0
+    for tp in plan.tables:
+        t = by_name[tp.table]
+        item = np.dtype(t.dtype).itemsize
+        for shard in tp.shards:
+            if shard.rank != rank or (tp.sharding is ShardingType.DATA_PARALLEL
+                                      and rank != min(tp.ranks)):
+                continue
+            total += shard.num_rows * shard.num_cols * item
+            for spec in state_specs(t.optimizer.kind):
+                size = np.dtype(spec.dtype or t.dtype).itemsize
+                total += shard.num_rows * (1 if spec.per_row else shard.num_cols) * size
+    if rank == 0:
+        total += 3 * dense_params * 4
+    return total
 
 
 def dense_arrays(model, optimizer) -> dict:

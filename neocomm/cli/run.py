@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from neocomm.launcher import LauncherNotFound, launch
+from neocomm.launcher import LauncherNotFound, NoRoomError, launch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,6 +33,9 @@ def run(args) -> int:
     except LauncherNotFound as exc:
         print(f"neocomm run: {exc}", file=sys.stderr)
         return 127
+    except NoRoomError as exc:
+        print(f"neocomm run: cannot start the job: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         print(f"neocomm run: {exc}", file=sys.stderr)
         return 2

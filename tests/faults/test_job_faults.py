@@ -5,23 +5,18 @@ Each test launches a real job through ``neocomm run`` with a hard timeout
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
+import re
 
+import pytest
+
+from _jobs import python_job
 
 JOB_TIMEOUT = 90  # seconds; a hang shows up as exit 124
 
 
 def _job(tmp_path, body: str, n: int = 2, env: dict | None = None):
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(body))
-    import os
-
-    run_env = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "neocomm.cli", "run", "-n", str(n),
-                           "--timeout", str(JOB_TIMEOUT), "--", sys.executable, str(script)],
-                          capture_output=True, text=True, env=run_env, timeout=JOB_TIMEOUT + 30)
+    """The job's result, after checking it left no process or /dev/shm file and did not hang."""
+    return python_job(tmp_path, body, n=n, env=env, timeout=JOB_TIMEOUT).check_clean()
 
 
 PRELUDE = """
@@ -154,3 +149,114 @@ C.all_reduce(np.ones(4, np.float32))
 """, n=3, env={"NEOCOMM_TIMEOUT": "4"})
     assert out.returncode not in (0, 124), out
     assert "rank 1 did not answer" in out.stderr, out.stderr
+
+
+#: A loop of collectives of every kind, large enough to be cut into chunks; on the victim
+#: rank a profiler counts the function calls (Python and C, MPI's included) of a round,
+#: then kills the process with SIGKILL at call N of the next, N drawn from the seed (or at
+#: its end, when waits that poll made it shorter).
+KILLED_IN_A_COLLECTIVE = COLLECTIVES + """
+import random
+seed = {seed}
+victim = seed % w.size
+count = [0, 0]
+
+def counting(frame, event, arg):
+    count[0] += 1
+
+def killing(frame, event, arg):
+    count[1] += 1
+    if count[1] >= count[0]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+n = 1 << 16
+x = np.arange(n * w.size, dtype=np.float32)
+for round in range(4):  # 0 warms up (plans), 1 counts, 2 is killed
+    if w.rank == victim and round == 2:
+        count[0] = random.Random(seed).randint(1, count[0])
+        print(f"rank {{w.rank}}: SIGKILL at call {{count[0]}} of the round", flush=True)
+    if w.rank == victim and round in (1, 2):
+        sys.setprofile(counting if round == 1 else killing)
+    C.all_reduce(x.copy(), algo={algo!r})
+    C.all_to_all(x)
+    C.all_gather(x[:n])
+    C.reduce_scatter(x)
+    C.broadcast(x, root=w.size - 1)
+    h = C.all_reduce(x.copy(), async_op=True)
+    h.wait()
+    sys.setprofile(None)
+    if w.rank == victim and round == 2:  # fewer calls this time (waits poll): now
+        os.kill(os.getpid(), signal.SIGKILL)
+print("rank", w.rank, "finished", flush=True)
+"""
+
+
+@pytest.mark.parametrize("seed,algo", [(1, "ring"), (2, "native"), (3, "rabenseifner"),
+                                       (4, "hierarchical"), (5, None)])
+def test_a_rank_killed_at_a_random_point_of_a_collective_ends_the_job(tmp_path, seed, algo):
+    out = _job(tmp_path, KILLED_IN_A_COLLECTIVE.format(seed=seed, algo=algo), n=4,
+               env={"NEOCOMM_RANKS_PER_NODE": "2"})  # two emulated nodes of two
+    assert out.returncode not in (0, 124), out.output
+    victim = seed % 4
+    assert f"rank {victim}: SIGKILL at call" in out.stdout, out.output
+    assert f"rank {victim} finished" not in out.stdout
+    assert re.search(rf"rank {victim} \(pid \d+ on .*\) died of SIGKILL", out.stderr), out.stderr
+
+
+#: Every kind of mismatched or invalid call, one after the other in one job: each must fail
+#: on every rank through agreement (never through the watchdog), in the user's words.
+MISMATCHES = COLLECTIVES + """
+from neocomm import CollectiveArgumentError
+r = w.rank
+x = np.ones(16, np.float32)
+cases = {
+    "operation": lambda: (C.all_to_all_v(x, [8, 8], np.empty(16, np.float32), [8, 8])
+                          if r == 0 else C.all_to_all(x)),
+    "async": lambda: C.all_reduce(x, async_op=(r == 0)) and None if r else
+                     C.all_reduce(x, async_op=True).wait(),
+    "dtype": lambda: C.all_reduce(x if r else x.astype(np.float64)),
+    "count": lambda: C.all_gather(x if r else x[:8]),
+    "root": lambda: C.broadcast(x, root=0 if r else 1),
+    "op": lambda: C.all_reduce(x, op="sum" if r else "max"),
+    "invalid op": lambda: C.all_reduce(x, op="sum" if r else "average"),
+    "free": lambda: sub.free() if r == 0 else C.all_reduce(x, group=sub),
+}
+sub = w.world.split(list(range(w.size)), name="everyone")
+for name, call in cases.items():
+    try:
+        call()
+        print(f"case {name} rank {r}: no error", flush=True)
+    except CollectiveArgumentError as e:
+        print(f"case {name} rank {r}: {e}", flush=True)
+C.all_reduce(x)  # the group is still usable after all of them
+print(f"rank {r} done", flush=True)
+"""
+
+
+def test_mismatched_calls_of_every_kind_fail_together_in_the_users_words(tmp_path):
+    out = _job(tmp_path, MISMATCHES, n=2, env={"NEOCOMM_TIMEOUT": "120"})
+    assert out.returncode == 0, out.output
+    assert "has not completed" not in out.output  # agreement caught them, not the watchdog
+    lines = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("case "):
+            head, msg = line.split(": ", 1)
+            lines[head] = msg
+    want = {
+        "operation": "rank 0: all_to_all_v(float32, ",
+        "async": "async_op=True",
+        "dtype": "dtype differs across ranks",
+        "count": "differs across ranks",
+        "root": "rank 0: broadcast(float32, 16, root=1); rank 1: broadcast(float32, 16, root=0)",
+        "op": "op='max'",
+        "invalid op": "'average'",
+        "free": "rank 0: free(",
+    }
+    for case, fragment in want.items():
+        for r in range(2):
+            msg = lines.get(f"case {case} rank {r}")
+            assert msg is not None and "no error" not in msg, (case, r, out.output)
+            assert fragment in msg, (case, r, msg)
+            assert "crc" not in msg.lower(), msg
+        assert lines[f"case {case} rank 0"] == lines[f"case {case} rank 1"], case
+    assert "rank 0 done" in out.stdout and "rank 1 done" in out.stdout

@@ -148,3 +148,32 @@ def test_the_mpi_library_segments_of_a_killed_job_are_removed(tmp_path):
     _check_gone(proc, ranks, 143, bound=30)
     left = (set(os.listdir("/dev/shm")) - before) & during
     assert not left, f"segments of the killed job left in /dev/shm: {sorted(left)}"
+
+
+def test_no_room_in_dev_shm_or_the_temporary_directory_is_refused_before_any_rank(tmp_path):
+    from _jobs import no_mounts, run_job, small_filesystem
+
+    marker = tmp_path / "started"
+    rank = [sys.executable, "-c", f"open({str(marker)!r}, 'a').close()"]
+    wrap = small_filesystem("/dev/shm", "64k")
+    if wrap is None:
+        no_mounts()
+    out = run_job(rank, n=2, wrap=wrap, timeout=60).check_clean()
+    assert out.returncode == 1, out.output
+    assert "neocomm run: cannot start the job: /dev/shm has 64 KiB free; 2 ranks on this " \
+           "host need up to 32 MiB there" in out.stderr, out.stderr
+    assert not marker.exists()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = run_job(rank, n=2, wrap=small_filesystem(tmp, "64k", fill=True), timeout=60,
+                  env={"TMPDIR": str(tmp)}).check_clean()
+    assert out.returncode == 1, out.output
+    assert f"{tmp} (the temporary directory, TMPDIR) has 0 bytes free and cannot be " \
+           f"written (No space left on device)" in out.stderr, out.stderr
+    assert not marker.exists()
+    # room that is tight but may do: a warning, and the job runs
+    out = run_job(rank, n=4, wrap=small_filesystem("/dev/shm", "40m"), timeout=120)
+    assert out.check_clean().returncode == 0, out.output
+    assert "warning: /dev/shm has 40 MiB free; 4 ranks on this host may use up to 64 MiB" \
+        in out.stderr, out.stderr
+    assert marker.exists()

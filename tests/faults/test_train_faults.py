@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from _jobs import no_mounts, run_job, small_filesystem
 from embedding.checkpoint import latest_checkpoint, list_checkpoints
 from embedding.train.metrics import read_metrics
 
@@ -40,13 +44,10 @@ every = 2
 """
 
 
-def _run(tmp_path, args, n: int = 2, env: dict | None = None):
-    run_env = dict(os.environ, **(env or {}))
-    run_env.pop("NEOCOMM_PROGRESS", None)
-    return subprocess.run([sys.executable, "-m", "neocomm.cli", "run", "-n", str(n),
-                           "--timeout", str(JOB_TIMEOUT), "--", *args], cwd=tmp_path,
-                          capture_output=True, text=True, env=run_env,
-                          timeout=JOB_TIMEOUT + 30)
+def _run(tmp_path, args, n: int = 2, env: dict | None = None, wrap=None):
+    """The job's result, after checking it left no process or /dev/shm file and did not hang."""
+    return run_job(args, n=n, cwd=tmp_path, env=env, timeout=JOB_TIMEOUT,
+                   wrap=wrap).check_clean()
 
 
 def _script(tmp_path, body: str, n: int = 2):
@@ -254,3 +255,126 @@ def test_killed_mid_checkpoint_resumes_from_the_previous_one(tmp_path):
     assert manifest["state"]["step"] == 6 and manifest["state"]["reader"]["batch"] == 6
     assert not (root / ".tmp-step-000000000004").exists()  # pruned once step 6 was complete
     assert Path(root / "step-000000000004").is_dir()
+
+
+#: Runs `neocomm train`, on the victim rank killing the process with SIGKILL at a random
+#: point of the given step: a profiler counts the function calls (Python and C, MPI's
+#: included) of the step before, then fires at call number N, drawn from the seed (or at
+#: the step's end, when waits that poll made this step shorter).
+KILLED_IN_A_STEP = r"""
+import os, random, signal, sys
+import neocomm
+from embedding.train import loop
+from neocomm.cli import main
+
+w = neocomm.init()
+seed, step_at = {seed}, {step}
+victim = seed % w.size
+rng = random.Random(seed)
+count = [0, 0]
+original = loop.Trainer._step
+
+def counting(frame, event, arg):
+    count[0] += 1
+
+def killing(frame, event, arg):
+    count[1] += 1
+    if count[1] >= count[0]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+def step(self, prep, dist, n, has_next):
+    if w.rank == victim and n == step_at - 1:
+        sys.setprofile(counting)
+    elif w.rank == victim and n == step_at:
+        count[0] = rng.randint(1, count[0])
+        print(f"rank {{w.rank}}: SIGKILL at call {{count[0]}} of step {{n}}", flush=True)
+        sys.setprofile(killing)
+    try:
+        return original(self, prep, dist, n, has_next)
+    finally:
+        sys.setprofile(None)
+        if w.rank == victim and n == step_at:  # fewer calls this time (waits poll): now
+            os.kill(os.getpid(), signal.SIGKILL)
+
+loop.Trainer._step = step
+sys.exit(main(["train", "--config", "train.toml", "--out", "out"]))
+"""
+
+
+def _arrays(step_dir: Path) -> dict:
+    import numpy as np
+
+    return {str(p.relative_to(step_dir)): np.load(p) for p in sorted(step_dir.rglob("*.npy"))}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_rank_killed_at_a_random_point_of_a_step_resumes_bitwise(tmp_path, seed):
+    """SIGKILL lands anywhere in step 5 (inside a collective, a kernel, the optimizer);
+    the job ends non-zero leaving nothing, and resuming from the step-4 checkpoint ends
+    bitwise equal to a run that was never interrupted."""
+    (tmp_path / "train.toml").write_text(CONFIG)
+    whole = _run(tmp_path, [sys.executable, "-m", "neocomm.cli", "train", "--config",
+                            "train.toml", "--out", "whole"])
+    assert whole.returncode == 0, whole.output
+    out = _script(tmp_path, KILLED_IN_A_STEP.format(seed=seed, step=5))
+    assert out.returncode not in (0, 124), out.output
+    victim = seed % 2
+    assert f"rank {victim}: SIGKILL at call" in out.stdout, out.output
+    # the dead rank is named, whichever peer noticed first
+    assert re.search(rf"rank {victim} \(pid \d+ on .*\) died of SIGKILL", out.stderr), out.stderr
+    root = tmp_path / "out" / "checkpoints"
+    assert latest_checkpoint(root).name == "step-000000000004"
+    again = _run(tmp_path, [sys.executable, "-m", "neocomm.cli", "train", "--config",
+                            "train.toml", "--out", "out", "--resume"])
+    assert again.returncode == 0, again.output
+    assert "step-000000000004 at step 4" in again.stdout
+    want = _arrays(latest_checkpoint(tmp_path / "whole" / "checkpoints"))
+    got = _arrays(latest_checkpoint(root))
+    assert latest_checkpoint(root).name == "step-000000000006"
+    assert sorted(got) == sorted(want) and want
+    for name, array in want.items():
+        assert array.dtype == got[name].dtype and array.tobytes() == got[name].tobytes(), name
+
+
+def test_a_symlinked_checkpoint_file_is_refused_by_resume_and_inspect(tmp_path):
+    (tmp_path / "train.toml").write_text(CONFIG)
+    first = _run(tmp_path, [sys.executable, "-m", "neocomm.cli", "train", "--config",
+                            "train.toml", "--out", "out"])
+    assert first.returncode == 0, first.output
+    latest = latest_checkpoint(tmp_path / "out" / "checkpoints")
+    victim = sorted(latest.rglob("*.npy"))[0]
+    outside = tmp_path / "elsewhere.npy"
+    outside.write_bytes(victim.read_bytes())  # the same bytes: only the link is wrong
+    victim.unlink()
+    victim.symlink_to(outside)
+    rel = str(victim.relative_to(latest))
+    again = _run(tmp_path, [sys.executable, "-m", "neocomm.cli", "train", "--config",
+                            "train.toml", "--out", "out", "--resume"])
+    assert again.returncode == 1, again.output
+    assert f"file {rel} of the checkpoint is a symbolic link" in again.stderr, again.stderr
+    assert "ranks [0, 1]" in again.stderr or again.stderr.count("symbolic link") >= 2
+    inspect = subprocess.run([sys.executable, "-m", "neocomm.cli", "checkpoint", "inspect",
+                              str(latest)], capture_output=True, text=True, timeout=120)
+    assert inspect.returncode != 0 and "symbolic link" in inspect.stdout + inspect.stderr
+
+
+def test_a_full_output_disk_is_refused_before_anything_is_allocated(tmp_path):
+
+    (tmp_path / "train.toml").write_text(CONFIG.replace("rows = [50, 70, 30, 200]",
+                                                        "rows = [50, 70, 30, 20000]"))
+    (tmp_path / "out").mkdir()
+    wrap = small_filesystem(tmp_path / "out", "1m")
+    if wrap is None:
+        no_mounts()
+    out = _run(tmp_path, [sys.executable, "-m", "neocomm.cli", "train", "--config",
+                          "train.toml", "--out", "out"], wrap=wrap)
+    assert out.returncode == 1, out.output
+    assert "checking the output directories: out/checkpoints: 1 MiB free; a checkpoint " \
+           "needs about" in out.stderr, out.stderr
+    assert "(on ranks [0, 1])" in out.stderr
+    assert "metrics log" not in out.stdout and "step 1" not in out.stdout
+    full = small_filesystem(tmp_path / "out", "64k", fill=True)
+    out = _run(tmp_path, [sys.executable, "-m", "neocomm.cli", "train", "--config",
+                          "train.toml", "--out", "out"], wrap=full)
+    assert out.returncode == 1, out.output
+    assert "out: cannot write there (No space left on device)" in out.stderr, out.stderr
