@@ -120,3 +120,39 @@ def no_mounts():
         pytest.fail("CI must be able to run `unshare --mount` (as root, or with user "
                     "namespaces) to test full disks")
     pytest.skip("no `unshare --mount` here: cannot make a small file system")
+
+
+#: Python for a job (formatted in, after ``import os, signal, sys``): ``killer.count()``
+#: has a profiler count the function calls (Python and C, MPI's included) of a stretch of
+#: work; ``killer.arm(what)`` kills the process with SIGKILL at call N of the next
+#: stretch, N drawn from ``seed``; ``killer.end()`` after that stretch kills it at its end
+#: if the call was not reached (waits that poll make a stretch shorter).
+KILLER = """
+import random as _random
+
+class _Killer:
+    def __init__(self, seed):
+        self.rng, self.calls, self.target, self.armed = _random.Random(seed), 0, 0, False
+
+    def _count(self, frame, event, arg):
+        self.calls += 1
+
+    def _kill(self, frame, event, arg):
+        self.calls += 1
+        if self.calls >= self.target:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def count(self):
+        self.calls = 0
+        sys.setprofile(self._count)
+
+    def arm(self, what):
+        self.target, self.calls, self.armed = self.rng.randint(1, max(self.calls, 1)), 0, True
+        print(f"rank {{w.rank}}: SIGKILL at call {{self.target}} of {{what}}", flush=True)
+        sys.setprofile(self._kill)
+
+    def end(self):
+        sys.setprofile(None)
+        if self.armed:
+            os.kill(os.getpid(), signal.SIGKILL)
+"""

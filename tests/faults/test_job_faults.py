@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from _jobs import python_job
+from _jobs import KILLER, python_job
 
 JOB_TIMEOUT = 90  # seconds; a hang shows up as exit 124
 
@@ -151,32 +151,19 @@ C.all_reduce(np.ones(4, np.float32))
     assert "rank 1 did not answer" in out.stderr, out.stderr
 
 
-#: A loop of collectives of every kind, large enough to be cut into chunks; on the victim
-#: rank a profiler counts the function calls (Python and C, MPI's included) of a round,
-#: then kills the process with SIGKILL at call N of the next, N drawn from the seed (or at
-#: its end, when waits that poll made it shorter).
-KILLED_IN_A_COLLECTIVE = COLLECTIVES + """
-import random
+#: A loop of collectives of every kind, large enough to be cut into chunks; the victim
+#: rank counts the calls of a round and is killed at a random one of the next (KILLER).
+KILLED_IN_A_COLLECTIVE = COLLECTIVES + KILLER + """
 seed = {seed}
 victim = seed % w.size
-count = [0, 0]
-
-def counting(frame, event, arg):
-    count[0] += 1
-
-def killing(frame, event, arg):
-    count[1] += 1
-    if count[1] >= count[0]:
-        os.kill(os.getpid(), signal.SIGKILL)
-
+killer = _Killer(seed)
 n = 1 << 16
 x = np.arange(n * w.size, dtype=np.float32)
 for round in range(4):  # 0 warms up (plans), 1 counts, 2 is killed
-    if w.rank == victim and round == 2:
-        count[0] = random.Random(seed).randint(1, count[0])
-        print(f"rank {{w.rank}}: SIGKILL at call {{count[0]}} of the round", flush=True)
-    if w.rank == victim and round in (1, 2):
-        sys.setprofile(counting if round == 1 else killing)
+    if w.rank == victim and round == 1:
+        killer.count()
+    elif w.rank == victim and round == 2:
+        killer.arm("the round")
     C.all_reduce(x.copy(), algo={algo!r})
     C.all_to_all(x)
     C.all_gather(x[:n])
@@ -184,9 +171,8 @@ for round in range(4):  # 0 warms up (plans), 1 counts, 2 is killed
     C.broadcast(x, root=w.size - 1)
     h = C.all_reduce(x.copy(), async_op=True)
     h.wait()
-    sys.setprofile(None)
-    if w.rank == victim and round == 2:  # fewer calls this time (waits poll): now
-        os.kill(os.getpid(), signal.SIGKILL)
+    if w.rank == victim and round in (1, 2):
+        killer.end() if round == 2 else sys.setprofile(None)
 print("rank", w.rank, "finished", flush=True)
 """
 

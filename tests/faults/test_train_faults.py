@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from _jobs import no_mounts, run_job, small_filesystem
+from _jobs import KILLER, no_mounts, run_job, small_filesystem
 from embedding.checkpoint import latest_checkpoint, list_checkpoints
 from embedding.train.metrics import read_metrics
 
@@ -257,44 +257,32 @@ def test_killed_mid_checkpoint_resumes_from_the_previous_one(tmp_path):
     assert Path(root / "step-000000000004").is_dir()
 
 
-#: Runs `neocomm train`, on the victim rank killing the process with SIGKILL at a random
-#: point of the given step: a profiler counts the function calls (Python and C, MPI's
-#: included) of the step before, then fires at call number N, drawn from the seed (or at
-#: the step's end, when waits that poll made this step shorter).
+#: Runs `neocomm train`; the victim rank counts the calls of the step before the given one
+#: and is killed at a random call of the given step (KILLER).
 KILLED_IN_A_STEP = r"""
-import os, random, signal, sys
+import os, signal, sys
 import neocomm
 from embedding.train import loop
 from neocomm.cli import main
 
 w = neocomm.init()
+""" + KILLER + r"""
 seed, step_at = {seed}, {step}
 victim = seed % w.size
-rng = random.Random(seed)
-count = [0, 0]
+killer = _Killer(seed)
 original = loop.Trainer._step
-
-def counting(frame, event, arg):
-    count[0] += 1
-
-def killing(frame, event, arg):
-    count[1] += 1
-    if count[1] >= count[0]:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 def step(self, prep, dist, n, has_next):
     if w.rank == victim and n == step_at - 1:
-        sys.setprofile(counting)
+        killer.count()
     elif w.rank == victim and n == step_at:
-        count[0] = rng.randint(1, count[0])
-        print(f"rank {{w.rank}}: SIGKILL at call {{count[0]}} of step {{n}}", flush=True)
-        sys.setprofile(killing)
+        killer.arm(f"step {{n}}")
     try:
         return original(self, prep, dist, n, has_next)
     finally:
+        if w.rank == victim and n == step_at:
+            killer.end()
         sys.setprofile(None)
-        if w.rank == victim and n == step_at:  # fewer calls this time (waits poll): now
-            os.kill(os.getpid(), signal.SIGKILL)
 
 loop.Trainer._step = step
 sys.exit(main(["train", "--config", "train.toml", "--out", "out"]))
