@@ -75,9 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run our algorithms as prepared (persistent) collectives, "
                         "collectives.prepare_*: validated once, then only run; the mpi peer "
                         "stays the plain blocking call")
-    p.add_argument("--check-args", action="store_true",
-                   help="keep argument agreement on in timed calls (off by default, as "
-                        "nccl-tests times the bare collective)")
+    p.add_argument("--bare", action="store_true",
+                   help="time the bare collective, argument agreement and checks off (as "
+                        "nccl-tests does); by default the call a user makes is timed, "
+                        "agreement and checks included")
     p.add_argument("-R", "--symmetric", action="store_true",
                    help="allocate the buffers as symmetric memory (collectives.symmetric), "
                         "for every algorithm and the MPI peer alike (as nccl-tests' -R "
@@ -96,6 +97,12 @@ def _list() -> int:
     for op in CollectiveOp:
         print(f"{op.value:15s} {' '.join(names(op))}")
     return 0
+
+
+def _device_backend_kind():
+    from neocomm.group import _device_backend_kind as kind
+
+    return kind()
 
 
 def run(args) -> int:
@@ -120,8 +127,6 @@ def run(args) -> int:
         print("neocomm bench: --calibrate: calibrates the host fabric; not with --device",
               file=sys.stderr)
         return 2
-    if not args.check_args:
-        os.environ["NEOCOMM_CHECK_ARGS"] = "0"
     import neocomm
     from collectives.bench import (BenchConfig, peak_rss_bytes, run_bench,
                                    staging_high_water)
@@ -144,19 +149,24 @@ def run(args) -> int:
                       reduce_op=args.reduce_op, root=args.root, symmetric=args.symmetric,
                       prepared=args.prepared, device=args.device)
     lead = group.rank == 0
-    printer = _Printer(cfg, group, world) if lead else None
+    printer = _Printer(cfg, group, world, args.bare) if lead else None
+    backend = group.backend(kind=_device_backend_kind() if args.device else None)
+    checked = backend.check_args
+    backend.check_args = checked and not args.bare  # (plans made either way are redone)
     try:
         rows = run_bench(cfg, group, on_row=printer.row if printer else None)
     except (ValueError, TypeError) as exc:
         if lead:
             print(f"neocomm bench: {exc}", file=sys.stderr)
         return 2
+    finally:
+        backend.check_args = checked
     rss, staging = peak_rss_bytes(group), staging_high_water(group)
     wrong = sum(r.wrong for r in rows)
     if lead:
         printer.footer(rows, rss, staging)
         if args.json:
-            _write_json(args.json, cfg, group, world, rows, rss, staging)
+            _write_json(args.json, cfg, group, world, rows, rss, staging, args.bare)
     if args.calibrate:
         _calibrate(args.calibrate, cfg, group, rows, lead)
     return 1 if wrong else 0
@@ -176,8 +186,19 @@ def _device_unusable() -> str | None:
     return None
 
 
+def overheads(rows, peer: str) -> dict:
+    """``{algorithm: seconds}`` each algorithm's call takes beyond the peer's at the smallest
+    size (the per-call overhead, where the bytes cost least)."""
+    if not rows:
+        return {}
+    small = min(r.size for r in rows)
+    at = {r.algo: r.time for r in rows if r.size == small}
+    base = at.get(peer)
+    return {} if base is None else {a: t - base for a, t in at.items() if a != peer}
+
+
 class _Printer:
-    def __init__(self, cfg, group, world):
+    def __init__(self, cfg, group, world, bare: bool = False):
         from collectives.bench import peer_name
 
         self.cfg = cfg
@@ -189,7 +210,10 @@ class _Printer:
               f"{cfg.repeat} rounds (median), {cfg.check} checked"
               + (", symmetric buffers" if cfg.symmetric else "")
               + (", device buffers (peer: the backend's native collective)"
-                 if cfg.device else ""), flush=True)
+                 if cfg.device else "")
+              + ("; bare calls (--bare: no agreement, no checks)" if bare else
+                 "; the calls a user makes (agreement and checks on; --bare: off)"),
+              flush=True)
 
     def row(self, rows) -> None:
         if self.algos is None:
@@ -229,11 +253,16 @@ class _Printer:
             if chosen:
                 line += f" (ran {', '.join(chosen)})"
             print(line)
+        extra = overheads(rows, self.peer)
+        if extra:
+            small = min(r.size for r in rows)
+            print(f"# per-call overhead at {small} bytes, beyond {self.peer}: " + ", ".join(
+                f"{a} {t * 1e6:+.1f} us" for a, t in extra.items()))
         print(f"# wrong elements: {sum(r.wrong for r in rows)}; peak RSS {rss / 2**20:.1f} "
               f"MiB; staging high-water {staging / 2**20:.2f} MiB", flush=True)
 
 
-def _write_json(path, cfg, group, world, rows, rss, staging) -> None:
+def _write_json(path, cfg, group, world, rows, rss, staging, bare: bool = False) -> None:
     from collectives import settings
     from collectives.bench import peer_name
     from collectives.fabric import fabric_for
@@ -243,7 +272,8 @@ def _write_json(path, cfg, group, world, rows, rss, staging) -> None:
             "group": group.name, "dtype": cfg.dtype, "reduce_op": cfg.reduce_op,
             "iters": cfg.iters, "warmup": cfg.warmup, "repeat": cfg.repeat,
             "check": cfg.check, "symmetric": cfg.symmetric, "prepared": cfg.prepared,
-            "device": cfg.device, "peer": peer_name(cfg),
+            "device": cfg.device, "peer": peer_name(cfg), "bare": bare,
+            "overhead_us": {a: t * 1e6 for a, t in overheads(rows, peer_name(cfg)).items()},
             "host": socket.gethostname(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "settings": {k: v for k, v in vars(settings.current()).items()},
             "fabric_source": fabric_for(group).source,

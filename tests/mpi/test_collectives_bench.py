@@ -57,7 +57,7 @@ def test_calibration_on_symmetric_buffers(world, all_ranks):
         pytest.skip("needs 2 or more ranks in one node")
     folder = world.comm.bcast(tempfile.mkdtemp() if world.rank == 0 else None)
     path = os.path.join(folder, "cal.json")
-    status = main(["bench", "all_reduce", "-R", "--check-args", "--algo", "native,symmetric",
+    status = main(["bench", "all_reduce", "-R", "--algo", "native,symmetric",
                    "-b", "64K", "-e", "256K", "-f", "4", "-n", "2", "-w", "1", "-r", "1",
                    "--calibrate", path])
     world.comm.Barrier()
@@ -66,3 +66,38 @@ def test_calibration_on_symmetric_buffers(world, all_ranks):
     sym = [v for k, v in factors.items() if k.startswith("all_reduce/symmetric")]
     all_ranks(status == 0 and len(sym) == 3 and all(0 < v < math.inf for v in sym),
               f"status {status}, factors {factors}")
+
+
+def test_bench_times_the_users_call_unless_bare(world, all_ranks, monkeypatch):
+    """By default every timed call agrees its arguments, as a user's call does; --bare
+    times the collective alone. The footer's per-call overhead is the smallest size's
+    time beyond the MPI peer's."""
+    import json
+    import os
+    import tempfile
+
+    from neocomm import watchdog
+    from neocomm.cli import main
+
+    seen = []
+    real = watchdog.guard
+    monkeypatch.setattr(watchdog, "guard", lambda what: (seen.append(what), real(what))[1])
+    folder = world.comm.bcast(tempfile.mkdtemp() if world.rank == 0 else None)
+    agreements = {}
+    for bare in (False, True):
+        seen.clear()
+        path = os.path.join(folder, f"bench-{bare}.json")
+        status = main(["bench", "all_to_all", "-b", "4K", "-e", "16K", "-f", "4", "-n", "3",
+                       "-w", "1", "-r", "1", "-c", "0", "--json", path]
+                      + (["--bare"] if bare else []))
+        all_ranks(status == 0, f"status {status}")
+        agreements[bare] = sum(w.startswith("argument agreement of all_to_all") for w in seen)
+        if world.rank == 0:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            small = min(r["size"] for r in data["rows"])
+            at = {r["algo"]: r["time"] for r in data["rows"] if r["size"] == small}
+            assert data["bare"] is bare
+            assert abs(data["overhead_us"]["auto"] - (at["auto"] - at["mpi"]) * 1e6) < 1e-6
+    # 2 sizes x (1 warm-up + 3 timed) calls at least agree by default; none when bare
+    all_ranks(agreements[False] >= 8 and agreements[True] == 0, str(agreements))
