@@ -78,7 +78,7 @@ class Prepared:
 
     def __call__(self):
         """Run once (blocking) and return :attr:`result`."""
-        if self._freed or self._handle is not None or self._group.unusable():
+        if self._freed or self._handle is not None or self._group.gone is not None:
             self._check("run")
         self._check_layout()
         seq = next(self._seq)  # every run numbers its group's operations, as any call does
@@ -158,7 +158,7 @@ class Prepared:
         return f"<Prepared {self.op} ({self.algo}), {state}>"
 
     def _check(self, what: str) -> None:
-        gone = self._group.unusable()
+        gone = self._group.gone
         if gone is not None:
             raise GroupGoneError(f"prepared {self.op}: {what}: {gone}", ranks=self._group.ranks)
         if self._freed:

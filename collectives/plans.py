@@ -223,9 +223,9 @@ def capture(fn, *args, **kwargs):
                        f"being prepared")
 
 
-def clear(group=None) -> None:
-    """Forget every plan (of any group: a freed group's plans hold its communicator)."""
+def clear() -> None:
+    """Forget every plan."""
     _PLANS.clear()
 
 
-ON_RELEASE.append(clear)
+ON_RELEASE.append(lambda group: clear())  # a freed group's plans hold its communicator

@@ -44,16 +44,13 @@ class ProcessGroup:
         self.node_ids: tuple[int, ...] = tuple(sorted(by_node))
         self.nodes: tuple[tuple[int, ...], ...] = tuple(tuple(by_node[n]) for n in self.node_ids)
         self._backends: dict[BackendKind, object] = {}
-        #: why this group can no longer be used (None while it can)
+        #: why this group can no longer be used: freed, or its world closed (None while
+        #: it can); ``world.close()`` releases every group of the world
         self.gone: str | None = None
         world.adopt(self)
 
     def __repr__(self) -> str:
         return f"ProcessGroup({self.name!r}, rank={self.rank}, size={self.size})"
-
-    def unusable(self) -> str | None:
-        """Why a call on this group must be refused (freed, or its world closed), or None."""
-        return self.gone or self.world.gone
 
     def free(self) -> None:
         """Release the group (collective over its ranks, like ``MPI_Comm_free``): its
@@ -103,8 +100,8 @@ class ProcessGroup:
         kind = BackendKind(kind)
         backend = self._backends.get(kind)
         if backend is None:
-            if self.unusable():
-                raise GroupGoneError(self.unusable(), ranks=self.ranks)
+            if self.gone is not None:
+                raise GroupGoneError(self.gone, ranks=self.ranks)
             cls = backend_class(kind)
             ok, reason = cls.availability()
             if not ok:

@@ -10,6 +10,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from neocomm.room import format_bytes, free_bytes, probe_write
+
 __all__ = ["find_launcher", "build_command", "launch", "check_room", "LauncherNotFound",
            "NoRoomError", "Launcher"]
 
@@ -274,37 +276,13 @@ MPI_SHM_SEGMENT = 16 << 20
 SESSION_BYTES = 1 << 20
 
 
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{int(n)} bytes"
-
-
-def _free(path: str) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def _probe(path: str, nbytes: int) -> str | None:
-    """Write ``nbytes`` to a new file in ``path`` (then remove it): why it failed, or None."""
-    import tempfile
-
+def _why_not_written(path: str, nbytes: int) -> str | None:
+    """Why ``nbytes`` cannot be written in ``path``, or None."""
     try:
-        fd, name = tempfile.mkstemp(prefix=".neocomm-probe-", dir=path)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(bytes(nbytes))
+        probe_write(path, nbytes)
         return None
     except OSError as exc:
         return exc.strerror or str(exc)
-    finally:
-        try:
-            os.unlink(name)
-        except OSError:
-            pass
 
 
 def check_room(local_ranks: int, *, shm_dir: str = _SHM_DIR,
@@ -317,31 +295,34 @@ def check_room(local_ranks: int, *, shm_dir: str = _SHM_DIR,
     tmp_dir = tmp_dir or next((os.environ[k] for k in ("TMPDIR", "TEMP", "TMP")
                                if os.environ.get(k)), "/tmp")
     try:
-        free = _free(tmp_dir)
+        free = free_bytes(tmp_dir)
     except OSError as exc:
         raise NoRoomError(f"{tmp_dir} (the temporary directory, TMPDIR): "
                           f"{exc.strerror or exc}") from None
-    why = _probe(tmp_dir, 64 << 10)
+    why = _why_not_written(tmp_dir, 64 << 10)
     if why is not None or free < SESSION_BYTES:
-        raise NoRoomError(f"{tmp_dir} (the temporary directory, TMPDIR) has {_size(free)} "
-                          f"free{'' if why is None else f' and cannot be written ({why})'}; "
-                          f"the MPI launcher needs about {_size(SESSION_BYTES)} there for its "
-                          f"session files. Free some space or set TMPDIR to another directory")
+        raise NoRoomError(f"{tmp_dir} (the temporary directory, TMPDIR) has "
+                          f"{format_bytes(free)} free"
+                          f"{'' if why is None else f' and cannot be written ({why})'}; "
+                          f"the MPI launcher needs about {format_bytes(SESSION_BYTES)} there "
+                          f"for its session files. Free some space or set TMPDIR to another "
+                          f"directory")
     if local_ranks > 1 and os.path.isdir(shm_dir):
         need = local_ranks * MPI_SHM_SEGMENT
-        free = _free(shm_dir)
-        why = _probe(shm_dir, 4096)
+        free = free_bytes(shm_dir)
+        why = _why_not_written(shm_dir, 4096)
         if why is not None or free < MPI_SHM_SEGMENT:
             raise NoRoomError(
-                f"{shm_dir} has {_size(free)} free"
+                f"{shm_dir} has {format_bytes(free)} free"
                 f"{'' if why is None else f' and cannot be written ({why})'}; {local_ranks} "
-                f"ranks on this host need up to {_size(need)} there ({_size(MPI_SHM_SEGMENT)} "
-                f"each for MPI's shared-memory transport). Remove stale files from {shm_dir} "
+                f"ranks on this host need up to {format_bytes(need)} there "
+                f"({format_bytes(MPI_SHM_SEGMENT)} each for MPI's shared-memory transport). "
+                f"Remove stale files from {shm_dir} "
                 f"or give it more room (e.g. docker run --shm-size)")
         if free < need:
-            warnings.append(f"{shm_dir} has {_size(free)} free; {local_ranks} ranks on this "
-                            f"host may use up to {_size(need)} there: a busy job can run out "
-                            f"(SIGBUS) part way")
+            warnings.append(f"{shm_dir} has {format_bytes(free)} free; {local_ranks} ranks "
+                            f"on this host may use up to {format_bytes(need)} there: a busy "
+                            f"job can run out (SIGBUS) part way")
     return warnings
 
 

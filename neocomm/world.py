@@ -173,7 +173,7 @@ def group_or_world(group):
         raise TypeError(f"group: expected a neocomm ProcessGroup (world.world, "
                         f"world.intra_node, world.rail, or one from ProcessGroup.split) or "
                         f"None for the world, got {type(group).__name__} {group!r:.60}")
-    gone = getattr(group, "gone", None) or getattr(getattr(group, "world", None), "gone", None)
+    gone = getattr(group, "gone", None)
     if gone is not None:
         from neocomm.errors import GroupGoneError
 

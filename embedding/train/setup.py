@@ -176,12 +176,6 @@ def _plan_locally(cfg: TrainConfig, tables, group) -> ShardingPlan:
 OUTPUT_MARGIN = 1 << 20
 
 
-def _size(n: int) -> str:
-    from neocomm.launcher import _size as size
-
-    return size(n)
-
-
 def check_disk_room(group, dirs: Sequence, need: int) -> None:
     """Refuse to start, on every rank, before anything is allocated, when a directory the
     job writes (``dirs``, the checkpoint directory last) cannot be created or written, or
@@ -190,12 +184,13 @@ def check_disk_room(group, dirs: Sequence, need: int) -> None:
     import socket
 
     from neocomm import watchdog
+    from neocomm.room import format_bytes, free_bytes, probe_write
 
     exc, where = None, None
     for d in dirs:
         try:
             os.makedirs(d, exist_ok=True)
-            _probe(d)
+            probe_write(d, 64 << 10)
         except OSError as e:
             exc = TrainingError(f"{d}: cannot write there ({e.strerror or e}); free some space "
                                 f"or choose another output.dir / checkpoint.dir",
@@ -208,26 +203,14 @@ def check_disk_room(group, dirs: Sequence, need: int) -> None:
     if where is not None:
         sharing = [w for w in everyone if w is not None and w[:2] == where[:2]]
         total = sum(w[2] for w in sharing) + OUTPUT_MARGIN
-        st = os.statvfs(dirs[-1])
-        free = st.f_bavail * st.f_frsize
+        free = free_bytes(dirs[-1])
         if free < total:
             exc = TrainingError(
-                f"{dirs[-1]}: {_size(free)} free; a checkpoint needs about {_size(total)} "
-                f"there ({len(sharing)} rank(s) of {where[0]} write to this file system); "
+                f"{dirs[-1]}: {format_bytes(free)} free; a checkpoint needs about "
+                f"{format_bytes(total)} there ({len(sharing)} rank(s) of {where[0]} write to "
+                f"this file system); "
                 f"free some space or choose another checkpoint.dir", tensor="disk")
     fail_together(group, "checking the output directories", exc)
-
-
-def _probe(path, nbytes: int = 64 << 10) -> None:
-    """Write ``nbytes`` to a new file in ``path`` and remove it (OSError when it fails)."""
-    import tempfile
-
-    fd, name = tempfile.mkstemp(prefix=".neocomm-probe-", dir=path)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(bytes(nbytes))
-    finally:
-        os.unlink(name)
 
 
 def make_reader(dataset, global_batch: int, group, *, broadcast: bool, shuffle: bool,

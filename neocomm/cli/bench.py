@@ -99,12 +99,6 @@ def _list() -> int:
     return 0
 
 
-def _device_backend_kind():
-    from neocomm.group import _device_backend_kind as kind
-
-    return kind()
-
-
 def run(args) -> int:
     if args.list:
         return _list()
@@ -150,7 +144,12 @@ def run(args) -> int:
                       prepared=args.prepared, device=args.device)
     lead = group.rank == 0
     printer = _Printer(cfg, group, world, args.bare) if lead else None
-    backend = group.backend(kind=_device_backend_kind() if args.device else None)
+    if args.device:
+        import cupy
+
+        backend = group.backend(cupy.empty(0, cupy.float32))  # the one device arrays use
+    else:
+        backend = group.backend()
     checked = backend.check_args
     backend.check_args = checked and not args.bare  # (plans made either way are redone)
     try:
