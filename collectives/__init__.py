@@ -12,17 +12,18 @@ Importing this package does not initialise MPI.
 from __future__ import annotations
 
 from collectives import settings  # noqa: F401 - declares the NEOCOMM_* settings
-from collectives.api import (all_gather, all_reduce, all_to_all, all_to_all_v, broadcast,
-                             reduce_scatter)
+from collectives.api import all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
+from collectives.api_v import all_to_all_v
 from collectives.api_sparse import many_to_many, one_to_many
 from collectives.cost import estimate
 from collectives.persistent import (Prepared, prepare_all_gather, prepare_all_reduce,
                                     prepare_all_to_all, prepare_all_to_all_v,
                                     prepare_broadcast, prepare_reduce_scatter)
+from collectives.state import state_of
 from collectives.types import CollectiveOp, FabricModel, Link
 
 __all__ = ["all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce", "all_gather",
            "broadcast", "one_to_many", "many_to_many", "estimate", "CollectiveOp",
            "FabricModel", "Link", "Prepared", "prepare_all_to_all", "prepare_all_to_all_v",
            "prepare_all_reduce", "prepare_reduce_scatter", "prepare_all_gather",
-           "prepare_broadcast"]
+           "prepare_broadcast", "state_of"]

@@ -8,6 +8,11 @@ in elements. ``algo=`` forces an algorithm (as ``NEOCOMM_ALGO_<OP>`` does),
 ``chunk_bytes=`` the chunk size (as ``NEOCOMM_CHUNK_BYTES`` does). Bad
 arguments on any rank raise :class:`~neocomm.errors.CollectiveArgumentError`
 on every rank.
+
+Every call runs through its :class:`~collectives.plan.Plan`: the first call
+of a layout (operation, options, dtype, sizes) is checked, agreed and
+selected and leaves its plan with the group; the next ones run it, on the
+same buffers or new ones, blocking or not (see :mod:`collectives.plan`).
 """
 from __future__ import annotations
 
@@ -15,21 +20,18 @@ from typing import Sequence
 
 import numpy as np
 
-from neocomm import watchdog
 from neocomm.agree import Problem
-from neocomm.backends.checks import (REDUCE_CODES, check_buffer, check_counts, check_overlap,
-                                     check_peer, check_same_dtype, counts_digest, first,
-                                     same_memory)
-from neocomm.backends.checks import dtype_code_of as _dcode
-from neocomm.types import ReduceOp
-from collectives import plans, symmetric
-from collectives._launch import OP_CODES, context, fail, launch
+from neocomm.types import REDUCE_CODES, ReduceOp
+from collectives import symmetric
 from collectives.algorithms import displs
+from collectives.plan import MISS, OP_CODES, build, context, remember
+from collectives.state import state_of
 from collectives.types import CollectiveOp, Request
+from collectives.validate import (check_buffer, check_counts, check_overlap, check_peer,
+                                  check_same_dtype, counts_digest, first, same_memory)
+from collectives.validate import dtype_code_of as _dcode
 
-__all__ = ["all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce", "all_gather",
-           "broadcast"]
-
+__all__ = ["all_to_all", "reduce_scatter", "all_reduce", "all_gather", "broadcast"]
 
 
 def _size(buf) -> int:
@@ -59,16 +61,6 @@ def _check_out(sendbuf, recvbuf, dev: bool, size: int | None = None,
     return problem
 
 
-def _counts_key(counts):
-    """Counts as part of a plan key: a list or tuple as its tuple (cheap), else bytes."""
-    kind = type(counts)
-    if kind is tuple:
-        return counts
-    if kind is list:
-        return tuple(counts)
-    return np.asarray(counts, np.int64).tobytes()
-
-
 def _flat(buf):
     """``buf`` as a flat view (None for None and for what is not an array)."""
     return buf.reshape(-1) if hasattr(buf, "reshape") and hasattr(buf, "dtype") else None
@@ -90,9 +82,11 @@ def _shown(value) -> str:
 
 def _call(name: str, buf, *args, async_op: bool = False, **kw):
     """This rank's call in the user's words (``all_to_all_v(float32, counts [8, 8])``),
-    made only when an error needs it."""
+    made only when an error needs it (it keeps no reference to the buffer: a plan holds
+    it)."""
+    dt = getattr(getattr(buf, "dtype", None), "name", type(buf).__name__)
+
     def text() -> str:
-        dt = getattr(getattr(buf, "dtype", None), "name", type(buf).__name__)
         parts = [dt] + [str(a) for a in args] + [f"{k}={_shown(v)}" for k, v in kw.items()]
         if async_op:
             parts.append("async_op=True")
@@ -117,8 +111,20 @@ def _apart(sendbuf, recvbuf):
 
 
 def _request(ctx, op, nbytes, itemsize, **kw) -> Request:
+    """The call as the selector sees it (the same on every rank once agreed)."""
     return Request(op, max(0, int(nbytes)), max(1, int(itemsize)), ctx.group.size,
                    device=ctx.xp.__name__ != "numpy", uniform_nodes=ctx.layout.uniform, **kw)
+
+
+def _replay(state, key, a, b, async_op: bool):
+    """What the group's plan of ``key`` returns on these buffers (see
+    :meth:`~collectives.plan.Plan.replay`), or MISS: no plan, or one these buffers
+    cannot use (the call then builds its own)."""
+    try:
+        plan = state.plans.get(key)
+    except TypeError:  # an argument that cannot be a key: the call's checks say why
+        return MISS
+    return MISS if plan is None else plan.replay(a, b, async_op)
 
 
 def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
@@ -134,14 +140,23 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
 
     Returns the result (or a handle whose ``wait()`` returns it).
     """
-    key = None
-    if not async_op and recvbuf is not None:
-        key = ("all_to_all", group, id(sendbuf), id(recvbuf), algo, chunk_bytes)
-        out = plans.replay(key, sendbuf, recvbuf)
-        if out is not None:
-            return out
+    state = state_of(group)
+    try:
+        key = ("all_to_all", algo, chunk_bytes, sendbuf.dtype, sendbuf.size, recvbuf is None)
+    except AttributeError:
+        key = None
+    out = _replay(state, key, sendbuf, recvbuf, async_op)
+    if out is not MISS:
+        return out
+    plan, bufs = _plan_all_to_all(state, sendbuf, recvbuf, async_op, algo, chunk_bytes)
+    if bufs[0] is sendbuf:  # (an exchange in place runs on a copy: no plan to keep)
+        remember(state, key, plan)
+    return plan.run(*bufs, async_op=async_op)
+
+
+def _plan_all_to_all(state, sendbuf, recvbuf, async_op, algo, chunk_bytes):
     op = CollectiveOp.ALL_TO_ALL
-    ctx = context(group, sendbuf, op.value)
+    ctx = context(None, sendbuf, op.value, state)
     p, dev = ctx.group.size, ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev)
     if problem is None and sendbuf.size % p:
@@ -158,103 +173,24 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     bits, symf = symmetric.describe(ctx.group, sendbuf) if ok else (0, {})
     request = _request(ctx, op, block * p * itemsize, itemsize, max_block=block * itemsize,
                        symmetric=bits)
+    alloc = _like_send(ctx.xp)
     if ok and recvbuf is None:
-        recvbuf = ctx.xp.empty_like(sendbuf)
+        recvbuf = alloc(sendbuf)
     counts = np.full(p, max(block, 0), np.int64)
     offs = displs(counts)
     fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), send_counts=counts,
                   recv_counts=counts, send_displs=offs, recv_displs=offs, **symf)
     sig = [("op", OP_CODES[op]), ("dtype", _dcode(sendbuf)), ("block", block)]
-    return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
-                          itemsize=itemsize, fields=fields, result=recvbuf,
-                          async_op=async_op, plan_key=key, plan_bufs=(sendbuf, recvbuf),
-                          call=_call("all_to_all", sendbuf, _size(sendbuf),
-                                     async_op=async_op)),
-                   async_op)
+    plan = build(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
+                 itemsize=itemsize, fields=fields, bufs=(sendbuf, recvbuf), result_at=1,
+                 async_op=async_op, alloc=alloc,
+                 call=_call("all_to_all", sendbuf, _size(sendbuf), async_op=async_op))
+    return plan, (sendbuf, recvbuf)
 
 
-def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
-                 recv_counts: Sequence[int] | None = None, *, group=None,
-                 async_op: bool = False, algo: str | None = None,
-                 chunk_bytes: int | None = None):
-    """AlltoAll with ``send_counts[j]`` elements to rank ``j``, packed in rank order.
-
-    Shape contract: ``sum(send_counts) == sendbuf.size``. Without
-    ``recv_counts`` the counts are exchanged (one small AlltoAll) and the
-    result is allocated; with them they must match what the peers send
-    (checked when ``NEOCOMM_CHECK_ARGS`` is on). Example, 2 ranks::
-
-        rank 0: sendbuf [a0 | a1 a2], send_counts [1, 2]  ->  [a0 | b0 b1 b2], recv_counts [1, 3]
-        rank 1: sendbuf [b0 b1 b2 | ], send_counts [3, 0] ->  [a1 a2 | ],     recv_counts [2, 0]
-
-    Returns ``(recvbuf, recv_counts)`` (or a handle whose ``wait()`` returns them).
-    """
-    key = None
-    if not async_op and recvbuf is not None and recv_counts is not None:
-        try:
-            key = ("all_to_all_v", group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
-                   _counts_key(send_counts), _counts_key(recv_counts))
-            hash(key)  # counts holding lists: no plan, and validation says what is wrong
-        except (TypeError, ValueError):
-            key = None
-        out = plans.replay(key, sendbuf, recvbuf) if key is not None else None
-        if out is not None:
-            return out
-    op = CollectiveOp.ALL_TO_ALL_V
-    ctx = context(group, sendbuf, op.value)
-    p, dev, comm = ctx.group.size, ctx.backend.device, ctx.group.comm
-    problem = check_buffer("sendbuf", sendbuf, device=dev)
-    sc = np.zeros(p, np.int64)
-    if problem is None:
-        problem, sc = check_counts("send_counts", send_counts, p, sendbuf.size, "sendbuf")
-    rc = None
-    if recv_counts is not None:
-        prc, rc = check_counts("recv_counts", recv_counts, p, _total(recv_counts, recvbuf),
-                               "recvbuf")
-        problem = problem or prc
-    if problem is None and recvbuf is not None:
-        problem = _check_out(sendbuf, recvbuf, dev)
-    if problem is None:
-        sendbuf = _apart(sendbuf, recvbuf)
-    call = _call("all_to_all_v", sendbuf, f"counts {_shown(send_counts)}", async_op=async_op)
-    # Agree on the call before the counts move: a rank in another collective (or in this
-    # one with async_op different) is named now instead of meeting the exchange.
-    fail(ctx, op, problem, [("op", OP_CODES[op]), ("async", int(bool(async_op))),
-                            ("dtype", _dcode(sendbuf))], call)
-    if rc is None or ctx.check:  # exchange the counts: to learn them, or to check them
-        offered = np.empty(p, np.int64)
-        with watchdog.guard("all_to_all_v (exchange of the counts)"):
-            comm.Alltoall(sc if problem is None else np.full(p, -1, np.int64), offered)
-        rejected = (offered < 0).any()  # that rank reports its own problem
-        if rc is None:
-            rc = np.where(offered < 0, 0, offered)
-            if problem is None and recvbuf is not None and recvbuf.size != int(rc.sum()):
-                problem = Problem("recvbuf", f"recvbuf: the peers send {int(rc.sum())} "
-                                             f"elements, recvbuf holds {recvbuf.size}")
-        elif problem is None and not rejected and not np.array_equal(offered, rc):
-            i = int(np.flatnonzero(offered != rc)[0])
-            problem = Problem("recv_counts", f"recv_counts[{i}] is {int(rc[i])} but rank {i} "
-                                             f"sends {int(offered[i])}")
-    ok = problem is None
-    itemsize = sendbuf.dtype.itemsize if ok else 1
-    # The request must be the same on every rank: agree on the largest sizes.
-    sizes = np.array([int(sc.sum()), int(sc.max(initial=0)), int(rc.max(initial=0))]
-                     if ok else [0, 0, 0], np.int64)
-    from mpi4py import MPI
-
-    with watchdog.guard("all_to_all_v (agreement of the sizes)"):
-        comm.Allreduce(MPI.IN_PLACE, sizes, op=MPI.MAX)
-    request = _request(ctx, op, sizes[0] * itemsize, itemsize,
-                       max_block=int(max(sizes[1], sizes[2])) * itemsize, uniform=False)
-    if ok and recvbuf is None:
-        recvbuf = ctx.xp.empty(int(rc.sum()), dtype=sendbuf.dtype)
-    fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), send_counts=sc,
-                  recv_counts=rc, send_displs=displs(sc), recv_displs=displs(rc)) if ok else {}
-    sig = [("op", OP_CODES[op]), ("dtype", _dcode(sendbuf))]
-    handle = launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
-                    itemsize=itemsize, fields=fields, result=(recvbuf, rc), async_op=async_op,
-                    plan_key=key, plan_bufs=(sendbuf, recvbuf), call=call)
-    return _result(handle, async_op)
+def _like_send(xp):
+    """How a run without a ``recvbuf`` makes one: like ``sendbuf``."""
+    return xp.empty_like
 
 
 def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None = None,
@@ -272,21 +208,26 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
 
     Returns the result (allocated when ``recvbuf`` is None).
     """
-    key = None
-    if not async_op and recvbuf is not None:
-        key = ("reduce_scatter", group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
-               op if op.__class__ is str else getattr(op, "_value_", None))
-        if recv_counts is not None:
-            try:
-                key += (np.asarray(recv_counts, np.int64).tobytes(),)
-            except (TypeError, ValueError):
-                key = None
-        out = plans.replay(key, sendbuf, recvbuf) if key is not None else None
-        if out is not None:
-            return out
+    state = state_of(group)
+    try:
+        key = ("reduce_scatter", algo, chunk_bytes, op, sendbuf.dtype, sendbuf.size,
+               recvbuf is None, None if recv_counts is None else tuple(recv_counts))
+    except (AttributeError, TypeError):
+        key = None
+    out = _replay(state, key, sendbuf, recvbuf, async_op)
+    if out is not MISS:
+        return out
+    plan, bufs = _plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, async_op, algo,
+                                      chunk_bytes)
+    remember(state, key, plan)
+    return plan.run(*bufs, async_op=async_op)
+
+
+def _plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, async_op, algo,
+                         chunk_bytes):
     kind = CollectiveOp.REDUCE_SCATTER
     rop, problem = _reduce_op(op)
-    ctx = context(group, sendbuf, kind.value)
+    ctx = context(None, sendbuf, kind.value, state)
     p, dev = ctx.group.size, ctx.backend.device
     problem = problem or check_buffer("sendbuf", sendbuf, device=dev, reducible=True)
     counts = None
@@ -309,19 +250,22 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
     request = _request(ctx, kind, _size(sendbuf) * itemsize if ok else 0, itemsize,
                        max_block=int(counts.max()) * itemsize if ok else 0,
                        uniform=recv_counts is None, reduce_op=rop.value, symmetric=bits)
+    mine = int(counts[ctx.group.rank]) if ok else 0
+    xp = ctx.xp
+    alloc = (lambda s: xp.empty(mine, dtype=s.dtype))
     if ok and recvbuf is None:
-        recvbuf = ctx.xp.empty(int(counts[ctx.group.rank]), dtype=sendbuf.dtype)
+        recvbuf = alloc(sendbuf)
     fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), recv_counts=counts,
                   reduce_op=rop, **symf)
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf)),
            ("reduce_op", REDUCE_CODES[rop]), ("recv_counts", counts_digest(counts))]
     extra = {} if recv_counts is None else {"recv_counts": recv_counts}
-    return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
-                          itemsize=itemsize, fields=fields, result=recvbuf,
-                          async_op=async_op, plan_key=key, plan_bufs=(sendbuf, recvbuf),
-                          call=_call("reduce_scatter", sendbuf, _size(sendbuf), op=op,
-                                     async_op=async_op, **extra)),
-                   async_op)
+    plan = build(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
+                 itemsize=itemsize, fields=fields, bufs=(sendbuf, recvbuf), result_at=1,
+                 async_op=async_op, alloc=alloc,
+                 call=_call("reduce_scatter", sendbuf, _size(sendbuf), op=op,
+                            async_op=async_op, **extra))
+    return plan, (sendbuf, recvbuf)
 
 
 def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
@@ -337,21 +281,29 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
 
     Returns the result buffer.
     """
-    key = None
-    if not async_op:
-        key = ("all_reduce", group, id(sendbuf), id(recvbuf), algo, chunk_bytes,
-               op if op.__class__ is str else getattr(op, "_value_", None))
-        out = plans.replay(key, sendbuf, recvbuf)
-        if out is not None:
-            return out
+    state = state_of(group)
+    if recvbuf is sendbuf:
+        recvbuf = None  # the in-place call
+    try:
+        key = ("all_reduce", algo, chunk_bytes, op, sendbuf.dtype, sendbuf.size,
+               recvbuf is None)
+    except AttributeError:
+        key = None
+    out = _replay(state, key, sendbuf, recvbuf, async_op)
+    if out is not MISS:
+        return out
+    plan, bufs = _plan_all_reduce(state, sendbuf, recvbuf, op, async_op, algo, chunk_bytes)
+    if len(bufs) == 1 + (recvbuf is not None):  # (two views of one memory: no plan to keep)
+        remember(state, key, plan)
+    return plan.run(*bufs, async_op=async_op)
+
+
+def _plan_all_reduce(state, sendbuf, recvbuf, op, async_op, algo, chunk_bytes):
     if recvbuf is not None and same_memory(sendbuf, recvbuf):
-        # the same memory: the in-place call (left without a plan: the plan of a call
-        # is kept under the buffers it was given, and this one drops one)
-        recvbuf, key = None, None
-    bufs = (sendbuf,) if recvbuf is None else (sendbuf, recvbuf)
+        recvbuf = None  # the same memory: the in-place call
     kind = CollectiveOp.ALL_REDUCE
     rop, problem = _reduce_op(op)
-    ctx = context(group, sendbuf, kind.value)
+    ctx = context(None, sendbuf, kind.value, state)
     dev = ctx.backend.device
     problem = problem or check_buffer("sendbuf", sendbuf, device=dev, reducible=True,
                                       writable=recvbuf is None)
@@ -368,12 +320,13 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
     fields = dict(sendbuf=flat_in, recvbuf=flat_in if recvbuf is None else _flat(recvbuf),
                   reduce_op=rop, **symf)
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf)),
-           ("reduce_op", REDUCE_CODES[rop])]
-    return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
-                          itemsize=itemsize, fields=fields, result=out, async_op=async_op,
-                          plan_key=key, plan_bufs=bufs,
-                          call=_call("all_reduce", sendbuf, _size(sendbuf), op=op,
-                                     async_op=async_op)), async_op)
+           ("reduce_op", REDUCE_CODES[rop]), ("in place", int(recvbuf is None))]
+    bufs = (sendbuf,) if recvbuf is None else (sendbuf, recvbuf)
+    plan = build(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
+                 itemsize=itemsize, fields=fields, bufs=bufs, result_at=len(bufs) - 1,
+                 async_op=async_op,
+                 call=_call("all_reduce", sendbuf, _size(sendbuf), op=op, async_op=async_op))
+    return plan, bufs
 
 
 def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
@@ -387,14 +340,22 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
         rank 0: sendbuf [a0 a1]  ->  result [[a0 a1] [b0 b1]]
         rank 1: sendbuf [b0 b1]  ->  result [[a0 a1] [b0 b1]]
     """
-    key = None
-    if not async_op and recvbuf is not None:
-        key = ("all_gather", group, id(sendbuf), id(recvbuf), algo, chunk_bytes)
-        out = plans.replay(key, sendbuf, recvbuf)
-        if out is not None:
-            return out
+    state = state_of(group)
+    try:
+        key = ("all_gather", algo, chunk_bytes, sendbuf.dtype, sendbuf.size, recvbuf is None)
+    except AttributeError:
+        key = None
+    out = _replay(state, key, sendbuf, recvbuf, async_op)
+    if out is not MISS:
+        return out
+    plan, bufs = _plan_all_gather(state, sendbuf, recvbuf, async_op, algo, chunk_bytes)
+    remember(state, key, plan)
+    return plan.run(*bufs, async_op=async_op)
+
+
+def _plan_all_gather(state, sendbuf, recvbuf, async_op, algo, chunk_bytes):
     kind = CollectiveOp.ALL_GATHER
-    ctx = context(group, sendbuf, kind.value)
+    ctx = context(None, sendbuf, kind.value, state)
     p, dev = ctx.group.size, ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev)
     if problem is None and recvbuf is not None:
@@ -405,17 +366,18 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     bits, symf = symmetric.describe(ctx.group, sendbuf) if ok else (0, {})
     request = _request(ctx, kind, p * _size(sendbuf) * itemsize if ok else 0, itemsize,
                        max_block=_size(sendbuf) * itemsize if ok else 0, symmetric=bits)
+    xp = ctx.xp
+    alloc = (lambda s: xp.empty((p,) + tuple(s.shape), dtype=s.dtype))
     if ok and recvbuf is None:
-        recvbuf = ctx.xp.empty((p,) + tuple(sendbuf.shape), dtype=sendbuf.dtype)
+        recvbuf = alloc(sendbuf)
     counts = np.full(p, max(_size(sendbuf), 0), np.int64)
     fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), recv_counts=counts, **symf)
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)), ("count", _size(sendbuf))]
-    return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
-                          itemsize=itemsize, fields=fields, result=recvbuf,
-                          async_op=async_op, plan_key=key, plan_bufs=(sendbuf, recvbuf),
-                          call=_call("all_gather", sendbuf, _size(sendbuf),
-                                     async_op=async_op)),
-                   async_op)
+    plan = build(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
+                 itemsize=itemsize, fields=fields, bufs=(sendbuf, recvbuf), result_at=1,
+                 async_op=async_op, alloc=alloc,
+                 call=_call("all_gather", sendbuf, _size(sendbuf), async_op=async_op))
+    return plan, (sendbuf, recvbuf)
 
 
 def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
@@ -430,14 +392,23 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
 
     Returns ``buf``.
     """
-    key = None
-    if not async_op and isinstance(root, int):
-        key = ("broadcast", group, id(buf), algo, chunk_bytes, root)
-        out = plans.replay(key, buf)
-        if out is not None:
-            return out
+    state = state_of(group)
+    try:
+        key = ("broadcast", algo, chunk_bytes, root, buf.dtype, buf.size)
+    except AttributeError:
+        key = None
+    out = _replay(state, key, buf, None, async_op)
+    if out is not MISS:
+        return out
+    plan, bufs = _plan_broadcast(state, buf, root, async_op, algo, chunk_bytes)
+    if isinstance(root, int):
+        remember(state, key, plan)
+    return plan.run(*bufs, async_op=async_op)
+
+
+def _plan_broadcast(state, buf, root, async_op, algo, chunk_bytes):
     kind = CollectiveOp.BROADCAST
-    ctx = context(group, buf, kind.value)
+    ctx = context(None, buf, kind.value, state)
     p, dev = ctx.group.size, ctx.backend.device
     problem = first(check_buffer("buf", buf, device=dev, writable=True),
                     check_peer("root", root, p))
@@ -450,13 +421,9 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
                   members=list(range(p)), identical=True, **symf)
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(buf)), ("count", _size(buf)),
            ("root", int(root) if isinstance(root, (int, np.integer)) else -1)]
-    return _result(launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
-                          itemsize=itemsize, fields=fields, result=buf, async_op=async_op,
-                          plan_key=key, plan_bufs=(buf,),
-                          call=_call("broadcast", buf, _size(buf), root=root,
-                                     async_op=async_op)), async_op)
-
-
-def _result(handle, async_op: bool):
-    return handle if async_op else handle.wait()
+    plan = build(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
+                 itemsize=itemsize, fields=fields, bufs=(buf,), result_at=0,
+                 async_op=async_op,
+                 call=_call("broadcast", buf, _size(buf), root=root, async_op=async_op))
+    return plan, (buf,)
 

@@ -12,15 +12,14 @@ from typing import Sequence
 import numpy as np
 
 from neocomm.agree import Problem
-from neocomm.backends.checks import check_peer, check_same_dtype, first
 from neocomm.types import bfloat16, dtype_from_code
 
-from neocomm.backends.checks import check_buffer
-from collectives._launch import OP_CODES, context, fail, launch
 from collectives.algorithms import displs
-from collectives.api import _dcode, _flat, _request, _result, _shown
+from collectives.api import _dcode, _flat, _request, _shown
 from collectives.fabric import fabric_for
+from collectives.plan import OP_CODES, build, context, fail
 from collectives.types import CollectiveOp
+from collectives.validate import check_buffer, check_peer, check_same_dtype, first
 
 __all__ = ["one_to_many", "many_to_many"]
 
@@ -151,10 +150,8 @@ def one_to_many(sendbuf=None, recvbuf=None, *, root: int, ranks: Sequence[int],
                   recvbuf=_flat(recvbuf) if receiver else None, root=int(root),
                   members=members, identical=identical,
                   send_counts=cnt, send_displs=displs(cnt))
-    return _result(launch(ctx, request, None, [("op", OP_CODES[kind])], algo=algo,
-                          chunk_bytes=chunk_bytes, itemsize=itemsize, fields=fields,
-                          result=recvbuf if receiver else None, async_op=async_op),
-                   async_op)
+    return _run_once(ctx, request, None, [("op", OP_CODES[kind])], algo, chunk_bytes, itemsize,
+                     fields, recvbuf if receiver else None, async_op)
 
 
 def many_to_many(sendbuf, send_peers: Sequence[int], send_counts: Sequence[int] | None = None,
@@ -260,7 +257,14 @@ def many_to_many(sendbuf, send_peers: Sequence[int], send_counts: Sequence[int] 
                   send_counts=sc, send_displs=displs(sc), recv_peers=rpeers, recv_counts=rc,
                   recv_displs=displs(rc)) if ok else {}
     sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf))]
-    handle = launch(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
-                    itemsize=itemsize, fields=fields, result=(recvbuf, rpeers, rc),
-                    async_op=async_op)
-    return _result(handle, async_op)
+    return _run_once(ctx, request, problem, sig, algo, chunk_bytes, itemsize, fields,
+                     (recvbuf, rpeers, rc), async_op)
+
+
+def _run_once(ctx, request, problem, signature, algo, chunk_bytes, itemsize, fields, result,
+              async_op):
+    """Plan and run a targeted call (its plan is not kept: who sends what to whom is
+    each call's own); returns the result (or a handle whose ``wait()`` returns it)."""
+    plan = build(ctx, request, problem, signature, algo=algo, chunk_bytes=chunk_bytes,
+                 itemsize=itemsize, fields=fields, bufs=None, result_at=0, async_op=async_op)
+    return plan.once(result, async_op)

@@ -453,7 +453,7 @@ def _chosen(case: _Case, algo: str) -> str:
     """The algorithm a call with ``algo`` runs (resolves ``auto``: runs it once)."""
     if algo != "auto":
         return algo
-    from collectives import plans
+    from collectives import plan as plans
 
     plans.LAST_CHOSEN.pop(case.op.value, None)
     case.ours(None)()

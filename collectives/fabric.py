@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import weakref
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 from collectives import settings
-from collectives.types import FabricModel
+from collectives.types import FabricModel, Layout
 
 __all__ = ["Layout", "layout_of", "fabric_for", "load_calibration", "save_calibration",
            "apply_calibration"]
@@ -23,50 +22,11 @@ __all__ = ["Layout", "layout_of", "fabric_for", "load_calibration", "save_calibr
 _log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where the ranks of a group live: ``node[r]`` (0-based node position) and
-    ``local[r]`` (position within its node) for every group rank ``r``;
-    ``nodes`` lists the group ranks of each node in order."""
-
-    nodes: tuple[tuple[int, ...], ...]
-    node: tuple[int, ...]
-    local: tuple[int, ...]
-
-    @classmethod
-    def from_nodes(cls, nodes) -> "Layout":
-        nodes = tuple(tuple(int(r) for r in n) for n in nodes)
-        size = sum(len(n) for n in nodes)
-        node, local = [0] * size, [0] * size
-        for i, members in enumerate(nodes):
-            for j, r in enumerate(members):
-                node[r], local[r] = i, j
-        return cls(nodes, tuple(node), tuple(local))
-
-    @property
-    def uniform(self) -> bool:
-        """Every node holds the same number of ranks."""
-        return len({len(n) for n in self.nodes}) == 1
-
-    @property
-    def ranks_per_node(self) -> int:
-        return max(len(n) for n in self.nodes)
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.nodes)
-
-
-_LAYOUTS: "weakref.WeakKeyDictionary[object, Layout]" = weakref.WeakKeyDictionary()
-_FABRICS: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
-
-
 def layout_of(group) -> Layout:
-    """The (cached) :class:`Layout` of a process group."""
-    found = _LAYOUTS.get(group)
-    if found is None:
-        found = _LAYOUTS[group] = Layout.from_nodes(group.nodes)
-    return found
+    """The :class:`Layout` of a process group (kept in the group's state)."""
+    from collectives.state import state_of
+
+    return state_of(group).layout
 
 
 def fabric_for(group, device: bool = False, first: str = "") -> FabricModel:
@@ -74,28 +34,29 @@ def fabric_for(group, device: bool = False, first: str = "") -> FabricModel:
     shape, links from the topology, calibration. The first call on a group is
     collective over it (the topology of its hosts is gathered), after an agreement
     that every member is making the same call (``first``, the collective's name)."""
+    from collectives.state import state_of
+
+    state = state_of(group)
     path = settings.calibration_path()
-    cached = _FABRICS.get(group)
     key = (path, bool(device))
-    if cached is not None and key in cached:
-        return cached[key]
-    layout = layout_of(group)
-    fabric = _links_from_topology(group, device, first) or FabricModel()
+    found = state.fabrics.get(key)
+    if found is not None:
+        return found
+    layout = state.layout
+    fabric = _links_from_topology(state, device, first) or FabricModel()
     fabric = fabric.with_shape(layout.ranks_per_node, layout.num_nodes)
     if path:
         fabric = apply_calibration(fabric, load_calibration(path))
-    _FABRICS.setdefault(group, {})[key] = fabric
+    state.fabrics[key] = fabric
     return fabric
 
 
-_TOPOLOGIES: "weakref.WeakKeyDictionary[object, object]" = weakref.WeakKeyDictionary()
-
-
-def _links_from_topology(group, device: bool, first: str = "") -> FabricModel | None:
+def _links_from_topology(state, device: bool, first: str = "") -> FabricModel | None:
     """Links of the group's discovered topology (None when discovery failed)."""
     from collectives.topofabric import discover_group_topology, fabric_from_topology
 
-    if group not in _TOPOLOGIES:
+    group = state.group
+    if state.topology is state.UNKNOWN:
         from neocomm import watchdog
         from neocomm.agree import agree
 
@@ -110,8 +71,8 @@ def _links_from_topology(group, device: bool, first: str = "") -> FabricModel | 
         # collective over the group: the first call on it waits here for every member
         with watchdog.guard(f"topology discovery of group {getattr(group, 'name', '?')!r} "
                             f"(its first collective)"):
-            _TOPOLOGIES[group] = discover_group_topology(group)
-    cluster = _TOPOLOGIES[group]
+            state.topology = discover_group_topology(group)
+    cluster = state.topology
     if cluster is None:
         return None
     return fabric_from_topology(cluster, device=device)

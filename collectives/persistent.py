@@ -13,6 +13,8 @@ returned :class:`Prepared` then moves whatever the buffers hold at each run::
             a2a()               # blocking; returns y
             # or: a2a.start(); ...overlap...; y = a2a.wait()
 
+A :class:`Prepared` is the call's :class:`~collectives.plan.Plan` — built
+exactly as the plain call builds it — held by the user with its buffers.
 When the chosen algorithm is ``native`` on host (NumPy) buffers over MPI,
 each blocking run is one MPI call under the stall watchdog: an MPI persistent
 request's ``Start`` and ``Wait`` for AlltoAll, AlltoAllv and Broadcast, the
@@ -33,15 +35,15 @@ size, dtype and memory while it lives (fill them in place).
 from __future__ import annotations
 
 from time import monotonic as _now
+
 import numpy as np
 
 from neocomm.agree import Problem
 from neocomm.errors import GroupGoneError
-from neocomm.watchdog import Slot
-from neocomm.world import group_or_world
 
-from collectives import api, plans, progress
-from collectives._launch import OP_CODES, array_module, context, fail
+from collectives import api, api_v, progress
+from collectives.plan import LAST_CHOSEN, OP_CODES, array_module, context, fail
+from collectives.state import state_of
 from collectives.types import CollectiveOp
 
 __all__ = ["Prepared", "prepare_all_to_all", "prepare_all_to_all_v", "prepare_all_reduce",
@@ -52,23 +54,21 @@ class Prepared:
     """One prepared collective; call it (or :meth:`start` then :meth:`wait`) to run it.
 
     ``op`` is the collective's name (``"all_to_all"``), ``algo`` the algorithm
-    it runs, ``persistent`` whether runs are MPI persistent requests, and
-    ``result`` what every run returns (the receive buffer, the in-place
-    buffer, or ``(recvbuf, recv_counts)`` for AlltoAllv).
+    it runs, ``persistent`` whether runs are MPI persistent requests, ``plan``
+    the call's plan and ``result`` what every run returns (the receive buffer,
+    the in-place buffer, or ``(recvbuf, recv_counts)`` for AlltoAllv).
     """
 
-    __slots__ = ("op", "algo", "result", "_call", "_algo", "_request", "_direct", "_slot",
-                 "_seq", "_handle", "_bufs", "_freed", "_layout", "_group")
+    __slots__ = ("op", "algo", "result", "plan", "_request", "_handle", "_bufs", "_freed",
+                 "_layout", "_group", "_seq")
 
-    def __init__(self, bufs, call, algo, result, request, direct):
-        self.op, self.algo, self.result = call.op.value, algo.name, result
-        self._call, self._algo, self._request, self._bufs = call, algo, request, bufs
-        self._direct = direct  # a blocking mpi4py call over ``bufs`` (native, host, MPI)
-        self._slot = Slot(f"{self.op} ({self.algo}, prepared)")
-        self._seq = progress.counter(call.group)
+    def __init__(self, plan, bufs, result, request):
+        self.op, self.algo, self.plan, self.result = plan.op, plan.algo, plan, result
+        self._request, self._bufs = request, bufs
         self._handle = None
         self._freed = False
-        self._group = call.group
+        self._group = plan.state.group
+        self._seq = plan.state.seq
         self._layout = tuple((b, b.dtype, b.shape) for b in bufs)
 
     @property
@@ -81,39 +81,37 @@ class Prepared:
         if self._freed or self._handle is not None or self._group.gone is not None:
             self._check("run")
         self._check_layout()
+        request = self._request
+        if request is None:  # the plan's run, without its agreement (see the module docs)
+            self.plan._start(self._bufs, next(self._seq), False)
+            return self.result
         seq = next(self._seq)  # every run numbers its group's operations, as any call does
-        plans.LAST_CHOSEN[self.op] = self.algo
-        if not progress._ACTIVE:  # else drive the outstanding operations too
-            request = self._request
-            if request is not None:
-                slot = self._slot
-                slot.since = _now()
-                try:
-                    request.Start()
-                    request.Wait()
-                finally:
-                    slot.since = 0.0
-                return self.result
-            direct = self._direct
-            if direct is not None:
-                slot = self._slot
-                slot.since = _now()
-                try:
-                    direct(*self._bufs)
-                finally:
-                    slot.since = 0.0
-                return self.result
-        return progress.start(self._steps(seq, True), self.result, False,
-                              self._slot.what).wait()
+        LAST_CHOSEN[self.op] = self.algo
+        if not self.plan.state.progress.active:  # else drive the outstanding ones too
+            slot = self.plan.slot
+            slot.since = _now()
+            try:
+                request.Start()
+                request.Wait()
+            finally:
+                slot.since = 0.0
+            return self.result
+        return self._started(seq, False).wait()
 
     def start(self) -> None:
         """Begin a run without waiting for it; :meth:`wait` finishes it."""
         self._check("start")
         self._check_layout()
         seq = next(self._seq)
-        plans.LAST_CHOSEN[self.op] = self.algo
-        self._handle = progress.start(self._steps(seq, False), self.result, True,
-                                      self._slot.what)
+        if self._request is None:
+            self._handle = self.plan._start(self._bufs, seq, True)
+        else:
+            self._handle = self._started(seq, True)
+
+    def _started(self, seq: int, async_op: bool):
+        LAST_CHOSEN[self.op] = self.algo
+        return progress.start(_persistent_steps(self._request), self.result, async_op,
+                              self.plan.slot.what, self.plan.state.progress)
 
     def _check_layout(self) -> None:
         """Refuse a run on buffers whose dtype or shape changed since preparing (a loop,
@@ -131,7 +129,8 @@ class Prepared:
         handle, self._handle = self._handle, None
         if handle is None:
             raise ValueError(f"prepared {self.op}: wait() without start()")
-        return handle.wait()
+        handle.wait()
+        return self.result
 
     def free(self) -> None:
         """Release the request and the buffers (idempotent). A started run is
@@ -142,7 +141,7 @@ class Prepared:
             self.wait()
         if self._request is not None:
             self._request.Free()
-        self._request = self._direct = self._call = self._bufs = self.result = None
+        self._request = self._bufs = self.result = self.plan = None
         self._layout = ()
         self._freed = True
 
@@ -154,7 +153,7 @@ class Prepared:
 
     def __repr__(self) -> str:
         state = ("freed" if self._freed else "persistent" if self.persistent
-                 else "direct" if self._direct is not None else "rerun")
+                 else "direct" if self.plan.fast is not None else "rerun")
         return f"<Prepared {self.op} ({self.algo}), {state}>"
 
     def _check(self, what: str) -> None:
@@ -167,17 +166,11 @@ class Prepared:
             raise ValueError(f"prepared {self.op}: {what} while a started run is not "
                              f"waited for")
 
-    def _steps(self, seq: int, blocking: bool):
-        """Run number ``seq`` as an algorithm generator (for
-        :func:`collectives.progress.start`)."""
-        request = self._request
-        if request is not None:
-            request.Start()
-            yield (_RequestHandle(request),)
-            return
-        call = self._call
-        call.tag, call.blocking = progress.tag_of(seq), blocking
-        yield from self._algo.run(call)
+
+def _persistent_steps(request):
+    """One run of an MPI persistent request as an algorithm generator."""
+    request.Start()
+    yield (_RequestHandle(request),)
 
 
 class _RequestHandle:
@@ -198,47 +191,51 @@ class _RequestHandle:
         return self.done
 
 
-def _prepare(fn, kind: CollectiveOp, group, required: bool, missing: Problem | None, /,
-             *args, **kwargs):
-    """Capture the validated call of ``fn`` and build its :class:`Prepared`. With
-    ``required``, first agree on ``missing`` (an argument the prepared form needs
-    that the call itself would do without), so that it fails on every rank."""
-    if required:
-        fail(context(group, args[0], kind.value), kind, missing, [("op", OP_CODES[kind])])
-    bufs, call, algo, result = plans.capture(fn, *args, group=group, **kwargs)
-    request = _persistent_request(call, algo, bufs)
-    direct = algo.fast(call) if request is None and algo.name == "native" else None
-    return Prepared(bufs, call, algo, result, request, direct)
+def _prepare(plan, bufs, result, kind: CollectiveOp) -> Prepared:
+    """The :class:`Prepared` of a plan built for ``bufs`` (with an MPI persistent request
+    when its runs can be one)."""
+    return Prepared(plan, bufs, result, _persistent_request(plan, bufs, kind))
 
 
-def _persistent_request(call, algo, bufs):
+def _persistent_request(plan, bufs, kind: CollectiveOp):
     """The MPI persistent request of a native AlltoAll(v) or Broadcast on host
     buffers, else None."""
     from collectives.algorithms.native import host_datatype
 
-    op = call.op
-    if algo.name != "native" or op not in _PERSISTENT:
+    call = plan._call
+    if plan.algo != "native" or kind not in _PERSISTENT:
         return None
-    t = host_datatype(call)
+    bound = copy_with(call, bufs)
+    t = host_datatype(bound)
     if t is None:
         return None
     comm = call.group.comm
-    if op is CollectiveOp.ALL_TO_ALL:
+    if kind is CollectiveOp.ALL_TO_ALL:
         return comm.Alltoall_init([bufs[0], t], [bufs[1], t])
-    if op is CollectiveOp.ALL_TO_ALL_V:
+    if kind is CollectiveOp.ALL_TO_ALL_V:
         return comm.Alltoallv_init(
             [bufs[0], call.send_counts.tolist(), call.send_displs.tolist(), t],
             [bufs[1], call.recv_counts.tolist(), call.recv_displs.tolist(), t])
     return comm.Bcast_init([bufs[0], t], call.root)
 
 
+def copy_with(call, bufs):
+    """A copy of a plan's Call holding ``bufs`` (send, recv) or (buf,) flat."""
+    import copy
+
+    bound = copy.copy(call)
+    if len(bufs) == 1:
+        bound.recvbuf = bufs[0].reshape(-1)
+        if call.op is not CollectiveOp.BROADCAST:
+            bound.sendbuf = bound.recvbuf
+    else:
+        bound.sendbuf, bound.recvbuf = bufs[0].reshape(-1), bufs[1].reshape(-1)
+    return bound
+
+
 #: Ops whose native runs use MPI persistent requests (see the module docstring).
 _PERSISTENT = frozenset({CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V,
                          CollectiveOp.BROADCAST})
-
-
-def _group_size(group, buf) -> int:
-    return group_or_world(group).size
 
 
 def _like(buf, shape):
@@ -248,15 +245,32 @@ def _like(buf, shape):
     return array_module(buf).empty(shape, dtype=buf.dtype)
 
 
+def _require(state, kind: CollectiveOp, buf, missing: Problem | None) -> None:
+    """Agree on ``missing`` (an argument the prepared form needs that the call itself
+    would do without), so that it fails on every rank."""
+    fail(context(None, buf, kind.value, state), kind, missing, [("op", OP_CODES[kind])])
+
+
 def prepare_all_to_all(sendbuf, recvbuf=None, *, group=None, algo: str | None = None,
                        chunk_bytes: int | None = None) -> Prepared:
     """Prepare :func:`collectives.all_to_all` on these buffers (``recvbuf=None``:
     allocated once, with ``sendbuf``'s shape). Runs return ``recvbuf``."""
+    state = state_of(group)
     if recvbuf is None:
         recvbuf = _like(sendbuf, getattr(sendbuf, "shape", ()))
-    return _prepare(api.all_to_all, CollectiveOp.ALL_TO_ALL, group, False, None, sendbuf,
-                    recvbuf,
-                    algo=algo, chunk_bytes=chunk_bytes)
+    _require(state, CollectiveOp.ALL_TO_ALL, sendbuf, _same_memory(sendbuf, recvbuf))
+    plan, bufs = api._plan_all_to_all(state, sendbuf, recvbuf, False, algo, chunk_bytes)
+    return _prepare(plan, bufs, bufs[1], CollectiveOp.ALL_TO_ALL)
+
+
+def _same_memory(sendbuf, recvbuf) -> Problem | None:
+    """A prepared exchange needs two buffers (the plain call copies an in-place one)."""
+    from collectives.validate import same_memory
+
+    if recvbuf is not None and sendbuf is not None and same_memory(sendbuf, recvbuf):
+        return Problem("recvbuf", "recvbuf: a prepared exchange needs a buffer of its own, "
+                                  "got sendbuf's memory")
+    return None
 
 
 def prepare_all_to_all_v(sendbuf, send_counts, recvbuf, recv_counts, *, group=None,
@@ -265,21 +279,29 @@ def prepare_all_to_all_v(sendbuf, send_counts, recvbuf, recv_counts, *, group=No
     """Prepare :func:`collectives.all_to_all_v` with fixed counts. ``recvbuf`` and
     ``recv_counts`` are required (as ``MPI_Alltoallv_init`` needs them). Runs
     return ``(recvbuf, recv_counts)``."""
+    state = state_of(group)
     missing = None
     if recvbuf is None or recv_counts is None:
         name = "recvbuf" if recvbuf is None else "recv_counts"
         missing = Problem(name, f"{name}: a prepared all_to_all_v needs it, got None")
-    return _prepare(api.all_to_all_v, CollectiveOp.ALL_TO_ALL_V, group, True, missing, sendbuf,
-                    send_counts, recvbuf, recv_counts, algo=algo, chunk_bytes=chunk_bytes)
+    _require(state, CollectiveOp.ALL_TO_ALL_V, sendbuf,
+             missing or _same_memory(sendbuf, recvbuf))
+    plan, bufs = api_v._all_to_all_v(state, sendbuf, send_counts, recvbuf, recv_counts, False,
+                                   algo, chunk_bytes, None, run=False)
+    return _prepare(plan, bufs, (bufs[1],) + plan._extra, CollectiveOp.ALL_TO_ALL_V)
 
 
 def prepare_all_reduce(sendbuf, recvbuf=None, *, op="sum", group=None,
                        algo: str | None = None, chunk_bytes: int | None = None) -> Prepared:
     """Prepare :func:`collectives.all_reduce` (``recvbuf=None``: in place). Runs
     return the result buffer."""
-    return _prepare(api.all_reduce, CollectiveOp.ALL_REDUCE, group, False, None, sendbuf,
-                    recvbuf,
-                    op=op, algo=algo, chunk_bytes=chunk_bytes)
+    from collectives.validate import same_memory
+
+    state = state_of(group)
+    if recvbuf is not None and sendbuf is not None and same_memory(sendbuf, recvbuf):
+        recvbuf = None
+    plan, bufs = api._plan_all_reduce(state, sendbuf, recvbuf, op, False, algo, chunk_bytes)
+    return _prepare(plan, bufs, bufs[-1], CollectiveOp.ALL_REDUCE)
 
 
 def prepare_reduce_scatter(sendbuf, recvbuf=None, *, recv_counts=None, op="sum", group=None,
@@ -287,45 +309,46 @@ def prepare_reduce_scatter(sendbuf, recvbuf=None, *, recv_counts=None, op="sum",
                            chunk_bytes: int | None = None) -> Prepared:
     """Prepare :func:`collectives.reduce_scatter` (``recvbuf=None``: allocated once).
     Runs return ``recvbuf``."""
+    state = state_of(group)
     if recvbuf is None:
-        recvbuf = _like(sendbuf, _rs_count(sendbuf, recv_counts, group))
-    return _prepare(api.reduce_scatter, CollectiveOp.REDUCE_SCATTER, group, False, None,
-                    sendbuf,
-                    recvbuf, recv_counts=recv_counts, op=op, algo=algo,
-                    chunk_bytes=chunk_bytes)
+        recvbuf = _like(sendbuf, _rs_count(sendbuf, recv_counts, state.group))
+    _require(state, CollectiveOp.REDUCE_SCATTER, sendbuf, _same_memory(sendbuf, recvbuf))
+    plan, bufs = api._plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, False,
+                                          algo, chunk_bytes)
+    return _prepare(plan, bufs, bufs[1], CollectiveOp.REDUCE_SCATTER)
 
 
 def _rs_count(sendbuf, recv_counts, group) -> int:
     """This rank's block of a reduce-scatter (a guess the call's checks judge)."""
     if recv_counts is not None:
         try:
-            g = group_or_world(group)
-            return max(0, int(np.asarray(recv_counts, np.int64)[g.rank]))
+            return max(0, int(np.asarray(recv_counts, np.int64)[group.rank]))
         except (TypeError, ValueError, IndexError):
             return 0
-    return int(getattr(sendbuf, "size", 0)) // _group_size(group, sendbuf)
+    return int(getattr(sendbuf, "size", 0)) // group.size
 
 
 def prepare_all_gather(sendbuf, recvbuf=None, *, group=None, algo: str | None = None,
                        chunk_bytes: int | None = None) -> Prepared:
     """Prepare :func:`collectives.all_gather` (``recvbuf=None``: allocated once with
     shape ``(p,) + sendbuf.shape``). Runs return ``recvbuf``."""
+    state = state_of(group)
     if recvbuf is None:
-        p = _group_size(group, sendbuf)
-        recvbuf = _like(sendbuf, (p,) + tuple(getattr(sendbuf, "shape", ())))
-    return _prepare(api.all_gather, CollectiveOp.ALL_GATHER, group, False, None, sendbuf,
-                    recvbuf,
-                    algo=algo, chunk_bytes=chunk_bytes)
+        recvbuf = _like(sendbuf, (state.group.size,) + tuple(getattr(sendbuf, "shape", ())))
+    _require(state, CollectiveOp.ALL_GATHER, sendbuf, _same_memory(sendbuf, recvbuf))
+    plan, bufs = api._plan_all_gather(state, sendbuf, recvbuf, False, algo, chunk_bytes)
+    return _prepare(plan, bufs, bufs[1], CollectiveOp.ALL_GATHER)
 
 
 def prepare_broadcast(buf, *, root: int = 0, group=None, algo: str | None = None,
                       chunk_bytes: int | None = None) -> Prepared:
     """Prepare :func:`collectives.broadcast` of ``buf`` from ``root``. Runs return ``buf``."""
+    state = state_of(group)
     missing = None
     if isinstance(root, np.integer):
         root = int(root)
     if not isinstance(root, int):
         missing = Problem("root", f"root: expected a group rank, got {root!r}")
-    return _prepare(api.broadcast, CollectiveOp.BROADCAST, group, True, missing, buf,
-                    root=root,
-                    algo=algo, chunk_bytes=chunk_bytes)
+    _require(state, CollectiveOp.BROADCAST, buf, missing)
+    plan, bufs = api._plan_broadcast(state, buf, root, False, algo, chunk_bytes)
+    return _prepare(plan, bufs, bufs[0], CollectiveOp.BROADCAST)

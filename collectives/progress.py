@@ -11,49 +11,24 @@ on different ranks cannot deadlock.
 """
 from __future__ import annotations
 
-import copy
-import itertools
 import os
-import threading
-import weakref
 
 from neocomm import watchdog
 from neocomm.backends.base import CompletedHandle, Handle
 
-__all__ = ["Operation", "start", "idle", "next_tag", "counter", "tag_of", "TAG_PHASE"]
+__all__ = ["Operation", "Progress", "progress_of", "start", "idle", "tag_of", "TAG_PHASE"]
 
 #: Tag distance between the phases of one operation (lanes use the tags in between).
 TAG_PHASE = 16
 _TAGS_PER_OP = 16 * TAG_PHASE
 _TAG_SLOTS = 120  # 120 * 256 < 32767, the smallest MPI_TAG_UB MPI allows
 
-_seq: "weakref.WeakKeyDictionary[object, itertools.count]" = weakref.WeakKeyDictionary()
-_seq_lock = threading.Lock()
-
-
-def counter(group) -> "itertools.count":
-    """The operation counter of ``group`` (shared by every call on the group)."""
-    found = _seq.get(group)
-    if found is None:
-        with _seq_lock:
-            found = _seq.setdefault(group, itertools.count())
-    return found
-
-
-def peek(group) -> int:
-    """The number the next operation on ``group`` will get (nothing is taken)."""
-    return next(copy.copy(counter(group)))
 
 
 def tag_of(seq: int) -> int:
-    """Base tag of the operation numbered ``seq`` on its group."""
+    """Base tag of the operation numbered ``seq`` on its group (every rank numbers its
+    group's operations alike, since every rank calls them in the same order)."""
     return 1 + _TAGS_PER_OP * (seq % _TAG_SLOTS)
-
-
-def next_tag(group) -> int:
-    """Base tag of the next operation on ``group`` (the same on every rank, since
-    every rank calls the group's collectives in the same order)."""
-    return tag_of(next(counter(group)))
 
 
 class Operation:
@@ -89,48 +64,70 @@ class Operation:
         return True
 
 
-_ACTIVE: list[Operation] = []
+class Progress:
+    """The outstanding asynchronous operations of one world (this process): every wait
+    drives all of them, whatever their group."""
+
+    __slots__ = ("active",)
+
+    def __init__(self, world=None):
+        self.active: list[Operation] = []
+
+    def close(self) -> None:
+        self.active.clear()
+
+
+def progress_of(world) -> Progress:
+    """The :class:`Progress` of ``world`` (kept in its runtime state)."""
+    return world.state("collectives.progress", Progress)
+
+
 _yield = getattr(os, "sched_yield", lambda: None)
 
 
-def _drive_until(op: Operation) -> None:
+def _drive_until(op: Operation, active: list) -> None:
     while not op.done:
-        others = [o for o in _ACTIVE if o is not op and not o.done]
+        others = [o for o in active if o is not op and not o.done]
         if not others:
             op.advance(block=True)
             break
         op.advance(block=False)
         for other in others:
             other.advance(block=False)
-        _ACTIVE[:] = [o for o in _ACTIVE if not o.done]
+        active[:] = [o for o in active if not o.done]
         if not op.done:
             _yield()
-    if op in _ACTIVE:
-        _ACTIVE.remove(op)
+    if op in active:
+        active.remove(op)
 
 
-def idle() -> bool:
-    """True when no asynchronous operation of this process is outstanding."""
-    return not _ACTIVE
+def idle(group=None) -> bool:
+    """True when no asynchronous operation of this process (the world of ``group``,
+    None: the current world) is outstanding."""
+    from neocomm.world import group_or_world
+
+    return not progress_of(group_or_world(group).world).active
 
 
-def start(gen, result, async_op: bool, what: str = "collective") -> Handle:
+def start(gen, result, async_op: bool, what: str, progress: Progress) -> Handle:
     """Run ``gen`` to completion (``async_op=False``) or start it and return a
     handle whose ``wait()`` finishes it and returns ``result``. Blocking waits
-    run under the stall watchdog as one guarded wait named ``what``."""
+    run under the stall watchdog as one guarded wait named ``what``; every wait
+    drives the other outstanding operations of ``progress`` too."""
     op = Operation(gen)
+    active = progress.active
     if not async_op:
         with watchdog.guard(what):
-            _drive_until(op) if _ACTIVE else op.advance(block=True)
+            _drive_until(op, active) if active else op.advance(block=True)
         return CompletedHandle(result)
     op.advance(block=False)
     if op.done:
         return CompletedHandle(result)
-    _ACTIVE.append(op)
+    active.append(op)
 
     def wait():
         with watchdog.guard(what):
-            _drive_until(op)
+            _drive_until(op, active)
 
     def test():
         op.advance(block=False)

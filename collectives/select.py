@@ -2,9 +2,9 @@
 
 By default every candidate of the operation is asked whether it
 ``supports`` the request on the group's fabric, and the cheapest by the
-cost model wins (ties go to the earlier candidate). ``algo=`` on the call,
-or ``NEOCOMM_ALGO_<OP>=name``, forces one; a forced algorithm that cannot
-run is an error, not a silent fallback. When no candidate can run, the
+cost model wins (ties go to the earlier candidate, by each algorithm's
+``order``). ``algo=`` on the call, or ``NEOCOMM_ALGO_<OP>=name``, forces
+one; a forced algorithm that cannot run is an error, not a silent fallback. When no candidate can run, the
 error lists every candidate and why it declined.
 """
 from __future__ import annotations
@@ -22,12 +22,18 @@ class SelectionError(ValueError):
 
 _CACHE: dict = {}
 _CACHE_LIMIT = 4096
+#: The registry the cached choices were made from (a refreshed registry empties the cache).
+_CACHE_OF: list = [None]
 
 
 def select(request: Request, fabric: FabricModel, forced: str | None = None) -> Algorithm:
     """The algorithm to run ``request`` with; SelectionError when there is none."""
     op = request.op
     name = (forced or "").strip().lower() or settings.algorithm_override(op.value)
+    algos = registry()
+    if _CACHE_OF[0] is not algos:
+        _CACHE.clear()
+        _CACHE_OF[0] = algos
     key = (request, fabric, name)
     hit = _CACHE.get(key)
     if hit is not None:

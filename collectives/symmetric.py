@@ -35,7 +35,7 @@ import zlib
 import numpy as np
 
 from neocomm.agree import Problem, agree
-from neocomm.backends.checks import dtype_code_of
+from collectives.validate import dtype_code_of
 from neocomm.world import group_or_world
 
 from collectives.types import SYMMETRIC_RECV, SYMMETRIC_SEND

@@ -2,7 +2,7 @@
 lean path straight to mpi4py for host buffers over MPI.
 
 An algorithm posts dozens of chunk messages per call; the backend's
-public ``send``/``recv`` (argument checks off) still build a full handle
+public ``send``/``recv`` still build a full handle
 and enter the stall watchdog for every chunk. For NumPy buffers on the MPI
 backend the lean path posts ``Isend``/``Irecv`` on the group's communicator
 with the bytes as ``MPI.BYTE`` (the algorithms reduce with NumPy, MPI only
@@ -61,18 +61,16 @@ class Transport:
             self.irecv = lambda buf, peer, tag: post("recv", buf, peer)
         else:
             send, recv = backend.send, backend.recv
-            self.isend = lambda buf, peer, tag: send(buf, peer, tag=tag, async_op=True,
-                                                     validate=False)
-            self.irecv = lambda buf, peer, tag: recv(buf, peer, tag=tag, async_op=True,
-                                                     validate=False)
-
-
-_CACHE: dict = {}
+            self.isend = lambda buf, peer, tag: send(buf, peer, tag=tag, async_op=True)
+            self.irecv = lambda buf, peer, tag: recv(buf, peer, tag=tag, async_op=True)
 
 
 def transport_for(backend) -> Transport:
-    """The (cached) transport of a backend."""
-    found = _CACHE.get(id(backend))
+    """The transport of a backend (kept in its group's state)."""
+    from collectives.state import state_of
+
+    transports = state_of(backend.group).transports
+    found = transports.get(backend.kind)
     if found is None or found[0] is not backend:
-        found = _CACHE[id(backend)] = (backend, Transport(backend))
+        found = transports[backend.kind] = (backend, Transport(backend))
     return found[1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
-__all__ = ["CollectiveOp", "Link", "FabricModel", "Request", "DEFAULT_INTRA_LINK",
+__all__ = ["CollectiveOp", "Link", "FabricModel", "Request", "Layout", "DEFAULT_INTRA_LINK",
            "DEFAULT_INTER_LINK", "DEFAULT_COPY_BANDWIDTH", "DEFAULT_REDUCE_BANDWIDTH",
            "DEFAULT_STEP_OVERHEAD", "ROCE_MTU", "SYMMETRIC_SEND", "SYMMETRIC_RECV"]
 
@@ -211,3 +211,37 @@ class Request:
             raise ValueError(f"itemsize: expected bytes >= 1, got {self.itemsize}")
         if self.group_size < 1:
             raise ValueError(f"group_size: expected ranks >= 1, got {self.group_size}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the ranks of a group live: ``node[r]`` (0-based node position) and
+    ``local[r]`` (position within its node) for every group rank ``r``;
+    ``nodes`` lists the group ranks of each node in order."""
+
+    nodes: tuple[tuple[int, ...], ...]
+    node: tuple[int, ...]
+    local: tuple[int, ...]
+
+    @classmethod
+    def from_nodes(cls, nodes) -> "Layout":
+        nodes = tuple(tuple(int(r) for r in n) for n in nodes)
+        size = sum(len(n) for n in nodes)
+        node, local = [0] * size, [0] * size
+        for i, members in enumerate(nodes):
+            for j, r in enumerate(members):
+                node[r], local[r] = i, j
+        return cls(nodes, tuple(node), tuple(local))
+
+    @property
+    def uniform(self) -> bool:
+        """Every node holds the same number of ranks."""
+        return len({len(n) for n in self.nodes}) == 1
+
+    @property
+    def ranks_per_node(self) -> int:
+        return max(len(n) for n in self.nodes)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)

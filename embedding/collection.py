@@ -75,7 +75,7 @@ class ShardedEmbeddingCollection:
     gradients are CuPy arrays). ``dtype``: weight dtype (default: the
     tables' common dtype). ``threads``: threads of the NumPy kernels.
     ``dedup``: send each distinct id of a feature once (table-, column- and
-    table-column-wise tables; see :mod:`embedding.dedup`). ``id_policy``:
+    table-column-wise tables; see :mod:`embedding.sharding.dedup`). ``id_policy``:
     one :class:`~embedding.types.IdPolicy` for every table, or a mapping
     from table name (missing tables: ``ERROR``). Weights start as
     :func:`init_weights` with ``seed``, independent of the plan.

@@ -1,4 +1,4 @@
-"""Vocabulary of the embedding layer: tables, optimizers, sharding plans.
+"""Vocabulary of the embedding layer: tables, optimizers, sharding plans, the batch error.
 
 Plans are plain data (frozen dataclasses) with JSON round-trips, so a plan
 written by ``neocomm plan`` can be read by ``neocomm train`` and stored in a
@@ -10,8 +10,10 @@ import enum
 import json
 from dataclasses import asdict, dataclass, field
 
+from neocomm.errors import NeocommError
+
 __all__ = ["Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig", "ShardingType",
-           "Shard", "TablePlan", "ShardingPlan", "IdPolicy", "enum_arg"]
+           "Shard", "TablePlan", "ShardingPlan", "IdPolicy", "BatchError", "enum_arg"]
 
 
 def enum_arg(cls: type[enum.Enum], value, name: str):
@@ -201,3 +203,18 @@ class IdPolicy(enum.Enum):
     ERROR = "error"
     MODULO = "modulo"
     HASH = "hash"
+
+
+class BatchError(NeocommError, ValueError):
+    """A batch holds values a model must not see (a label outside {0, 1}, an id out of range).
+
+    ``step`` is the training step (-1 when unknown), ``tensor`` the offending
+    array's name and ``index`` the first offending position (flat, -1 if none).
+    """
+
+    def __init__(self, message: str, *, step: int = -1, tensor: str = "", index: int = -1):
+        prefix = f"step {step}: " if step >= 0 else ""
+        super().__init__(prefix + message)
+        self.step = int(step)
+        self.tensor = tensor
+        self.index = int(index)

@@ -3,14 +3,16 @@
 A collective whose arguments are wrong on one rank must raise on *every*
 rank, naming what was wrong where; otherwise the healthy ranks wait forever
 for a peer that already raised. :func:`agree` does this with one small
-``Allreduce`` (MAX over ``[flag, signature, -signature]``): if any rank
-reported a problem or the signatures (op, dtype, counts, root …) differ, a
+``Allreduce`` (MAX over ``[flag, h, -h, …]``, ``h`` a number of the call's
+signature): if any rank reported a problem or the signatures (op, dtype,
+counts, root …) differ, a
 second, error-path-only ``allgather`` collects the details and every rank
 raises the same :class:`~neocomm.errors.CollectiveArgumentError` — in the
 spirit of nccl-tests reducing its error count across ranks.
 """
 from __future__ import annotations
 
+from time import monotonic as _now
 from typing import Sequence
 
 import numpy as np
@@ -19,10 +21,18 @@ from neocomm import watchdog
 from neocomm.errors import CollectiveArgumentError
 from neocomm.types import dtype_from_code
 
-__all__ = ["agree", "Problem"]
+__all__ = ["agree", "Agreement", "Problem"]
 
-#: Fixed number of signature slots, so ranks calling different ops still agree on the layout.
+#: Most named integers one signature holds.
 SIGNATURE_SLOTS = 12
+
+#: The agreement vector: [problem flag, h, -h, fresh, s0, s1, -s0, -s1], reduced with
+#: MAX. ``h`` is a 62-bit number of the operation and its signature: every rank's h is
+#: equal exactly when max(h) == -max(-h). ``fresh`` and the sizes ``s0, s1`` are values a
+#: caller may carry along (their largest, and whether every rank's are equal: see
+#: :meth:`Agreement.run`). One length for every agreement, so that ranks making
+#: different calls still meet in the same Allreduce.
+AGREE_LEN = 8
 
 
 class Problem(ValueError):
@@ -32,6 +42,71 @@ class Problem(ValueError):
         super().__init__(message)
         self.field = field
         self.message = message
+
+
+def _number(op: str, signature) -> int:
+    """``h`` of the operation and its signature's values (the same in every process:
+    the hash of a tuple of ints does not depend on Python's hash seed), never 0."""
+    values = (_OP_IDS.get(op) or _op_id(op),) + tuple(int(v) for _, v in signature)
+    return (hash(values) & 0x3FFFFFFFFFFFFFFF) or 1
+
+
+class Agreement:
+    """The agreement of one call, built once and run as often as the call is made.
+
+    ``op`` names the operation, ``signature`` up to :data:`SIGNATURE_SLOTS` named
+    integers that must be equal on every rank, ``call`` this rank's call in the
+    user's words (a string, or a function that makes it: only an error needs it),
+    ``where`` and ``number`` (the call's number, asked only when the wait is reported)
+    complete the name the stall watchdog gives the wait. :meth:`run` is one Allreduce of :data:`AGREE_LEN` integers on a prepared vector;
+    the details (who differs, how) are gathered only when something does.
+    """
+
+    __slots__ = ("op", "signature", "call", "vec", "out", "slot")
+
+    def __init__(self, op: str, signature: Sequence[tuple[str, int]] = (), call=None,
+                 where: str = "", number=None):
+        if len(signature) > SIGNATURE_SLOTS:
+            raise ValueError(f"signature: at most {SIGNATURE_SLOTS} fields, "
+                             f"got {len(signature)}")
+        self.op, self.signature, self.call = op, list(signature), call
+        h = _number(op, signature)
+        self.vec = np.array([0, h, -h, 0, 0, 0, 0, 0], np.int64)
+        self.out = np.empty(AGREE_LEN, np.int64)
+        self.slot = watchdog.Slot(f"argument agreement of {op}{where}", number)
+
+    def run(self, comm, problem: "Problem | str | None" = None, fresh: int = 0,
+            sizes: tuple[int, int] | None = None) -> np.ndarray:
+        """Agree over ``comm``; raise :class:`CollectiveArgumentError` on every rank when
+        a rank has a problem or the signatures differ. Returns the reduced vector:
+        ``[3]`` is the largest ``fresh``, ``[4:6]`` the largest ``sizes`` and ``[6:8]``
+        minus the smallest (every rank's sizes are equal when ``[4:6] == -[6:8]``)."""
+        vec, out, slot = self.vec, self.out, self.slot
+        vec[0] = 0 if problem is None else 1
+        vec[3] = fresh
+        if sizes is not None:
+            vec[4], vec[5] = sizes
+            vec[6], vec[7] = -sizes[0], -sizes[1]
+        slot.since = _now()
+        try:
+            comm.Allreduce(vec, out, op=_max())
+        finally:
+            slot.since = 0.0
+        if out[0] or out[1] != -out[2]:
+            _raise_together(comm, self.op, problem, self.signature, self.call)
+        return out
+
+
+_MAX = None
+
+
+def _max():
+    global _MAX
+    if _MAX is None:
+        from mpi4py import MPI
+
+        _MAX = MPI.MAX
+    return _MAX
 
 
 def agree(comm, op: str, problem: "Problem | str | None" = None,
@@ -45,30 +120,11 @@ def agree(comm, op: str, problem: "Problem | str | None" = None,
     user's words (a string, or a function that makes it: only an error needs
     it), shown for every rank when the signatures differ; ``where`` (e.g. " on group
     'world', call #3") completes the name of the wait the stall watchdog reports.
+    A call made again and again builds its :class:`Agreement` once instead.
     """
-    comm = getattr(comm, "comm", comm)
-    if len(signature) > SIGNATURE_SLOTS:
-        raise ValueError(f"signature: at most {SIGNATURE_SLOTS} fields, got {len(signature)}")
-    sig = np.zeros(_SLOTS, np.int64)
-    sig[0] = _OP_IDS.get(op) or _op_id(op)  # different operations never agree
-    for i, (_, value) in enumerate(signature, 1):
-        sig[i] = value
-    vec = np.empty(1 + 2 * _SLOTS, np.int64)
-    vec[0] = 1 if problem is not None else 0
-    vec[1:1 + _SLOTS] = sig
-    vec[1 + _SLOTS:] = -sig
-    out = np.empty_like(vec)
-    from mpi4py import MPI
-
-    with watchdog.guard(f"argument agreement of {op}{where}"):
-        comm.Allreduce(vec, out, op=MPI.MAX)
-    mismatch = not np.array_equal(out[1:1 + _SLOTS], -out[1 + _SLOTS:])
-    if out[0] == 0 and not mismatch:
-        return
-    _raise_together(comm, op, problem, signature, sig, call)
+    Agreement(op, signature, call, where).run(getattr(comm, "comm", comm), problem)
 
 
-_SLOTS = 1 + SIGNATURE_SLOTS  # the operation's own number first
 _OP_IDS: dict[str, int] = {}
 
 
@@ -88,7 +144,7 @@ _INTERNAL = {"op", "symmetric buffers", "algo", "chunk", "recv_counts", "ranks",
 def _describe(op: str, signature) -> str:
     """A call in the user's words from its signature: ``all_reduce(float32, count=4,
     reduce_op='sum')`` (internal codes left out)."""
-    from neocomm.backends.checks import REDUCE_CODES
+    from neocomm.types import REDUCE_CODES
 
     by_code = {code: rop.value for rop, code in REDUCE_CODES.items()}
     parts = []
@@ -105,7 +161,8 @@ def _describe(op: str, signature) -> str:
     return f"{op}({', '.join(str(p) for p in parts)})"
 
 
-def _raise_together(comm, op, problem, signature, sig, call) -> None:
+def _raise_together(comm, op, problem, signature, call) -> None:
+    sig = [_OP_IDS.get(op) or _op_id(op)] + [int(v) for _, v in signature]
     if isinstance(problem, Problem):
         mine = (problem.field, problem.message)
     elif problem is not None:
@@ -118,7 +175,7 @@ def _raise_together(comm, op, problem, signature, sig, call) -> None:
     elif call is None:
         call = _describe(op, signature)
     with watchdog.guard(f"error report of {op}"):
-        everyone = comm.allgather((mine, names, sig.tolist(), call))
+        everyone = comm.allgather((mine, names, sig, call))
     per_rank = {r: m[1] for r, (m, _, _, _) in enumerate(everyone) if m is not None}
     if per_rank:
         first = min(per_rank)
@@ -136,8 +193,9 @@ def _raise_together(comm, op, problem, signature, sig, call) -> None:
     sigs = [s for _, _, s, _ in everyone]
     opnames = [n for _, n, _, _ in everyone]
     calls = [c for _, _, _, c in everyone]
-    for i in range(_SLOTS):
-        values = [s[i] for s in sigs]
+    longest = max(len(s) for s in sigs)
+    for i in range(longest):
+        values = [s[i] if i < len(s) else None for s in sigs]
         if len(set(values)) > 1:
             same_layout = all(n == opnames[0] for n in opnames)
             field = opnames[0][i] if same_layout and i < len(opnames[0]) else "call"

@@ -4,16 +4,50 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
+import threading
+
+from neocomm.backends import backend_class, device_backend_kind
 from neocomm.errors import BackendUnavailableError, GroupGoneError
 from neocomm.types import BackendKind, GroupKind
 
-__all__ = ["ProcessGroup", "is_device_array"]
+__all__ = ["ProcessGroup", "StateHolder", "is_device_array"]
 
 _log = logging.getLogger(__name__)
 
-#: functions ``f(group)`` called when a group is freed: layers above that keep state of
-#: groups (cached plans, fabric models) register here
-ON_RELEASE: list = []
+
+class StateHolder:
+    """Runtime state that layers above keep for an object (a group, the world), created
+    on first use and released with it: caches, sequence numbers, progress, buffers.
+
+    ``state(key, factory)`` returns the object of ``key``, made by ``factory(self)`` the
+    first time (under a lock: safe from several threads); :meth:`_release_states` calls
+    ``close()`` on every state that has one, newest first, and forgets them all.
+    """
+
+    def _init_states(self) -> None:
+        self._states: dict = {}
+        self._states_lock = threading.Lock()
+
+    def state(self, key: str, factory):
+        """This object's state ``key`` (made by ``factory(self)`` on first use)."""
+        found = self._states.get(key)
+        if found is None:
+            gone = getattr(self, "gone", None)
+            if gone is not None:
+                raise GroupGoneError(gone, ranks=getattr(self, "ranks", ()))
+            with self._states_lock:
+                found = self._states.get(key)
+                if found is None:
+                    found = self._states[key] = factory(self)
+        return found
+
+    def _release_states(self) -> None:
+        with self._states_lock:
+            states, self._states = list(self._states.values()), {}
+        for found in reversed(states):
+            close = getattr(found, "close", None)
+            if close is not None:
+                close()
 
 
 def is_device_array(buf) -> bool:
@@ -21,13 +55,14 @@ def is_device_array(buf) -> bool:
     return hasattr(buf, "__cuda_array_interface__")
 
 
-class ProcessGroup:
+class ProcessGroup(StateHolder):
     """An ordered set of ranks that run collectives together.
 
     ``ranks`` are world ranks in group order; ``rank`` is this process's
     position in the group. ``comm`` is the group's own mpi4py communicator
     (control plane, and data plane for host buffers). ``nodes`` lists the
-    group ranks on each node, in node order.
+    group ranks on each node, in node order. Layers above keep their runtime state of
+    the group with :meth:`state`; it goes when the group is freed.
     """
 
     def __init__(self, world, comm, kind: GroupKind, name: str):
@@ -44,6 +79,7 @@ class ProcessGroup:
         self.node_ids: tuple[int, ...] = tuple(sorted(by_node))
         self.nodes: tuple[tuple[int, ...], ...] = tuple(tuple(by_node[n]) for n in self.node_ids)
         self._backends: dict[BackendKind, object] = {}
+        self._init_states()
         #: why this group can no longer be used: freed, or its world closed (None while
         #: it can); ``world.close()`` releases every group of the world
         self.gone: str | None = None
@@ -64,9 +100,8 @@ class ProcessGroup:
                       f"group.free(); use a live group")
 
     def _release(self, why: str) -> None:
+        self._release_states()  # what layers above keep of the group (plans, its fabric)
         self.close()
-        for forget in ON_RELEASE:  # layers above that keep state of the group (plans)
-            forget(self)
         self.gone = why
         if self.comm is not self.world.comm:
             self.comm.Free()
@@ -95,7 +130,7 @@ class ProcessGroup:
         forces one.
         """
         if kind is None:
-            kind = _device_backend_kind() if buf is not None and is_device_array(buf) \
+            kind = device_backend_kind() if buf is not None and is_device_array(buf) \
                 else BackendKind.MPI
         kind = BackendKind(kind)
         backend = self._backends.get(kind)
@@ -144,28 +179,3 @@ class ProcessGroup:
         for backend in self._backends.values():
             backend.close()
         self._backends.clear()
-
-
-def _device_backend_kind() -> BackendKind:
-    from neocomm import config
-
-    choice = config.get("BACKEND")
-    if choice != "auto":
-        return BackendKind(choice)
-    ok, _ = backend_class(BackendKind.NCCL).availability()
-    return BackendKind.NCCL if ok else BackendKind.STAGED
-
-
-def backend_class(kind: BackendKind):
-    """The Backend implementation of ``kind`` (imported lazily)."""
-    if kind is BackendKind.MPI:
-        from neocomm.backends.mpi import MpiBackend
-
-        return MpiBackend
-    if kind is BackendKind.NCCL:
-        from neocomm.backends.nccl import NcclBackend
-
-        return NcclBackend
-    from neocomm.backends.staged import StagedBackend
-
-    return StagedBackend

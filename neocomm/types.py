@@ -5,7 +5,7 @@ import enum
 
 import numpy as np
 
-__all__ = ["ReduceOp", "BackendKind", "GroupKind", "DTYPE_CODES", "dtype_code",
+__all__ = ["ReduceOp", "REDUCE_CODES", "BackendKind", "GroupKind", "DTYPE_CODES", "dtype_code",
            "dtype_from_code", "bfloat16", "SUPPORTED_DTYPES"]
 
 
@@ -28,6 +28,10 @@ class ReduceOp(enum.Enum):
             except ValueError:
                 pass
         raise ValueError(f"op: expected one of {[o.value for o in cls]}, got {value!r}")
+
+
+#: Stable numbers of the reduce ops in agreement signatures.
+REDUCE_CODES = {op: i for i, op in enumerate(ReduceOp, start=1)}
 
 
 class BackendKind(enum.Enum):

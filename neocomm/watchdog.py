@@ -35,15 +35,23 @@ _SLOTS: dict = {}  # id -> weak reference of every live Slot
 
 class Slot:
     """One repeated wait, watched while it lives: open while ``since`` (the
-    :func:`time.monotonic` second it began) is above 0; ``what`` names it."""
+    :func:`time.monotonic` second it began) is above 0; ``what`` names it, followed by
+    ``, call #N`` when ``number`` (a function giving the number of the call that
+    waits) is given: it is asked only when the wait is reported."""
 
-    __slots__ = ("what", "since", "__weakref__")
+    __slots__ = ("_what", "since", "number", "__weakref__")
 
-    def __init__(self, what: str):
-        self.what = what
+    def __init__(self, what: str, number=None):
+        self._what = what
+        self.number = number
         self.since = 0.0
         key = id(self)
         _SLOTS[key] = weakref.ref(self, lambda _, key=key: _SLOTS.pop(key, None))
+
+    @property
+    def what(self) -> str:
+        number = self.number
+        return self._what if number is None else f"{self._what}, call #{number()}"
 
     def __repr__(self) -> str:
         return f"Slot({self.what!r})"

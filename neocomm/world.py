@@ -7,6 +7,7 @@ import sys
 import traceback
 
 from neocomm import config, watchdog
+from neocomm.group import StateHolder
 from neocomm.types import GroupKind
 
 __all__ = ["init", "World", "current_world", "group_or_world"]
@@ -15,7 +16,7 @@ _log = logging.getLogger(__name__)
 _WORLD: "World | None" = None
 
 
-class World:
+class World(StateHolder):
     """This rank's place in the job.
 
     ``node``/``num_nodes`` come from MPI's shared-memory split, or from
@@ -25,6 +26,8 @@ class World:
     rail on ZionEX). ``device`` is the CUDA device bound to this rank, or None:
     the ``host_rank``-th GPU of its real host (round robin when the host has
     fewer GPUs than ranks; NCCL then refuses the group, naming the ranks).
+    Layers above keep their process-wide runtime state (the progress of
+    outstanding operations) with :meth:`state`; it goes with :meth:`close`.
     """
 
     def __init__(self, comm, ranks_per_node: int = 0):
@@ -37,6 +40,7 @@ class World:
         #: why this world can no longer be used (None while it can): see :meth:`close`
         self.gone: str | None = None
         self._groups: list = []  # weak references to every group of this world, in order
+        self._init_states()
         shm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         #: this rank's position among the ranks of its real host (emulated nodes share one)
         self.host_rank = shm.Get_rank()
@@ -82,6 +86,7 @@ class World:
             group = ref()
             if group is not None and group.gone is None:
                 group._release(f"group {group.name!r} (world ranks {list(group.ranks)}): {why}")
+        self._release_states()
         self.gone = f"the world was closed by world.close(); {why}"
         self.comm.Free()
         if _WORLD is self:

@@ -1,53 +1,91 @@
 """Algorithms as plug-ins: one module each, found through :func:`registry`.
 
-An algorithm is an :class:`Algorithm` with
+An algorithm is an :class:`Algorithm` listed in its module's ``ALGORITHMS``
+tuple, with
 
+- ``name``, ``ops`` (the operations it implements) and ``order`` (its
+  place among the candidates of each of its ops: lower first; cost ties go
+  to the earlier candidate);
 - ``supports(request, fabric) -> reason or None``: None when it can run the
   request on a group of the fabric's shape, else why not (shown to users
-  when nothing can run);
-- ``cost(request, fabric) -> seconds``: its alpha-beta cost
-  (:mod:`collectives.cost`);
+  when nothing can run). The base class checks ``ops`` and then
+  ``shape_reason(op, fabric, group_size)``, the part that depends only on
+  the group's shape (what :func:`collectives.cost.shape_reason` and
+  :func:`collectives.cost.costs` ask);
+- ``cost(request, fabric) -> seconds``: its modelled time. The module
+  writes its alpha-beta formula as ``formula(request, fabric)`` (for groups
+  of two or more ranks, from the primitives of :mod:`collectives.alphabeta`);
+  the base class prices a one-rank group as one local copy and applies the
+  fabric's calibration factor;
 - ``run(call)``: a generator that moves the data of one :class:`Call` with
   the backend's non-blocking send/recv and local array compute, yielding
   the handles it waits for (:mod:`collectives.progress`).
 
-Adding an algorithm is adding a module here, listing it in ``_MODULES`` and
-giving it a formula in :mod:`collectives.cost`.
+Adding an algorithm is adding a module here: every module of this package
+(every directory on its ``__path__``) whose name does not start with ``_``
+is imported on the first :func:`registry` call and its ``ALGORITHMS``
+registered; there is no list to edit. :func:`refresh` forgets the registry,
+so modules added while the process runs are found by the next call.
 """
 from __future__ import annotations
 
 import importlib
-from typing import Sequence
+import pkgutil
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from collectives import cost
+from collectives import alphabeta
 from collectives.types import CollectiveOp, FabricModel, Request
 
-__all__ = ["Algorithm", "Call", "registry", "lookup", "names", "displs", "UFUNCS"]
-
-_MODULES = ("native", "pairwise", "bruck", "hier_alltoall", "ring", "rabenseifner",
-            "hier_allreduce", "doubling", "binomial", "chain", "direct", "sparse", "symmetric")
+__all__ = ["Algorithm", "Call", "registry", "refresh", "lookup", "names", "displs", "UFUNCS"]
 
 #: ReduceOp value -> ufunc name (looked up on the array module of the buffers).
 UFUNCS = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "multiply"}
 
 
 class Algorithm:
-    """Base of the algorithm plug-ins; subclasses set ``name``, ``ops`` and ``run``."""
+    """Base of the algorithm plug-ins; subclasses set ``name``, ``ops``, ``order``,
+    ``formula`` and ``run`` (and ``shape_reason`` or ``supports`` when they decline
+    some groups or requests)."""
 
     name: str = ""
     ops: frozenset = frozenset()
+    #: Place among the candidates of an op (lower first, ties by name): an int for
+    #: every op, or a mapping op -> int. Cost ties go to the earlier candidate.
+    order: "int | Mapping[CollectiveOp, int]" = 100
+
+    def position(self, op: CollectiveOp) -> int:
+        """This algorithm's place among the candidates of ``op`` (:attr:`order`)."""
+        order = self.order
+        return int(order[op]) if isinstance(order, Mapping) else int(order)
+
+    def shape_reason(self, op: CollectiveOp, fabric: FabricModel,
+                     group_size: int | None = None) -> str | None:
+        """Why this algorithm cannot run ``op`` on a group of ``fabric``'s shape, or
+        None. ``group_size``: the group's real size when its nodes hold different
+        numbers of ranks (the fabric is then nodes x the largest node)."""
+        return None
 
     def supports(self, request: Request, fabric: FabricModel) -> str | None:
         """None when this algorithm can run ``request``, else the reason it cannot."""
         if request.op not in self.ops:
             return f"does not implement {request.op.value}"
-        return cost.shape_reason(request.op, self.name, fabric, request.group_size)
+        return self.shape_reason(request.op, fabric, request.group_size)
+
+    def formula(self, request: Request, fabric: FabricModel) -> float:
+        """Alpha-beta seconds of ``request`` on a group of two or more ranks, before
+        calibration (math.inf when the algorithm cannot run it)."""
+        raise NotImplementedError(f"{type(self).__name__}.formula")
 
     def cost(self, request: Request, fabric: FabricModel) -> float:
-        """Modelled seconds for ``request`` (calibration factors included)."""
-        return cost.algorithm_cost(request.op, self.name, request, fabric)
+        """Modelled seconds for ``request``: :meth:`formula` (one local copy on a
+        one-rank group) times the fabric's calibration factor of this algorithm."""
+        if fabric.size == 1:
+            seconds = alphabeta.copy(fabric, request.nbytes)
+        else:
+            seconds = self.formula(request, fabric)
+        return seconds * fabric.factor(request.op, self.name, request.nbytes)
 
     def run(self, call: "Call"):
         """Generator moving the data of ``call``; yields handles to wait for."""
@@ -113,18 +151,34 @@ _REGISTRY: dict[CollectiveOp, list[Algorithm]] | None = None
 
 
 def registry() -> dict[CollectiveOp, list[Algorithm]]:
-    """op -> its algorithms, in the cost model's tie-break order."""
+    """op -> its algorithms, in tie-break order (:attr:`Algorithm.order`, then name).
+
+    Built on first use from the ``ALGORITHMS`` of every public module of this
+    package; two algorithms of one name for one op are an error."""
     global _REGISTRY
     if _REGISTRY is None:
         found: dict[CollectiveOp, dict[str, Algorithm]] = {op: {} for op in CollectiveOp}
-        for module_name in _MODULES:
-            module = importlib.import_module(f"collectives.algorithms.{module_name}")
-            for algo in module.ALGORITHMS:
+        for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+            if info.name.startswith("_"):
+                continue
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            for algo in getattr(module, "ALGORITHMS", ()):
                 for op in algo.ops:
+                    if algo.name in found[op]:
+                        raise ValueError(f"algorithm {algo.name!r} for {op.value} is defined "
+                                         f"twice (again in {module.__name__})")
                     found[op][algo.name] = algo
-        _REGISTRY = {op: [found[op][n] for n in cost.candidates(op) if n in found[op]]
+        _REGISTRY = {op: sorted(found[op].values(), key=lambda a: (a.position(op), a.name))
                      for op in CollectiveOp}
     return _REGISTRY
+
+
+def refresh() -> None:
+    """Forget the registry: the next :func:`registry` call discovers the modules again
+    (those added since included)."""
+    global _REGISTRY
+    importlib.invalidate_caches()
+    _REGISTRY = None
 
 
 def lookup(op: CollectiveOp, name: str) -> Algorithm:
@@ -138,4 +192,5 @@ def lookup(op: CollectiveOp, name: str) -> Algorithm:
 
 
 def names(op: CollectiveOp) -> Sequence[str]:
+    """Names of the algorithms of ``op``, in tie-break order."""
     return [a.name for a in registry()[op]]

@@ -10,10 +10,29 @@ from __future__ import annotations
 
 import collections
 
+from collectives import alphabeta as ab
 from collectives.algorithms import Algorithm, Call
 from collectives.types import CollectiveOp, FabricModel, Request
 
-__all__ = ["Binomial", "tree_broadcast", "tree_member", "payload", "ALGORITHMS"]
+__all__ = ["Binomial", "tree_broadcast", "tree_member", "payload", "tree_members",
+           "binomial_seconds", "ALGORITHMS"]
+
+
+def tree_members(req: Request, fab: FabricModel) -> int:
+    """Ranks a tree broadcast reaches: the root and the receivers of OneToMany
+    (``peers``, else everyone), the whole group for Broadcast."""
+    if req.op is CollectiveOp.ONE_TO_MANY:
+        return 1 + (req.peers if req.peers else fab.size - 1)
+    return fab.size
+
+
+def binomial_seconds(req: Request, fab: FabricModel, overhead: bool = True) -> float:
+    """``ceil(log2 members)`` rounds of one whole-payload message each.
+    ``overhead=False``: steps issued by a library, not Python."""
+    members = tree_members(req, fab)
+    link = ab.link(fab, fab.nodes > 1, 1)
+    return ab.log2ceil(members) * ab.stream(req.nbytes, link, fab, pipelined=False,
+                                            overhead=overhead)
 
 
 def payload(call: Call):
@@ -125,6 +144,10 @@ class Binomial(_TreeBase):
     """Pipelined binomial tree."""
 
     name = "binomial"
+    order = 20
+
+    def formula(self, request: Request, fabric: FabricModel) -> float:
+        return binomial_seconds(request, fabric)
 
     def run(self, call: Call):
         found = tree_member(call)

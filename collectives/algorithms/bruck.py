@@ -11,9 +11,10 @@ staging chunks. Equal blocks only (AlltoAll, not AlltoAll(v)).
 """
 from __future__ import annotations
 
+from collectives import alphabeta as ab
 from collectives.algorithms import Algorithm, Call
 from collectives.pipeline import Segments, exchange_segments
-from collectives.types import CollectiveOp
+from collectives.types import CollectiveOp, FabricModel, Request
 
 __all__ = ["Bruck", "ALGORITHMS"]
 
@@ -23,6 +24,20 @@ class Bruck(Algorithm):
 
     name = "bruck"
     ops = frozenset({CollectiveOp.ALL_TO_ALL})
+    order = 30
+
+    def formula(self, request: Request, fabric: FabricModel) -> float:
+        """``ceil(log2 p)`` steps of half the data each, packed and unpacked, plus the
+        initial and final rotation. Step ``k`` sends to ``r + 2^k``: the last ``2^k``
+        ranks of every node cross nodes."""
+        p, total = fabric.size, 0.0
+        half = request.nbytes / 2.0
+        for k in range(ab.log2ceil(p)):
+            flows = min(fabric.ranks_per_node, 1 << k)
+            total += ab.stream(half, ab.link(fabric, fabric.nodes > 1, flows), fabric,
+                               pipelined=False)
+            total += ab.copy(fabric, 2 * half)
+        return total + ab.copy(fabric, 2 * request.nbytes)
 
     def run(self, call: Call):
         r, p = call.rank, call.size

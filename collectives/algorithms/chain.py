@@ -4,22 +4,41 @@ The members form a chain from the root; the payload is cut into segments
 and member ``q`` forwards segment ``k`` to ``q + 1`` as soon as it has it,
 so ``n - 2 + k`` segment times move the payload through ``n`` members:
 bandwidth-optimal for large payloads. The number of segments minimises
-the alpha-beta time (:func:`collectives.cost.chain_segments`); segments are
+the alpha-beta time (:func:`collectives.alphabeta.chain_segments`); segments are
 never smaller than one chunk of the link.
 """
 from __future__ import annotations
 
+from collectives import alphabeta as ab
+from collectives.alphabeta import chain_segments
 from collectives.algorithms import Call
-from collectives.algorithms.binomial import _TreeBase, tree_broadcast, tree_member
-from collectives.cost import chain_segments
+from collectives.algorithms.binomial import _TreeBase, tree_broadcast, tree_member, tree_members
+from collectives.types import FabricModel, Request
 
-__all__ = ["Chain", "ALGORITHMS"]
+__all__ = ["Chain", "chain_seconds", "ALGORITHMS"]
+
+
+def chain_seconds(req: Request, fab: FabricModel, overhead: bool = True) -> float:
+    """``members - 2 + k`` segment times of ``alpha + nbytes / k / bandwidth``, ``k``
+    from :func:`~collectives.alphabeta.chain_segments`. ``overhead=False``: steps
+    issued by a library, not Python."""
+    members = tree_members(req, fab)
+    if members < 2 or req.nbytes == 0:
+        return 0.0
+    latency, bandwidth, chunk = ab.link(fab, fab.nodes > 1, 1)
+    alpha = latency + (fab.step_overhead if overhead else 0.0)
+    segments = chain_segments(req.nbytes, members, alpha, bandwidth, chunk)
+    return (members - 2 + segments) * (alpha + req.nbytes / segments / bandwidth)
 
 
 class Chain(_TreeBase):
     """Pipelined chain (a tree of fan-out one)."""
 
     name = "chain"
+    order = 30
+
+    def formula(self, request: Request, fabric: FabricModel) -> float:
+        return chain_seconds(request, fabric)
 
     def run(self, call: Call):
         found = tree_member(call)

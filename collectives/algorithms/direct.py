@@ -6,10 +6,11 @@ payloads it wins when there are few receivers.
 """
 from __future__ import annotations
 
+from collectives import alphabeta as ab
 from collectives.algorithms import Algorithm, Call
 from collectives.algorithms.binomial import local_copy
 from collectives.chunking import transfer
-from collectives.types import CollectiveOp
+from collectives.types import CollectiveOp, FabricModel, Request
 
 __all__ = ["Direct", "ALGORITHMS"]
 
@@ -19,6 +20,13 @@ class Direct(Algorithm):
 
     name = "direct"
     ops = frozenset({CollectiveOp.ONE_TO_MANY})
+    order = 5
+
+    def formula(self, request: Request, fabric: FabricModel) -> float:
+        """One message per receiver from the root, one after the other."""
+        receivers = request.peers if request.peers else fabric.size - 1
+        latency, bandwidth, _ = ab.link(fabric, fabric.nodes > 1, 1)
+        return receivers * (latency + fabric.step_overhead + request.nbytes / bandwidth)
 
     def run(self, call: Call):
         local_copy(call)

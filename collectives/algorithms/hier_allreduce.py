@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectives import cost, symmetric
-from collectives.algorithms import Algorithm, Call
+from collectives import alphabeta as ab
+from collectives import symmetric
+from collectives.algorithms import Algorithm, Call, lookup
+from collectives.algorithms import rabenseifner, ring
+from collectives.algorithms.hier_alltoall import hierarchical_shape_reason
 from collectives.algorithms.rabenseifner import doubling_all_gather, halving_reduce_scatter
 from collectives.algorithms.ring import (block_bounds, even_counts, ring_all_gather,
                                          ring_reduce_scatter)
@@ -39,6 +42,31 @@ class HierarchicalAllReduce(Algorithm):
 
     name = "hierarchical"
     ops = frozenset({CollectiveOp.ALL_REDUCE})
+    order = 40
+
+    def shape_reason(self, op: CollectiveOp, fabric: FabricModel,
+                     group_size: int | None = None) -> str | None:
+        return hierarchical_shape_reason(fabric)
+
+    def formula(self, request: Request, fabric: FabricModel) -> float:
+        """Ring ReduceScatter in the node, the cheaper of ring and Rabenseifner
+        AllReduce of ``1 / ranks_per_node`` of the data over each rail (one NIC share
+        per rail), ring AllGather in the node."""
+        per_node, nodes, n = fabric.ranks_per_node, fabric.nodes, request.nbytes
+        local = fabric.with_shape(per_node, 1)
+        rail = FabricModel(ranks_per_node=1, nodes=nodes, intra=fabric.intra,
+                           inter=fabric.inter.__class__(fabric.inter.latency,
+                                                        ab.inter_bandwidth(fabric, per_node),
+                                                        fabric.inter.chunk_bytes),
+                           nics_per_node=1, copy_bandwidth=fabric.copy_bandwidth,
+                           reduce_bandwidth=fabric.reduce_bandwidth,
+                           step_overhead=fabric.step_overhead)
+        shard = Request(CollectiveOp.ALL_REDUCE, int(n / per_node), request.itemsize, nodes)
+        rail_ar = min(ring.all_reduce_seconds(shard, rail),
+                      rabenseifner.all_reduce_seconds(shard, rail))
+        scatter = Request(CollectiveOp.REDUCE_SCATTER, n, request.itemsize, per_node)
+        return (ring.reduce_scatter_seconds(scatter, local) + rail_ar
+                + ring.all_gather_seconds(n, local))
 
     def supports(self, request: Request, fabric: FabricModel) -> str | None:
         reason = super().supports(request, fabric)
@@ -110,8 +138,8 @@ def _rail_prefers_ring(call: Call, count: int) -> bool:
                        step_overhead=fabric.step_overhead)
     request = Request(CollectiveOp.ALL_REDUCE, count * call.sendbuf.dtype.itemsize,
                       call.sendbuf.dtype.itemsize, fabric.nodes)
-    return (cost.algorithm_cost(CollectiveOp.ALL_REDUCE, "ring", request, rail)
-            <= cost.algorithm_cost(CollectiveOp.ALL_REDUCE, "rabenseifner", request, rail))
+    return (lookup(CollectiveOp.ALL_REDUCE, "ring").cost(request, rail)
+            <= lookup(CollectiveOp.ALL_REDUCE, "rabenseifner").cost(request, rail))
 
 
 ALGORITHMS = (HierarchicalAllReduce(),)

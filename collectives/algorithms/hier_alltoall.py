@@ -24,12 +24,23 @@ import collections
 
 import numpy as np
 
+from collectives import alphabeta as ab
 from collectives.algorithms import Algorithm, Call
 from collectives.chunking import transfer
 from collectives.pipeline import Segments
 from collectives.types import CollectiveOp, FabricModel, Request
 
-__all__ = ["HierarchicalAllToAll", "ALGORITHMS"]
+__all__ = ["HierarchicalAllToAll", "hierarchical_shape_reason", "ALGORITHMS"]
+
+
+def hierarchical_shape_reason(fabric: FabricModel) -> str | None:
+    """Why a two-level (intra-node, then rail) algorithm cannot run on ``fabric``'s
+    shape, or None: it needs at least 2 nodes of at least 2 ranks."""
+    if fabric.nodes < 2:
+        return "needs at least 2 nodes"
+    if fabric.ranks_per_node < 2:
+        return "needs at least 2 ranks per node"
+    return None
 
 
 class HierarchicalAllToAll(Algorithm):
@@ -37,6 +48,23 @@ class HierarchicalAllToAll(Algorithm):
 
     name = "hierarchical"
     ops = frozenset({CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V})
+    order = 40
+
+    def shape_reason(self, op: CollectiveOp, fabric: FabricModel,
+                     group_size: int | None = None) -> str | None:
+        return hierarchical_shape_reason(fabric)
+
+    def formula(self, request: Request, fabric: FabricModel) -> float:
+        """Intra-node messages of ``nodes`` blocks, ``nodes - 1`` rail streams of
+        ``ranks_per_node`` blocks (the node's ranks share its NICs), and three local
+        passes over the data (pack, regroup, unpack)."""
+        p, per_node, nodes = fabric.size, fabric.ranks_per_node, fabric.nodes
+        block = request.max_block or request.nbytes / p
+        intra = (per_node - 1) * ab.stream(nodes * block, ab.link(fabric, False), fabric,
+                                           pipelined=False)
+        inter = (nodes - 1) * ab.stream(per_node * block, ab.link(fabric, True, per_node),
+                                        fabric, pipelined=False)
+        return intra + inter + ab.copy(fabric, 3 * request.nbytes)
 
     def supports(self, request: Request, fabric: FabricModel) -> str | None:
         reason = super().supports(request, fabric)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectives.algorithms import Algorithm, Call, displs
-from collectives.types import CollectiveOp
+from collectives.algorithms import (Algorithm, Call, binomial, chain, displs, pairwise,
+                                    rabenseifner, ring)
+from collectives.types import CollectiveOp, FabricModel, Request
 
 __all__ = ["Native", "ALGORITHMS", "host_datatype"]
 
@@ -23,6 +24,35 @@ class Native(Algorithm):
                      CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE,
                      CollectiveOp.ALL_GATHER, CollectiveOp.BROADCAST,
                      CollectiveOp.MANY_TO_MANY})
+    order = 10
+
+    def formula(self, request: Request, fabric: FabricModel) -> float:
+        """The classic schedules a library picks from (pairwise AlltoAll(v), ring
+        ReduceScatter and AllGather, the cheaper of ring and Rabenseifner AllReduce,
+        of binomial and chain Broadcast), one message per step and no Python step
+        overhead; ManyToMany as the dense AlltoAll(v) of the same bytes."""
+        op = request.op
+        if op in (CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V):
+            return pairwise.pairwise_seconds(request, fabric, overhead=False)
+        if op is CollectiveOp.REDUCE_SCATTER:
+            return ring.reduce_scatter_seconds(request, fabric, pipelined=False,
+                                               overhead=False)
+        if op is CollectiveOp.ALL_REDUCE:
+            rings = (ring.reduce_scatter_seconds(request, fabric, pipelined=False,
+                                                 overhead=False)
+                     + ring.all_gather_seconds(request.nbytes, fabric, overhead=False))
+            return min(rings, rabenseifner.all_reduce_seconds(request, fabric, pipelined=False,
+                                                              overhead=False))
+        if op is CollectiveOp.ALL_GATHER:
+            return ring.all_gather_seconds(request.nbytes, fabric, overhead=False)
+        if op is CollectiveOp.BROADCAST:
+            return min(binomial.binomial_seconds(request, fabric, overhead=False),
+                       chain.chain_seconds(request, fabric, overhead=False))
+        if op is CollectiveOp.MANY_TO_MANY:
+            dense = Request(CollectiveOp.ALL_TO_ALL_V, request.nbytes, request.itemsize,
+                            fabric.size, max_block=request.max_block)
+            return pairwise.pairwise_seconds(dense, fabric, overhead=False)
+        raise ValueError(f"native: no cost formula for {op.value}")
 
     def supports(self, request, fabric) -> str | None:
         reason = super().supports(request, fabric)
@@ -31,7 +61,7 @@ class Native(Algorithm):
         return reason
 
     def run(self, call: Call):
-        b, op, kw = call.backend, call.op, {"async_op": not call.blocking, "validate": False}
+        b, op, kw = call.backend, call.op, {"async_op": not call.blocking}
         if op is CollectiveOp.ALL_TO_ALL:
             h = b.all_to_all(call.sendbuf, call.recvbuf, **kw)
         elif op is CollectiveOp.ALL_TO_ALL_V:

@@ -19,13 +19,34 @@ from __future__ import annotations
 
 import collections
 
+from collectives import alphabeta as ab
 from collectives import settings
 from collectives.algorithms import Algorithm, Call
 from collectives.algorithms.ring import block_bounds, even_counts
 from collectives.chunking import transfer
 from collectives.types import CollectiveOp, FabricModel, Request
 
-__all__ = ["Rabenseifner", "halving_reduce_scatter", "doubling_all_gather", "ALGORITHMS"]
+__all__ = ["Rabenseifner", "halving_reduce_scatter", "doubling_all_gather",
+           "reduce_scatter_seconds", "all_reduce_seconds", "ALGORITHMS"]
+
+
+def reduce_scatter_seconds(req: Request, fab: FabricModel) -> float:
+    """Fold the extra ranks in, halve the vector ``log2`` times reducing on arrival,
+    hand the folded ranks their blocks."""
+    n = req.nbytes
+    return (ab.fold(fab, n, True) + ab.halving_steps(fab, n, True)
+            + ab.fold(fab, req.max_block or n / fab.size, False))
+
+
+def all_reduce_seconds(req: Request, fab: FabricModel, pipelined: bool = True,
+                       overhead: bool = True) -> float:
+    """Fold and unfold, recursive halving then doubling of the whole vector.
+    ``pipelined=False, overhead=False``: one message per step, issued by a library."""
+    n = req.nbytes
+    return (ab.fold(fab, n, True, pipelined, overhead)
+            + ab.fold(fab, n, False, pipelined, overhead)
+            + ab.halving_steps(fab, n, True, pipelined, overhead)
+            + ab.halving_steps(fab, n, False, pipelined, overhead))
 
 
 def _virtual(m: int):
@@ -149,6 +170,12 @@ class Rabenseifner(Algorithm):
 
     name = "rabenseifner"
     ops = frozenset({CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE})
+    order = 30
+
+    def formula(self, request: Request, fabric: FabricModel) -> float:
+        if request.op is CollectiveOp.REDUCE_SCATTER:
+            return reduce_scatter_seconds(request, fabric)
+        return all_reduce_seconds(request, fabric)
 
     def supports(self, request: Request, fabric: FabricModel) -> str | None:
         reason = super().supports(request, fabric)

@@ -19,11 +19,13 @@ import collections
 
 import numpy as np
 
+from collectives import alphabeta as ab
 from collectives.algorithms import Algorithm, Call
 from collectives.pipeline import Window
-from collectives.types import CollectiveOp
+from collectives.types import CollectiveOp, FabricModel, Request
 
 __all__ = ["Ring", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "block_bounds",
+           "reduce_scatter_seconds", "all_gather_seconds", "all_reduce_seconds",
            "ALGORITHMS"]
 
 
@@ -239,6 +241,14 @@ class Ring(Algorithm):
     name = "ring"
     ops = frozenset({CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE,
                      CollectiveOp.ALL_GATHER})
+    order = 20
+
+    def formula(self, request: Request, fabric: FabricModel) -> float:
+        if request.op is CollectiveOp.REDUCE_SCATTER:
+            return reduce_scatter_seconds(request, fabric)
+        if request.op is CollectiveOp.ALL_REDUCE:
+            return all_reduce_seconds(request, fabric)
+        return all_gather_seconds(request.nbytes, fabric)
 
     def run(self, call: Call):
         members = list(range(call.size))
@@ -255,6 +265,28 @@ class Ring(Algorithm):
             lo, hi = bounds[call.rank]
             call.recvbuf[lo:hi] = call.sendbuf
             yield from ring_all_gather(call, members, call.recvbuf, bounds, tag=call.tags(0))
+
+
+def reduce_scatter_seconds(req: Request, fab: FabricModel, pipelined: bool = True,
+                           overhead: bool = True) -> float:
+    """``p - 1`` ring steps of one block (``max_block``, else ``nbytes / p``) each,
+    reduced on arrival; a node-ordered ring has one inter-node flow per node.
+    ``pipelined=False, overhead=False``: one message per step, issued by a library."""
+    p = fab.size
+    block = req.max_block or req.nbytes / p
+    return (p - 1) * ab.stream(block, ab.ring_link(fab), fab, reduce=True,
+                               pipelined=pipelined, overhead=overhead)
+
+
+def all_gather_seconds(nbytes: float, fab: FabricModel, overhead: bool = True) -> float:
+    """``p - 1`` pipelined ring steps of ``nbytes / p`` (``nbytes``: the output)."""
+    p = fab.size
+    return (p - 1) * ab.stream(nbytes / p, ab.ring_link(fab), fab, overhead=overhead)
+
+
+def all_reduce_seconds(req: Request, fab: FabricModel) -> float:
+    """Ring ReduceScatter, then ring AllGather of the whole buffer."""
+    return reduce_scatter_seconds(req, fab) + all_gather_seconds(req.nbytes, fab)
 
 
 def even_counts(total: int, parts: int) -> np.ndarray:

@@ -7,9 +7,10 @@ AlltoAll(v) that visits every rank.
 """
 from __future__ import annotations
 
+from collectives import alphabeta as ab
 from collectives.algorithms import Algorithm, Call
 from collectives.chunking import transfer
-from collectives.types import CollectiveOp
+from collectives.types import CollectiveOp, FabricModel, Request
 
 __all__ = ["Sparse", "ALGORITHMS"]
 
@@ -19,6 +20,16 @@ class Sparse(Algorithm):
 
     name = "sparse"
     ops = frozenset({CollectiveOp.MANY_TO_MANY})
+    order = 5
+
+    def formula(self, request: Request, fabric: FabricModel) -> float:
+        """A message latency per peer (``peers``: the most of any rank), the bytes
+        once over a link shared by the node's ranks."""
+        peers = request.peers if request.peers else fabric.size - 1
+        if peers == 0:
+            return 0.0
+        latency, bandwidth, _ = ab.link(fabric, fabric.nodes > 1, fabric.ranks_per_node)
+        return peers * (latency + fabric.step_overhead) + request.nbytes / bandwidth
 
     def run(self, call: Call):
         me = call.rank

@@ -24,10 +24,13 @@ one node.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from neocomm.errors import CollectiveArgumentError
 
+from collectives import alphabeta as ab
 from collectives import symmetric as sym
 from collectives.algorithms import Algorithm, Call, displs
 from collectives.types import CollectiveOp, FabricModel, Request
@@ -38,6 +41,11 @@ __all__ = ["Symmetric", "ALGORITHMS", "all_pairs", "reduce_into"]
 _PIECE_BYTES = 256 << 10
 
 
+def _sync_seconds(fab: FabricModel) -> float:
+    """One barrier of the group (dissemination: log2 p shared-memory hops)."""
+    return ab.log2ceil(fab.size) * fab.intra.latency + fab.step_overhead
+
+
 class Symmetric(Algorithm):
     """Direct loads from the peers' symmetric buffers."""
 
@@ -45,6 +53,39 @@ class Symmetric(Algorithm):
     ops = frozenset({CollectiveOp.ALL_TO_ALL, CollectiveOp.REDUCE_SCATTER,
                      CollectiveOp.ALL_REDUCE, CollectiveOp.ALL_GATHER,
                      CollectiveOp.BROADCAST})
+    order = 90
+
+    def shape_reason(self, op: CollectiveOp, fabric: FabricModel,
+                     group_size: int | None = None) -> str | None:
+        if fabric.nodes > 1:
+            return "needs a group within one node (shared memory)"
+        return None
+
+    def formula(self, request: Request, fabric: FabricModel) -> float:
+        """Direct loads from the peers' symmetric buffers: syncs plus local memory work.
+
+        A copy out of a peer's buffer crosses cores as a shared-memory transfer
+        does (intra-node bandwidth); a reduction streams the peers' inputs at the
+        reduction throughput, with no transport copy before it. Infinite when
+        the send side is not symmetric (the algorithm cannot run)."""
+        req, fab = request, fabric
+        if not req.symmetric & sym.SEND:
+            return math.inf
+        p, n, op = fab.size, req.nbytes, req.op
+        peer_bw = fab.intra.bandwidth
+        if op is CollectiveOp.REDUCE_SCATTER:
+            block = req.max_block or n / p
+            return 2 * _sync_seconds(fab) + (p - 1) * block / fab.reduce_bandwidth
+        if op is CollectiveOp.ALL_REDUCE:
+            if req.symmetric & sym.RECV:  # two-shot
+                seg = n / p
+                return (3 * _sync_seconds(fab) + (p - 1) * seg / fab.reduce_bandwidth
+                        + (p - 1) * seg / peer_bw)
+            return 2 * _sync_seconds(fab) + (p - 1) * n / fab.reduce_bandwidth
+        if op is CollectiveOp.BROADCAST:
+            return 2 * _sync_seconds(fab) + n / peer_bw
+        block = req.max_block or n / p  # AlltoAll: n is the send buffer; AllGather: the output
+        return 2 * _sync_seconds(fab) + (p - 1) * block / peer_bw + ab.copy(fab, block)
 
     def supports(self, request: Request, fabric: FabricModel) -> str | None:
         reason = super().supports(request, fabric)

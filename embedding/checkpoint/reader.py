@@ -20,10 +20,10 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from embedding.checkpoint.checksum import file_checksum
 from embedding.checkpoint.types import (MANIFEST, MARKER, CheckpointError,
                                         CheckpointMismatchError, ChecksumError, FileRecord,
                                         Manifest)
-from embedding.checkpoint.writer import file_checksum
 
 __all__ = ["CheckpointInfo", "list_checkpoints", "latest_checkpoint", "Checkpoint",
            "load_checkpoint", "FileStatus"]

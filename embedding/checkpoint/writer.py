@@ -23,12 +23,13 @@ import os
 import re
 import shutil
 import time
-import zlib
 from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 
+from embedding.checkpoint.checksum import CHECKSUMS, Hasher, HashingFile, file_checksum
+from embedding.checkpoint.reader import list_checkpoints
 from embedding.checkpoint.types import (MANIFEST, MARKER, CheckpointError, FileRecord, Manifest,
                                         TensorSlice)
 
@@ -38,7 +39,6 @@ __all__ = ["CheckpointWriter", "save_checkpoint", "checkpoint_name", "prune", "f
 _log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9_.\-/]+$")
 _PART = "part.json"
-CHECKSUMS = ("crc32", "sha256")
 
 
 def checkpoint_name(step: int) -> str:
@@ -46,48 +46,6 @@ def checkpoint_name(step: int) -> str:
     if int(step) < 0:
         raise ValueError(f"step: expected >= 0, got {step}")
     return f"step-{int(step):012d}"
-
-
-class _Hasher:
-    def __init__(self, algorithm: str):
-        if algorithm not in CHECKSUMS:
-            raise ValueError(f"checksum: expected one of {list(CHECKSUMS)}, got {algorithm!r}")
-        self.algorithm = algorithm
-        self._crc = 0
-        self._sha = hashlib.sha256() if algorithm == "sha256" else None
-
-    def update(self, data) -> None:
-        if self._sha is not None:
-            self._sha.update(data)
-        else:
-            self._crc = zlib.crc32(data, self._crc)
-
-    def hexdigest(self) -> str:
-        digest = self._sha.hexdigest() if self._sha is not None else f"{self._crc:08x}"
-        return f"{self.algorithm}:{digest}"
-
-
-class _HashingFile:
-    """A write-only file wrapper that hashes what passes through (np.save writes via .write)."""
-
-    def __init__(self, f, hasher: _Hasher):
-        self._f, self._h, self.bytes = f, hasher, 0
-
-    def write(self, data) -> int:
-        self._h.update(data)
-        self.bytes += len(memoryview(data).cast("B"))
-        return self._f.write(data)
-
-
-def file_checksum(path, algorithm: str = "crc32", block: int = 16 << 20) -> str:
-    """``"<algorithm>:<hex>"`` of the whole file at ``path``, read in blocks of ``block`` bytes."""
-    h = _Hasher(algorithm)
-    with open(path, "rb") as f:
-        while True:
-            data = f.read(block)
-            if not data:
-                return h.hexdigest()
-            h.update(data)
 
 
 def _fsync_dir(path) -> None:
@@ -161,9 +119,9 @@ class CheckpointWriter:
         for i, (name, arr) in enumerate(arrays.items()):
             a = np.require(arr, requirements='C')  # keeps 0-d arrays 0-d
             rel = f"{rdir.name}/{i:05d}-{name.replace('/', '.')}.npy"
-            h = _Hasher(self.checksum)
+            h = Hasher(self.checksum)
             with open(self.tmp / rel, "wb") as f:
-                hf = _HashingFile(f, h)
+                hf = HashingFile(f, h)
                 np.lib.format.write_array(hf, a, allow_pickle=False)
                 f.flush()
                 os.fsync(f.fileno())
@@ -263,8 +221,6 @@ def prune(root, keep_last: int) -> list[Path]:
     A temp dir is stale when a complete checkpoint of a later or equal step
     exists. Returns the removed paths.
     """
-    from embedding.checkpoint.reader import list_checkpoints
-
     if keep_last < 1:
         raise ValueError(f"keep_last: expected >= 1, got {keep_last}")
     root = Path(root)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from embedding.data.types import BatchError
 from embedding.dense._xp import array_module, to_numpy
+from embedding.types import BatchError
 from neocomm.errors import NeocommError
 
 __all__ = ["NonFiniteError", "check_finite", "check_loss", "check_labels"]

@@ -6,20 +6,9 @@ reference semantics and the CPU path) and a CuPy CUDA twin
 :class:`FusedTables` owns packed local tables and their optimizer state and
 dispatches to either.
 """
+from embedding.kernels.device import kernel_module
 from embedding.kernels.fused import FusedTables
 from embedding.kernels.layout import Bags, TableLayout
 
 __all__ = ["FusedTables", "Bags", "TableLayout", "kernel_module"]
 
-
-def kernel_module(device: str = "cpu"):
-    """The kernel functions for ``device``: :mod:`~embedding.kernels.cpu` or its CUDA twin."""
-    if device == "cuda":
-        from embedding.kernels import cuda
-
-        return cuda
-    if device != "cpu":
-        raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
-    from embedding.kernels import cpu
-
-    return cpu

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from embedding.kernels.device import kernel_module
 from embedding.kernels.layout import SUPPORTED_DTYPES, Bags, TableLayout, per_table_configs
 from embedding.optim import state_specs
 from embedding.types import OptimizerConfig
@@ -45,21 +46,16 @@ class FusedTables:
         if int(threads) < 1:
             raise ValueError(f"threads: expected >= 1, got {threads}")
         self.threads = int(threads)
+        self._impl = kernel_module(device)
         if device == "cuda":
-            from embedding.kernels import cuda
-
-            ok, why = cuda.available()
+            ok, why = self._impl.available()
             if not ok:
                 raise RuntimeError(f"device 'cuda' is not usable here: {why}")
             import cupy
 
             self.xp = cupy
-            self._impl = cuda
         else:
-            from embedding.kernels import cpu
-
             self.xp = np
-            self._impl = cpu
         self.names = tuple(names) if names is not None else tuple(
             f"table{i}" for i in range(self.layout.num_tables))
         if len(self.names) != self.layout.num_tables:

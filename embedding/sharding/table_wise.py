@@ -19,7 +19,7 @@ slice a slot of its own) reuses it unchanged; see
 :mod:`embedding.sharding.column_wise`. With ``dedup`` the ids of each
 slot are made unique before the AlltoAll, the owners return the rows of
 the unique ids instead of pooled bags, and the requesting rank pools them
-(see :mod:`embedding.dedup`).
+(see :mod:`embedding.sharding.dedup`).
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags
 from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingStrategy,
                                      collectives_api, pack_jagged, unpack_jagged)
+from embedding.sharding.dedup import DedupPlan
 from embedding.types import (OptimizerKind, Pooling, Shard, ShardingType, TableConfig,
                              TablePlan)
 
@@ -120,8 +121,6 @@ class SlotWiseSharding(ShardingStrategy):
                            and t.optimizer.kind is OptimizerKind.ROWWISE_ADAGRAD]
         self._dedup = None
         if env.dedup:
-            from embedding.dedup import DedupPlan
-
             self._dedup = DedupPlan(self)
 
     # -- plan -------------------------------------------------------------------

@@ -7,12 +7,10 @@ Peers and roots are *group* ranks. Counts are in elements of the buffer's
 dtype; buffers are C-contiguous arrays (NumPy for host backends, CuPy for
 device backends) and are read as flat 1-D.
 
-Public methods validate their arguments and, when ``NEOCOMM_CHECK_ARGS`` is
-on, agree them across the group before any data moves (see
-:mod:`neocomm.agree`): a bad argument on one rank raises
-:class:`~neocomm.errors.CollectiveArgumentError` on every rank instead of a
-hang. Callers that have already validated (the collectives layer) pass
-``validate=False``.
+A backend is a thin, unchecked mover: it neither validates, agrees nor plans.
+The collectives layer (:mod:`collectives`) checks a call's arguments once, in
+the user's words, agrees them across the group and plans the call; code that
+calls a backend directly owns the validity of what it passes.
 """
 from __future__ import annotations
 
@@ -21,11 +19,8 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from neocomm.agree import Problem, agree
-from neocomm.backends.checks import (OP_CODES, REDUCE_CODES, check_buffer, check_counts,
-                                     check_peer, check_same_dtype, counts_digest, dtype_code_of,
-                                     first)
-from neocomm.errors import CollectiveArgumentError
+from contextlib import nullcontext
+
 from neocomm.types import BackendKind, ReduceOp
 
 __all__ = ["Backend", "Handle", "CompletedHandle", "cuda_availability"]
@@ -83,6 +78,9 @@ def _noop() -> None:
     return None
 
 
+_NOWHERE = nullcontext()
+
+
 def cuda_availability() -> tuple[bool, str | None]:
     """Whether CuPy and a CUDA device are usable here, and why not."""
     try:
@@ -98,11 +96,12 @@ def cuda_availability() -> tuple[bool, str | None]:
 
 
 class Backend(abc.ABC):
-    """Moves the bytes of one process group.
+    """Moves the bytes of one process group: the transport of one array kind.
 
-    Subclasses implement the ``_op`` methods (arguments already valid,
-    ``async_op`` says whether to return before completion); the public
-    methods here validate and agree arguments once for every backend.
+    Public methods take valid arguments (the collectives layer checks and
+    agrees them once, :mod:`collectives.validate`) and run the backend's
+    ``_op`` at once: no checks, no agreement, no planning. ``stream=`` (device
+    backends) enqueues the work on that CUDA stream instead of the current one.
     ``availability()`` says whether the backend can run in this process, and
     why not.
     """
@@ -112,11 +111,8 @@ class Backend(abc.ABC):
     device: ClassVar[bool] = False
 
     def __init__(self, group):
-        from neocomm import config
-
         self.group = group
         self.comm = group.comm
-        self.check_args = bool(config.get("CHECK_ARGS"))
 
     @classmethod
     @abc.abstractmethod
@@ -131,184 +127,95 @@ class Backend(abc.ABC):
     def size(self) -> int:
         return self.group.size
 
-    # -- validation ----------------------------------------------------
-    def _agree(self, op: str, problem: Problem | None, signature) -> None:
-        if self.check_args:
-            agree(self.comm, op, problem, signature)
-        elif problem is not None:
-            raise CollectiveArgumentError(f"{op}: {problem.message}", op=op, field=problem.field,
-                                          ranks=(self.rank,), per_rank={self.rank: problem.message})
-
-    def _buf(self, name, buf, **kw) -> Problem | None:
-        return check_buffer(name, buf, device=self.device, **kw)
-
-    _dcode = staticmethod(dtype_code_of)
-
     @staticmethod
     def _finish(handle: Handle, async_op: bool) -> Handle:
         if not async_op:
             handle.wait()
         return handle
 
+    def _on(self, stream):
+        """The context that makes ``stream`` current for this call (device backends)."""
+        if stream is None:
+            return _NOWHERE
+        if not self.device:
+            raise ValueError(f"stream: the {self.kind.value} backend moves host buffers; "
+                             f"stream applies to device backends, got {stream!r}")
+        return stream
+
     # -- point to point ----------------------------------------------
     def send(self, buf, peer: int, *, tag: int = 0, async_op: bool = False,
-             validate: bool = True) -> Handle:
+             stream=None) -> Handle:
         """Send all of ``buf`` to group rank ``peer``."""
-        if validate:
-            self._local("send", first(self._buf("buf", buf), check_peer("peer", peer, self.size)))
-        return self._finish(self._send(buf, int(peer), tag, async_op), async_op)
+        with self._on(stream):
+            return self._finish(self._send(buf, peer, tag, async_op), async_op)
 
     def recv(self, buf, peer: int, *, tag: int = 0, async_op: bool = False,
-             validate: bool = True) -> Handle:
+             stream=None) -> Handle:
         """Receive exactly ``buf.size`` elements from group rank ``peer`` into ``buf``.
 
         A message of another size raises ValueError naming both sizes.
         """
-        if validate:
-            self._local("recv", first(self._buf("buf", buf, writable=True),
-                                      check_peer("peer", peer, self.size)))
-        return self._finish(self._recv(buf, int(peer), tag, async_op), async_op)
-
-    def _local(self, op: str, problem: Problem | None) -> None:
-        """Point-to-point checks concern this rank alone: raise here, at once."""
-        if problem is not None:
-            raise CollectiveArgumentError(f"{op}: {problem.message}", op=op, field=problem.field,
-                                          ranks=(self.rank,), per_rank={self.rank: problem.message})
+        with self._on(stream):
+            return self._finish(self._recv(buf, peer, tag, async_op), async_op)
 
     # -- collectives --------------------------------------------------
-    def all_to_all(self, sendbuf, recvbuf, *, async_op: bool = False,
-                   validate: bool = True) -> Handle:
+    def all_to_all(self, sendbuf, recvbuf, *, async_op: bool = False, stream=None) -> Handle:
         """Block j of ``sendbuf`` goes to rank j; block i of ``recvbuf`` comes from rank i.
 
         Both buffers hold ``size`` equal blocks of the same dtype.
         """
-        if validate:
-            n = self.size
-            p = first(self._buf("sendbuf", sendbuf), self._buf("recvbuf", recvbuf, writable=True))
-            p = p or check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf)
-            if p is None and sendbuf.size % n:
-                p = Problem("sendbuf", f"sendbuf: {sendbuf.size} elements do not split into "
-                                       f"{n} equal blocks")
-            if p is None and recvbuf.size != sendbuf.size:
-                p = Problem("recvbuf", f"recvbuf: expected {sendbuf.size} elements (as sendbuf), "
-                                       f"got {recvbuf.size}")
-            block = sendbuf.size // n if p is None else 0
-            self._agree("all_to_all", p, [("op", OP_CODES["all_to_all"]),
-                                          ("dtype", self._dcode(sendbuf)), ("block", block)])
-        return self._finish(self._all_to_all(sendbuf, recvbuf, async_op), async_op)
+        with self._on(stream):
+            return self._finish(self._all_to_all(sendbuf, recvbuf, async_op), async_op)
 
     def all_to_all_v(self, sendbuf, recvbuf, *, send_counts: Sequence[int],
                      recv_counts: Sequence[int], async_op: bool = False,
-                     validate: bool = True) -> Handle:
+                     stream=None) -> Handle:
         """AlltoAll with ``send_counts[j]`` elements to rank j, ``recv_counts[i]`` from rank i.
 
         Blocks are packed in rank order; the counts sum to the buffer sizes,
-        and ``send_counts[j]`` on rank i equals ``recv_counts[i]`` on rank j
-        (checked with one small count exchange when ``NEOCOMM_CHECK_ARGS``).
+        and ``send_counts[j]`` on rank i equals ``recv_counts[i]`` on rank j.
         """
-        n = self.size
-        if validate:
-            p = first(self._buf("sendbuf", sendbuf), self._buf("recvbuf", recvbuf, writable=True))
-            p = p or check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf)
-            ps, sc = check_counts("send_counts", send_counts, n,
-                                  getattr(sendbuf, "size", -1), "sendbuf")
-            pr, rc = check_counts("recv_counts", recv_counts, n,
-                                  getattr(recvbuf, "size", -1), "recvbuf")
-            p = first(p, ps, pr)
-            if self.check_args:
-                offered = np.empty(n, np.int64)
-                self.comm.Alltoall(sc if ps is None else np.full(n, -1, np.int64), offered)
-                if p is None and not np.array_equal(offered, rc):
-                    i = int(np.flatnonzero(offered != rc)[0])
-                    p = Problem("recv_counts", f"recv_counts[{i}] is {int(rc[i])} but rank {i} "
-                                               f"sends {int(offered[i])}")
-            self._agree("all_to_all_v", p, [("op", OP_CODES["all_to_all_v"]),
-                                            ("dtype", self._dcode(sendbuf))])
-        else:
-            sc = np.asarray(send_counts, np.int64)
-            rc = np.asarray(recv_counts, np.int64)
-        return self._finish(self._all_to_all_v(sendbuf, recvbuf, sc, rc, async_op), async_op)
+        sc = np.asarray(send_counts, np.int64)
+        rc = np.asarray(recv_counts, np.int64)
+        with self._on(stream):
+            return self._finish(self._all_to_all_v(sendbuf, recvbuf, sc, rc, async_op),
+                                async_op)
 
     def all_reduce(self, sendbuf, recvbuf=None, *, op: ReduceOp = ReduceOp.SUM,
-                   async_op: bool = False, validate: bool = True) -> Handle:
+                   async_op: bool = False, stream=None) -> Handle:
         """Every rank gets the element-wise reduction; ``recvbuf=None`` reduces in place."""
         op = ReduceOp.parse(op)
-        if validate:
-            p = self._buf("sendbuf", sendbuf, reducible=True, writable=recvbuf is None)
-            if recvbuf is not None:
-                p = p or self._buf("recvbuf", recvbuf, writable=True)
-                p = p or check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf)
-                if p is None and recvbuf.size != sendbuf.size:
-                    p = Problem("recvbuf", f"recvbuf: expected {sendbuf.size} elements (as "
-                                           f"sendbuf), got {recvbuf.size}")
-            self._agree("all_reduce", p, [("op", OP_CODES["all_reduce"]),
-                                          ("dtype", self._dcode(sendbuf)),
-                                          ("count", getattr(sendbuf, "size", -1)),
-                                          ("reduce_op", REDUCE_CODES[op])])
-        return self._finish(self._all_reduce(sendbuf, recvbuf, op, async_op), async_op)
+        with self._on(stream):
+            return self._finish(self._all_reduce(sendbuf, recvbuf, op, async_op), async_op)
 
     def reduce_scatter(self, sendbuf, recvbuf, *, op: ReduceOp = ReduceOp.SUM,
                        recv_counts: Sequence[int] | None = None, async_op: bool = False,
-                       validate: bool = True) -> Handle:
+                       stream=None) -> Handle:
         """Rank i gets block i of the reduction of every rank's ``sendbuf``.
 
         Blocks are equal (``recvbuf.size`` each) unless ``recv_counts`` gives
         each rank's block size (the same vector on every rank).
         """
         op = ReduceOp.parse(op)
-        n = self.size
-        counts = None
-        if validate:
-            p = first(self._buf("sendbuf", sendbuf, reducible=True),
-                      self._buf("recvbuf", recvbuf, writable=True))
-            p = p or check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf)
-            if p is None and recv_counts is None and sendbuf.size != n * recvbuf.size:
-                p = Problem("recvbuf", f"recvbuf: expected sendbuf.size / {n} = "
-                                       f"{sendbuf.size / n:g} elements, got {recvbuf.size}")
-            if p is None and recv_counts is not None:
-                p, counts = check_counts("recv_counts", recv_counts, n, sendbuf.size, "sendbuf")
-                if p is None and counts[self.rank] != recvbuf.size:
-                    p = Problem("recvbuf", f"recvbuf: recv_counts[{self.rank}] is "
-                                           f"{int(counts[self.rank])} but recvbuf holds "
-                                           f"{recvbuf.size} elements")
-            self._agree("reduce_scatter", p, [("op", OP_CODES["reduce_scatter"]),
-                                              ("dtype", self._dcode(sendbuf)),
-                                              ("count", getattr(sendbuf, "size", -1)),
-                                              ("reduce_op", REDUCE_CODES[op]),
-                                              ("recv_counts", counts_digest(counts))])
-        elif recv_counts is not None:
-            counts = np.asarray(recv_counts, np.int64)
-        return self._finish(self._reduce_scatter(sendbuf, recvbuf, op, counts, async_op),
-                            async_op)
+        counts = None if recv_counts is None else np.asarray(recv_counts, np.int64)
+        with self._on(stream):
+            return self._finish(self._reduce_scatter(sendbuf, recvbuf, op, counts, async_op),
+                                async_op)
 
-    def all_gather(self, sendbuf, recvbuf, *, async_op: bool = False,
-                   validate: bool = True) -> Handle:
+    def all_gather(self, sendbuf, recvbuf, *, async_op: bool = False, stream=None) -> Handle:
         """Block i of ``recvbuf`` is rank i's ``sendbuf`` (equal sizes on every rank)."""
-        if validate:
-            p = first(self._buf("sendbuf", sendbuf), self._buf("recvbuf", recvbuf, writable=True))
-            p = p or check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf)
-            if p is None and recvbuf.size != self.size * sendbuf.size:
-                p = Problem("recvbuf", f"recvbuf: expected {self.size} x {sendbuf.size} = "
-                                       f"{self.size * sendbuf.size} elements, got {recvbuf.size}")
-            self._agree("all_gather", p, [("op", OP_CODES["all_gather"]),
-                                          ("dtype", self._dcode(sendbuf)),
-                                          ("count", getattr(sendbuf, "size", -1))])
-        return self._finish(self._all_gather(sendbuf, recvbuf, async_op), async_op)
+        with self._on(stream):
+            return self._finish(self._all_gather(sendbuf, recvbuf, async_op), async_op)
 
-    def broadcast(self, buf, *, root: int, async_op: bool = False,
-                  validate: bool = True) -> Handle:
+    def broadcast(self, buf, *, root: int, async_op: bool = False, stream=None) -> Handle:
         """Every rank's ``buf`` becomes the root's (same size and dtype everywhere)."""
-        if validate:
-            p = first(self._buf("buf", buf, writable=True), check_peer("root", root, self.size))
-            self._agree("broadcast", p, [("op", OP_CODES["broadcast"]),
-                                         ("dtype", self._dcode(buf)),
-                                         ("count", getattr(buf, "size", -1)),
-                                         ("root", root if isinstance(root, (int, np.integer)) else -1)])
-        return self._finish(self._broadcast(buf, int(root), async_op), async_op)
+        with self._on(stream):
+            return self._finish(self._broadcast(buf, int(root), async_op), async_op)
 
-    def barrier(self, *, async_op: bool = False) -> Handle:
+    def barrier(self, *, async_op: bool = False, stream=None) -> Handle:
         """Returns once every rank of the group has entered."""
-        return self._finish(self._barrier(async_op), async_op)
+        with self._on(stream):
+            return self._finish(self._barrier(async_op), async_op)
 
     def close(self) -> None:
         """Release resources (communicators, staging buffers)."""

@@ -99,25 +99,25 @@ class StagedBackend(Backend):
         if async_op:
             host = np.empty(buf.size, buf.dtype)
             self._d2h(buf.reshape(-1), host)
-            sent = self._mpi.send(host, peer, tag=tag, async_op=True, validate=False)
+            sent = self._mpi.send(host, peer, tag=tag, async_op=True)
             return Handle(sent.wait, sent.test, None)  # the closures keep ``host`` alive
         flat = buf.reshape(-1)
         for off, k in self._pieces(flat.size, self._elems(buf.itemsize, 1)):
             (h,) = self._host(buf.dtype, (k,))
             self._d2h(flat[off:off + k], h)
-            self._mpi.send(h, peer, tag=tag, validate=False)
+            self._mpi.send(h, peer, tag=tag)
         return CompletedHandle()
 
     def _recv(self, buf, peer, tag, async_op):
         if async_op:
             host = np.empty(buf.size, buf.dtype)
-            got = self._mpi.recv(host, peer, tag=tag, async_op=True, validate=False)
+            got = self._mpi.recv(host, peer, tag=tag, async_op=True)
             return Handle(got.wait, got.test, buf,
                           on_done=lambda: self._h2d(host, buf.reshape(-1)))
         flat = buf.reshape(-1)
         for off, k in self._pieces(flat.size, self._elems(buf.itemsize, 1)):
             (h,) = self._host(buf.dtype, (k,))
-            self._mpi.recv(h, peer, tag=tag, validate=False)
+            self._mpi.recv(h, peer, tag=tag)
             self._h2d(h, flat[off:off + k])
         return CompletedHandle(buf)
 
@@ -129,7 +129,7 @@ class StagedBackend(Backend):
         for off, k in self._pieces(block, self._elems(sendbuf.itemsize, 2 * n)):
             hs, hr = self._host(sendbuf.dtype, (n, k), (n, k))
             self._d2h(src[:, off:off + k], hs)
-            self._mpi.all_to_all(hs, hr, validate=False)
+            self._mpi.all_to_all(hs, hr)
             self._h2d(hr, dst[:, off:off + k])
         return CompletedHandle(recvbuf)
 
@@ -138,7 +138,7 @@ class StagedBackend(Backend):
         step = self._elems(sendbuf.itemsize, 2 * n)
         # Every rank must run the same number of rounds: agree on the largest count.
         largest = np.array([max(int(send_counts.max(initial=0)), int(recv_counts.max(initial=0)))])
-        self._mpi.all_reduce(largest, op="max", validate=False)
+        self._mpi.all_reduce(largest, op="max")
         sdis = np.concatenate(([0], np.cumsum(send_counts)))
         rdis = np.concatenate(([0], np.cumsum(recv_counts)))
         sflat, rflat = sendbuf.reshape(-1), recvbuf.reshape(-1)
@@ -147,7 +147,7 @@ class StagedBackend(Backend):
             rc = np.clip(recv_counts - off, 0, step)
             hs, hr = self._host(sendbuf.dtype, (int(sc.sum()),), (int(rc.sum()),))
             self._gather_pieces(sflat, sdis, off, sc, hs)
-            self._mpi.all_to_all_v(hs, hr, send_counts=sc, recv_counts=rc, validate=False)
+            self._mpi.all_to_all_v(hs, hr, send_counts=sc, recv_counts=rc)
             pos = 0
             for i in range(n):
                 if rc[i]:
@@ -161,7 +161,7 @@ class StagedBackend(Backend):
         for off, k in self._pieces(src.size, self._elems(sendbuf.itemsize, 1)):
             (h,) = self._host(sendbuf.dtype, (k,))
             self._d2h(src[off:off + k], h)
-            self._mpi.all_reduce(h, op=op, validate=False)
+            self._mpi.all_reduce(h, op=op)
             self._h2d(h, dst[off:off + k])
         return CompletedHandle(out)
 
@@ -175,7 +175,7 @@ class StagedBackend(Backend):
             kc = np.clip(counts - off, 0, step)
             hs, hr = self._host(sendbuf.dtype, (int(kc.sum()),), (int(kc[self.rank]),))
             self._gather_pieces(sflat, displs, off, kc, hs)
-            self._mpi.reduce_scatter(hs, hr, op=op, recv_counts=kc, validate=False)
+            self._mpi.reduce_scatter(hs, hr, op=op, recv_counts=kc)
             if kc[self.rank]:
                 self._h2d(hr, rflat[off:off + kc[self.rank]])
         return CompletedHandle(recvbuf)
@@ -186,7 +186,7 @@ class StagedBackend(Backend):
         for off, k in self._pieces(count, self._elems(sendbuf.itemsize, n + 1)):
             hs, hr = self._host(sendbuf.dtype, (k,), (n, k))
             self._d2h(src[off:off + k], hs)
-            self._mpi.all_gather(hs, hr, validate=False)
+            self._mpi.all_gather(hs, hr)
             self._h2d(hr, dst[:, off:off + k])
         return CompletedHandle(recvbuf)
 
@@ -196,7 +196,7 @@ class StagedBackend(Backend):
             (h,) = self._host(buf.dtype, (k,))
             if self.rank == root:
                 self._d2h(flat[off:off + k], h)
-            self._mpi.broadcast(h, root=root, validate=False)
+            self._mpi.broadcast(h, root=root)
             if self.rank != root:
                 self._h2d(h, flat[off:off + k])
         return CompletedHandle(buf)

@@ -7,13 +7,43 @@ import platform
 import sys
 import warnings
 
+__all__ = ["HELP", "INFO_GROUP", "add_arguments", "run", "collect", "contributions"]
+
+HELP = "versions, MPI library, backends available and why not, settings"
+#: entry-point group of the lines packages above the core add to the report
+INFO_GROUP = "neocomm.info"
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
+def contributions() -> dict[str, tuple[str, str]]:
+    """``{key: (title, state)}`` from the packages above the core.
+
+    A package adds a line by registering, in the ``neocomm.info`` entry-point
+    group, a function that returns ``(title, state)``; the entry's name is
+    the key in ``--json``. One that cannot load or fails says so in its state.
+    """
+    from importlib.metadata import entry_points
+
+    out: dict[str, tuple[str, str]] = {}
+    for ep in entry_points(group=INFO_GROUP):
+        try:
+            title, state = ep.load()()
+        except Exception as exc:  # noqa: BLE001 - a broken plug-in must not stop the report
+            title, state = ep.name, f"unknown: {ep.value} failed: {type(exc).__name__}: {exc}"
+        out.setdefault(ep.name, (str(title), str(state)))
+    return out
+
+
 def collect() -> dict:
     """Everything ``neocomm info`` reports, as a JSON-able dict."""
+    return _collect()[0]
+
+
+def _collect() -> tuple[dict, dict[str, str]]:
+    """The report and the titles of the contributed lines (by key)."""
     import numpy
 
     import neocomm
@@ -45,10 +75,9 @@ def collect() -> dict:
         out["launcher"] = f"missing: {exc}"
     out["backends"] = {k.value: ("available" if ok else f"unavailable: {why}")
                        for k, (ok, why) in availability().items()}
-    from collectives import symmetric
-
-    ok, where = symmetric.availability()
-    out["symmetric_memory"] = f"{'available' if ok else 'unavailable'}: {where}"
+    extra = {k: v for k, v in contributions().items() if k not in out}
+    for key, (_title, state) in extra.items():
+        out[key] = state
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         values = config.settings()
@@ -56,11 +85,11 @@ def collect() -> dict:
     out["settings"] = {s.env + ("<OP>" if s.prefix else ""): {
         "value": values.get(s.name, s.default), "default": s.default, "unit": s.unit,
         "help": s.help} for s in config.table()}
-    return out
+    return out, {key: title for key, (title, _state) in extra.items()}
 
 
 def run(args) -> int:
-    info = collect()
+    info, titles = _collect()
     if args.json:
         json.dump(info, sys.stdout, indent=1, default=str)
         print()
@@ -72,7 +101,8 @@ def run(args) -> int:
     print("\nbackends")
     for name, state in info["backends"].items():
         print(f"  {name:<8} {state}")
-    print(f"\nsymmetric memory (host collectives): {info['symmetric_memory']}")
+    for key, title in titles.items():
+        print(f"\n{title}: {info[key]}")
     print("\nsettings (NEOCOMM_*; value, default, unit)")
     for env, s in info["settings"].items():
         mark = "" if s["value"] == s["default"] else "  (set)"

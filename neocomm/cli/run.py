@@ -6,6 +6,10 @@ import sys
 
 from neocomm.launcher import LauncherNotFound, NoRoomError, launch
 
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "launch a command on N ranks under the MPI launcher"
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")

@@ -53,19 +53,23 @@ be.barrier()
 
 def test_stalled_collective_is_named_and_aborts(tmp_path):
     out = _job(tmp_path, PRELUDE + """
+import collectives as C
+C.all_reduce(np.ones(4))
 if w.rank == 1:
     time.sleep(600)  # never arrives
-be.all_reduce(np.ones(4))
+C.all_reduce(np.ones(4))  # a planned call: its agreement is watched, with its number
 """, env={"NEOCOMM_TIMEOUT": "3"})
     assert out.returncode not in (0, 124), out
-    assert "rank 0: argument agreement of all_reduce has not completed after" in out.stderr
+    assert ("rank 0: argument agreement of all_reduce on group 'world', call #1 has not "
+            "completed after") in out.stderr, out.stderr
 
 
 def test_bad_input_fails_together_and_the_job_exits_nonzero(tmp_path):
     out = _job(tmp_path, PRELUDE + """
+import collectives as C
 x = np.ones(4, np.float32 if w.rank == 0 else np.float64)
 try:
-    be.all_reduce(x)
+    C.all_reduce(x)
 except neocomm.CollectiveArgumentError as e:
     print(f"rank {w.rank} caught: {e}", flush=True)
     sys.exit(3)

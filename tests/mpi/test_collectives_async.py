@@ -94,9 +94,9 @@ def test_staging_memory_is_bounded(world, all_ranks):
 
 def test_plans_reuse_buffers(world, all_ranks):
     """With argument checks off, repeated calls run from a plan: same results."""
-    backend = world.world.backend()
-    saved = backend.check_args
-    backend.check_args = False
+    backend = C.state_of(world.world)
+    saved = backend.check
+    backend.check = False
     try:
         x = np.arange(8 * world.size, dtype=np.float32)
         out = np.empty_like(x)
@@ -111,5 +111,5 @@ def test_plans_reuse_buffers(world, all_ranks):
             world.comm.Alltoall(x, want)
             ok &= np.array_equal(C.all_to_all(x, out), want)
     finally:
-        backend.check_args = saved
+        backend.check = saved
     all_ranks(ok)

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives import plans
 from neocomm import CollectiveArgumentError
 
 
@@ -110,10 +109,11 @@ def test_preparing_leaves_implicit_plans_alone(world, all_ranks):
     x = np.ones(4 * world.size, np.float32)
     y = np.empty_like(x)
     C.all_to_all(x, y)
-    before = dict(plans._PLANS)
+    plans = C.state_of(None).plans
+    before = dict(plans._plans)
     with C.prepare_all_to_all(x, y):
         pass
-    all_ranks(plans._PLANS == before)
+    all_ranks(plans._plans == before)
 
 
 def test_use_after_free_raises(world, all_ranks):
@@ -177,14 +177,14 @@ def test_a_missing_prepared_only_argument_on_one_rank_raises_everywhere(world):
 
 
 def test_bad_input_with_checks_off_raises_locally(world, all_ranks):
-    backend = world.world.backend()
-    saved = backend.check_args
-    backend.check_args = False
+    backend = C.state_of(world.world)
+    saved = backend.check
+    backend.check = False
     try:
         with pytest.raises(CollectiveArgumentError, match="recvbuf"):
             C.prepare_all_to_all(np.ones(4 * world.size), np.empty(4 * world.size + 1))
     finally:
-        backend.check_args = saved
+        backend.check = saved
     all_ranks(True)
 
 

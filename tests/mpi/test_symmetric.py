@@ -166,14 +166,14 @@ def test_slices_that_differ_across_ranks_raise_everywhere(world, group, all_rank
         pytest.skip("needs 2 ranks in a node")
     buf = symmetric.empty(64, np.float32, group=group)
     lo = 0 if group.rank == 0 else 16  # same size, different offsets
-    backend = group.backend(buf)
-    saved = backend.check_args
-    backend.check_args = False  # the algorithm's own check, not the argument agreement
+    backend = C.state_of(group)
+    saved = backend.check
+    backend.check = False  # the algorithm's own check, not the argument agreement
     try:
         raises_everywhere(all_ranks, lambda: C.all_reduce(buf[lo:lo + 16], group=group,
                                                           algo=SYM), "differ across ranks")
     finally:
-        backend.check_args = saved
+        backend.check = saved
 
 
 def test_forced_on_plain_buffers_names_the_reason(world, group, all_ranks):
@@ -242,15 +242,15 @@ def test_mismatch_is_caught_asynchronously_too(world, group, all_ranks):
         pytest.skip("needs 2 ranks in a node")
     buf = symmetric.empty(64, np.float32, group=group)
     lo = 0 if group.rank == 0 else 16
-    backend = group.backend(buf)
-    saved = backend.check_args
-    backend.check_args = False
+    backend = C.state_of(group)
+    saved = backend.check
+    backend.check = False
     try:
         raises_everywhere(all_ranks, lambda: C.all_reduce(buf[lo:lo + 16], group=group,
                                                           algo=SYM, async_op=True).wait(),
                           "differ across ranks")
     finally:
-        backend.check_args = saved
+        backend.check = saved
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -326,9 +326,9 @@ def test_half_precision_reductions(world, group, all_ranks, dtype):
 
 
 def _checks(group, buf, on: bool):
-    backend = group.backend(buf)
-    saved = backend.check_args
-    backend.check_args = on
+    backend = C.state_of(group)
+    saved = backend.check
+    backend.check = on
     return backend, saved
 
 
@@ -348,7 +348,7 @@ def test_auto_selection_names_buffers_that_are_not_symmetric_everywhere(world, g
         raises_everywhere(all_ranks, lambda: C.all_reduce(buf, group=group),
                           "symmetric buffers differs across ranks")
     finally:
-        backend.check_args = saved
+        backend.check = saved
 
 
 def test_dtype_that_differs_is_caught_with_checks_off(world, group, all_ranks):
@@ -360,7 +360,7 @@ def test_dtype_that_differs_is_caught_with_checks_off(world, group, all_ranks):
     try:
         raises_everywhere(all_ranks, lambda: C.all_gather(buf, group=group, algo=SYM), "dtype")
     finally:
-        backend.check_args = saved
+        backend.check = saved
 
 
 def test_empty_buffers_run_anywhere_and_are_not_kept(world, all_ranks):

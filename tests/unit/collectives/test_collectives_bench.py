@@ -8,7 +8,7 @@ import pytest
 
 from collectives.bench import BenchConfig, bus_factor, sizes
 from collectives.types import CollectiveOp
-from neocomm.cli import bench as cli
+from collectives.cli import bench as cli
 
 
 def test_bus_factors_follow_nccl_tests():

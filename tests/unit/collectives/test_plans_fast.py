@@ -1,8 +1,10 @@
-"""Plans of repeated calls and the watchdog's open waits, in one process (no MPI)."""
+"""Plans of repeated calls and the watchdog's open waits, in one process (a world of one
+rank: the calls are real, their plans too)."""
 from __future__ import annotations
 
 import gc
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -12,172 +14,177 @@ import weakref
 import numpy as np
 import pytest
 
-from collectives import plans, progress, settings
-from collectives.types import CollectiveOp
+import collectives as C
+from collectives import api, api_v, plan as P, progress, settings
 from neocomm import watchdog
 
 
-class _Group:
-    rank, size = 0, 1
+@pytest.fixture(scope="module")
+def world():
+    import neocomm
+
+    return neocomm.init()
 
 
-class _Backend:
-    check_args = False
+@pytest.fixture
+def builds(world, monkeypatch):
+    """The plans this process builds (each one as built)."""
+    made = []
+    real = api.build
+
+    def counted(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(api, "build", counted)
+    monkeypatch.setattr(api_v, "build", counted)
+    C.state_of(None).plans.clear()
+    yield made
+    C.state_of(None).plans.clear()
 
 
-class _Call:
-    """Just what a plan reads of a Call."""
-
-    def __init__(self, op, sendbuf, recvbuf):
-        self.op, self.group, self.backend = op, _Group(), _Backend()
-        self.sendbuf, self.recvbuf, self.tag = sendbuf, recvbuf, 0
-
-
-class _Algo:
-    name = "fake"
-
-    def __init__(self):
-        self.seen = []
-
-    def run(self, call):
-        self.seen.append((call.sendbuf, call.recvbuf))
-        call.recvbuf[:] = call.sendbuf
-        return
-        yield  # a generator, as algorithms are
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    plans.clear()
-    settings.current()
-    yield
-    plans.clear()
-
-
-def _plan(key, x, y, fast=None, op=CollectiveOp.ALL_TO_ALL, algo=None):
-    call = _Call(op, x.reshape(-1), y.reshape(-1))
-    algo = algo or _Algo()
-    if fast is not None:
-        algo.fast = lambda call: fast
-    plans.remember(key, (x, y), call, algo, y)
-    return call, algo
-
-
-def test_a_plan_replays_the_same_buffers_and_misses_others():
-    ran = []
+def test_one_plan_serves_the_same_buffers_new_buffers_and_async_calls(builds):
     x, y = np.arange(4.0), np.zeros(4)
-    _plan("k", x, y, fast=lambda s, r: ran.append((s, r)))
-    assert plans.replay("k", x, y) is y
-    assert ran == [(x, y)] and plans.LAST_CHOSEN["all_to_all"] == "fake"
-    assert plans.replay("k", x.copy(), y) is None  # another array with the same id-key
-    assert plans.replay("k", y, x) is None
-    assert plans.replay("other", x, y) is None
-    assert len(ran) == 1
+    for _ in range(3):
+        assert C.all_to_all(x, y) is y and np.array_equal(y, x)
+    z, w = np.arange(4.0) + 1, np.zeros(4)
+    assert C.all_to_all(z, w) is w and np.array_equal(w, z)
+    assert C.all_to_all(x, y, async_op=True).wait() is y
+    assert len(builds) == 1
+    C.all_to_all(np.arange(8.0), np.zeros(8))  # another size: another layout
+    C.all_to_all(x.astype(np.float32), y.astype(np.float32))  # another dtype
+    assert len(builds) == 3
 
 
-class _Resizable:
-    """A buffer whose size can change in place (NumPy refuses that once weakly referenced)."""
-
-    def __init__(self, size):
-        self.size = size
-        self.dtype = np.dtype(np.float32)
-
-    def reshape(self, shape):
-        return self
+def test_a_call_without_recvbuf_allocates_from_its_plan(builds):
+    x = np.arange(6.0).reshape(2, 3)
+    first, second = C.all_to_all(x), C.all_to_all(x)
+    assert first is not second and first.shape == (2, 3) and np.array_equal(second, x)
+    assert len(builds) == 1
 
 
-def test_a_resized_buffer_misses():
-    x, y = _Resizable(4), _Resizable(4)
-    _plan("k", x, y, fast=lambda s, r: None)
-    assert plans.replay("k", x, y) is y
-    y.size = 8
-    assert plans.replay("k", x, y) is None
-
-
-def test_a_buffer_whose_dtype_changed_misses():
-    x, y = _Resizable(4), _Resizable(4)
-    _plan("k", x, y, fast=lambda s, r: None)
-    assert plans.replay("k", x, y) is y
-    y.dtype = np.dtype(np.int32)  # the same bytes read as another type: a fresh call
-    assert plans.replay("k", x, y) is None
-
-
-def test_plans_do_not_keep_buffers_alive():
+def test_plans_do_not_keep_buffers_alive(builds):
     x, y = np.arange(4.0), np.zeros(4)
-    _plan("k", x, y, fast=lambda s, r: None)
-    _plan("g", x, y)  # the generic path holds a Call too
-    wx, wy = weakref.ref(x), weakref.ref(y)
-    del x, y
+    C.all_to_all(x, y)
+    ref = weakref.ref(x)
+    del x
     gc.collect()
-    assert wx() is None and wy() is None
+    assert ref() is None and len(C.state_of(None).plans) == 1
 
 
-def test_settings_reload_check_flag_and_outstanding_ops_skip_the_plan():
+def test_settings_reload_and_the_check_flag_make_a_new_plan(builds):
     x, y = np.arange(4.0), np.zeros(4)
-    call, _ = _plan("k", x, y, fast=lambda s, r: None)
-    assert plans.replay("k", x, y) is y
-    call.backend.check_args = True
-    assert plans.replay("k", x, y) is None
-    call.backend.check_args = False
-    progress._ACTIVE.append(object())
-    try:
-        assert plans.replay("k", x, y) is None
-    finally:
-        progress._ACTIVE.pop()
-    assert plans.replay("k", x, y) is y
+    C.all_reduce(x, y)
     settings.reload()
-    assert plans.replay("k", x, y) is None
+    C.all_reduce(x, y)
+    state = C.state_of(None)
+    state.check = not state.check
+    try:
+        C.all_reduce(x, y)
+    finally:
+        state.check = not state.check
+    C.all_reduce(x, y)
+    assert len(builds) == 4
 
 
-def test_the_fast_call_is_an_open_wait_named_after_the_op_even_when_it_raises():
+def test_an_outstanding_operation_is_driven_by_a_planned_call(builds):
+    x, y = np.arange(4.0), np.zeros(4)
+    C.all_to_all(x, y)
+    steps = []
+
+    def other():
+        steps.append("started")
+        yield (_Later(steps),)
+        steps.append("finished")
+
+    handle = progress.start(other(), "other", True, "other", C.state_of(None).progress)
+    assert C.all_to_all(x, y) is y and steps[-1] == "finished"  # drove the other one
+    assert handle.wait() == "other" and len(builds) == 1
+
+
+class _Later:
+    """A handle that completes the second time it is tested."""
+
+    def __init__(self, steps):
+        self.done, self.steps = False, steps
+
+    def test(self):
+        self.done = self.steps.count("tested") > 0
+        self.steps.append("tested")
+        return self.done
+
+    def wait(self):
+        self.done = True
+
+
+def test_the_fast_call_is_an_open_wait_named_after_the_op_even_when_it_raises(builds):
+    x, y = np.arange(4.0), np.zeros(4)
+    C.all_to_all(x, y, algo="native")
+    plan = builds[0]
     seen = []
 
     def fast(s, r):
         seen.extend(what for what, _ in watchdog._open_slots())
         raise RuntimeError("boom")
 
-    x, y = np.arange(4.0), np.zeros(4)
-    _plan("k", x, y, fast=fast)
+    plan.fast = fast
     with pytest.raises(RuntimeError, match="boom"):
-        plans.replay("k", x, y)
-    assert seen == ["all_to_all (fake)"]
+        C.all_to_all(x, y, algo="native")
+    assert len(seen) == 1 and seen[0].startswith("all_to_all (native) on group 'world', call #")
     assert not watchdog._open_slots()
 
 
-def test_the_generic_path_lends_the_buffers_only_while_it_runs():
+def test_the_generic_path_lends_the_buffers_only_while_it_runs(builds, monkeypatch):
     x, y = np.arange(4.0), np.zeros(4)
-    call, algo = _plan("k", x, y)
-    plan = plans._PLANS["k"]
-    assert plan.call.sendbuf is None and plan.call.recvbuf is None
-    assert plans.replay("k", x, y) is y and np.array_equal(y, x)
-    assert np.shares_memory(algo.seen[-1][0], x) and plan.call.sendbuf is None
-    assert call.sendbuf is not None  # the first call's own Call keeps its buffers
+    C.all_to_all(x, y, algo="pairwise")
+    plan = builds[0]
+    assert plan.fast is None and plan._call.sendbuf is None and plan._call.recvbuf is None
+    lent = []
+    real = plan._algo.run
+
+    def run(call):
+        lent.append(call.sendbuf)
+        yield from real(call)
+
+    monkeypatch.setattr(plan, "_algo", type("A", (), {"run": staticmethod(run)})())
+    z = np.arange(4.0) + 5
+    assert C.all_to_all(z, y, algo="pairwise") is y and np.array_equal(y, z)
+    assert np.shares_memory(lent[-1], z) and plan._call.sendbuf is None
 
 
-def test_a_result_made_of_a_buffer_and_counts():
+def test_an_all_to_all_v_returns_its_buffer_and_counts_from_the_plan(builds):
     x, y = np.arange(4.0), np.zeros(4)
-    counts = np.array([4])
-    call = _Call(CollectiveOp.ALL_TO_ALL_V, x, y)
-    plans.remember("v", (x, y), call, _Algo(), (y, counts))
-    out = plans.replay("v", x, y)
-    assert out[0] is y and out[1] is counts
-    plans.remember("bad", (x, y), call, _Algo(), np.zeros(1))  # not made of the buffers
-    assert "bad" not in plans._PLANS
+    for _ in range(2):
+        out, counts = C.all_to_all_v(x, [4], y, [4])
+        assert out is y and list(counts) == [4] and np.array_equal(y, x)
+    assert len(builds) == 1 and isinstance(builds[0], P.VPlan)
 
 
-def test_capture_hands_the_call_over_without_running_or_planning():
-    x, y = np.arange(4.0), np.zeros(4)
-    algo = _Algo()
+def test_preparing_builds_the_plan_without_running_it(builds):
+    x, y = np.arange(4.0), np.full(4, -1.0)
+    prep = C.prepare_all_to_all(x, y)
+    assert np.all(y == -1) and prep.plan is builds[0]
+    assert prep() is y and np.array_equal(y, x)
+    prep.free()
 
-    def api_call(s, r, *, group=None):
-        plans.remember("c", (s, r), _Call(CollectiveOp.ALL_TO_ALL, s, r), algo, r)
-        raise AssertionError("the call went on")
 
-    bufs, call, got, result = plans.capture(api_call, x, y)
-    assert bufs == (x, y) and got is algo and result is y and not algo.seen
-    assert "c" not in plans._PLANS
-    with pytest.raises(RuntimeError, match="ran instead of being prepared"):
-        plans.capture(lambda: None)
+def test_plans_of_several_threads_stay_apart(builds):
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(200):
+            x = rng.random(8)
+            y = np.empty(8)
+            if not np.array_equal(C.all_reduce(x, y), x):
+                errors.append(seed)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(C.state_of(None).plans) == 1
 
 
 def test_a_guard_opens_and_closes_one_wait_and_reconfiguring_keeps_open_waits():
@@ -235,9 +242,10 @@ _SYMMETRIC = ("from collectives import symmetric\n"
 
 
 @pytest.mark.parametrize("setup, run, named", [
-    ("", "lambda: C.all_to_all(x, y, algo='native')", "all_to_all (native)"),
-    ("", "C.prepare_all_to_all(x, y, algo='native')", "all_to_all (native, prepared)"),
-    (_SYMMETRIC, "lambda: C.all_reduce(x, y, algo='symmetric')", "all_reduce (symmetric)")])
+    ("", "lambda: C.all_to_all(x, y, algo='native')", "all_to_all (native) on group 'world'"),
+    ("", "C.prepare_all_to_all(x, y, algo='native')", "all_to_all (native) on group 'world'"),
+    (_SYMMETRIC, "lambda: C.all_reduce(x, y, algo='symmetric')",
+     "all_reduce (symmetric) on group 'world'")])
 def test_a_stalled_repeated_call_aborts_the_job_naming_it(tmp_path, setup, run, named):
     script = tmp_path / "job.py"
     script.write_text(_STALL_JOB.format(setup=setup, run=run))
@@ -246,4 +254,5 @@ def test_a_stalled_repeated_call_aborts_the_job_naming_it(tmp_path, setup, run, 
                           "90", "--", sys.executable, str(script)], capture_output=True,
                          text=True, env=env, timeout=120)
     assert out.returncode not in (0, 124), out
-    assert f"rank 0: {named} has not completed after" in out.stderr, out.stderr
+    assert re.search(f"rank 0: {re.escape(named)}, call #2 has not completed after",
+                     out.stderr), out.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedding.dedup import unique_inverse
+from embedding.sharding.dedup import unique_inverse
 
 
 @pytest.mark.parametrize("high", [5, 70_000, 2 ** 40])

@@ -3,7 +3,7 @@ import pytest
 
 from embedding.types import ShardingPlan
 from neocomm.cli import main
-from neocomm.cli.plan import parse_size
+from embedding.cli.plan import parse_size
 
 
 def plan(capsys, *argv):

@@ -17,13 +17,15 @@ from __future__ import annotations
 import json
 import sys
 
-__all__ = ["add_arguments", "run", "measure"]
+__all__ = ["HELP", "add_arguments", "run", "measure"]
+
+HELP = "validate a cluster against a fabric spec"
 
 _MIB = 1 << 20
 
 
 def add_arguments(parser) -> None:
-    from neocomm.cli.topo import add_source_arguments
+    from topology.cli.topo import add_source_arguments
 
     parser.add_argument("action", choices=("validate", "presets"),
                         help="validate: check a cluster against SPEC; presets: list the presets")
@@ -75,7 +77,7 @@ def run(args) -> int:
         except (OSError, UnicodeDecodeError, TopologyError) as exc:
             return _error(f"invalid topology file {args.topology}: {exc}")
     else:
-        from neocomm.cli.topo import SourceError, discover
+        from topology.cli.topo import SourceError, discover
 
         try:
             cluster, world = discover(args)
@@ -84,9 +86,9 @@ def run(args) -> int:
     measured = notes = None
     if args.measure:
         if world is None:
-            import neocomm
+            from topology.cli.topo import init_world
 
-            world = neocomm.init()
+            world = init_world()
         measured, notes = measure(world, cluster, args.bytes, args.iters)
     from topology import validate
 
@@ -116,7 +118,9 @@ def measure(world, cluster, nbytes: int = 32 * _MIB, iters: int = 5):
     after a warm-up, timed at b; one pair inside a node, one across nodes. The
     class is the physical path: ``shm`` when both ranks share a host (emulated
     nodes included), else the inter-node link of the cluster. All-reduce bus
-    bandwidth uses nccl-tests' factor 2(n-1)/n on float32 buffers.
+    bandwidth uses nccl-tests' factor 2(n-1)/n on float32 buffers. ``world`` is
+    the runtime's world of the job (:func:`~topology.cli.topo.init_world`):
+    its ``comm``, ``size`` and the host backend of its ``world`` group are used.
     """
     import numpy as np
 
@@ -169,9 +173,9 @@ def _p2p(world, backend, buf, a: int, b: int, iters: int) -> float:
         comm.Barrier()
         t0 = MPI.Wtime()
         if rank == a:
-            backend.send(buf, b, tag=17, validate=not rep)
+            backend.send(buf, b, tag=17)
         elif rank == b:
-            backend.recv(buf, a, tag=17, validate=not rep)
+            backend.recv(buf, a, tag=17)
         if rep:
             seconds += MPI.Wtime() - t0
     gbs = buf.nbytes * iters / seconds / 1e9 if rank == b and seconds > 0 else 0.0
@@ -185,11 +189,11 @@ def _allreduce(world, backend, nbytes: int, iters: int) -> float:
     comm = world.comm
     n = world.size
     data = np.ones(max(nbytes // 4, 1), dtype=np.float32)
-    backend.all_reduce(data)  # warm-up, arguments checked and agreed once
+    backend.all_reduce(data)  # warm-up
     comm.Barrier()
     t0 = MPI.Wtime()
     for _ in range(iters):
-        backend.all_reduce(data, validate=False)
+        backend.all_reduce(data)
     elapsed = comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
     algbw = data.nbytes * iters / elapsed / 1e9
     return algbw * 2 * (n - 1) / n

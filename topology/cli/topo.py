@@ -5,6 +5,10 @@ host of the job is probed once and rank 0 prints the cluster (ranks, nodes
 - emulated ones included - hosts, GPUs, NICs). ``--fixture``,
 ``--sysfs-root``, ``--nvidia-smi-topo`` and ``--nvidia-smi-query`` probe a
 captured host instead of the live one.
+
+Topology sits below the runtime: under ``mpirun`` the job's world comes
+from the runtime registered as the ``world`` entry point of the
+``neocomm.runtime`` group (``neocomm.init``), never from an import of it.
 """
 from __future__ import annotations
 
@@ -12,7 +16,11 @@ import os
 import sys
 import warnings
 
-__all__ = ["add_arguments", "run", "add_source_arguments", "discover", "SourceError"]
+__all__ = ["HELP", "add_arguments", "run", "add_source_arguments", "discover", "init_world",
+           "SourceError"]
+
+HELP = "print the discovered topology of the job"
+RUNTIME_GROUP = "neocomm.runtime"
 
 
 class SourceError(ValueError):
@@ -84,6 +92,21 @@ def job_size() -> int:
     return 1
 
 
+def init_world():
+    """The runtime's world of this MPI job (collective: every rank calls it).
+
+    The runtime registers its ``init`` as the entry point ``world`` of the
+    ``neocomm.runtime`` group; RuntimeError when none is installed.
+    """
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=RUNTIME_GROUP, name="world")
+    if not found:
+        raise RuntimeError(f"no runtime to start the job's world: no entry point 'world' in "
+                           f"group {RUNTIME_GROUP!r} (is neocomm installed? pip install -e .)")
+    return next(iter(found)).load()()
+
+
 def discover(args):
     """``(cluster, world)``: the topology to show or validate, and the neocomm
     World when running under mpirun with several ranks (else None).
@@ -97,9 +120,7 @@ def discover(args):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProbeWarning)
         if job_size() > 1:
-            import neocomm
-
-            world = neocomm.init()
+            world = init_world()
             nodes = [world.node_of(r) for r in range(world.size)]
             cluster = discover_world(world.comm, nodes, **kw)
         else:

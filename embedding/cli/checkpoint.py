@@ -13,7 +13,9 @@ import json
 import sys
 import time
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "inspect and verify checkpoints"
 
 
 def add_arguments(parser) -> None:

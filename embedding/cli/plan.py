@@ -13,7 +13,9 @@ import sys
 
 from neocomm.config import parse_size
 
-__all__ = ["add_arguments", "run", "parse_size"]
+__all__ = ["HELP", "add_arguments", "run", "parse_size"]
+
+HELP = "plan the sharding of embedding tables"
 
 _GIB = float(1 << 30)
 

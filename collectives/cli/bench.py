@@ -21,7 +21,9 @@ import statistics
 import sys
 import time
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "collective bandwidth tests in the style of nccl-tests"
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -144,14 +146,11 @@ def run(args) -> int:
                       prepared=args.prepared, device=args.device)
     lead = group.rank == 0
     printer = _Printer(cfg, group, world, args.bare) if lead else None
-    if args.device:
-        import cupy
+    from collectives.state import state_of
 
-        backend = group.backend(cupy.empty(0, cupy.float32))  # the one device arrays use
-    else:
-        backend = group.backend()
-    checked = backend.check_args
-    backend.check_args = checked and not args.bare  # (plans made either way are redone)
+    state = state_of(group)
+    checked = state.check
+    state.check = checked and not args.bare  # (plans made either way are redone)
     try:
         rows = run_bench(cfg, group, on_row=printer.row if printer else None)
     except (ValueError, TypeError) as exc:
@@ -159,7 +158,7 @@ def run(args) -> int:
             print(f"neocomm bench: {exc}", file=sys.stderr)
         return 2
     finally:
-        backend.check_args = checked
+        state.check = checked
     rss, staging = peak_rss_bytes(group), staging_high_water(group)
     wrong = sum(r.wrong for r in rows)
     if lead:
@@ -302,7 +301,7 @@ def _calibrate(path, cfg, group, rows, lead) -> None:
         SYMMETRIC_RECV if cfg.op.value == "all_reduce" else 0)
     for r in rows:
         name = r.chosen if r.algo == "auto" else r.algo
-        if name in ("mpi", "auto") or name not in cost.FORMULAS[cfg.op]:
+        if name in ("mpi", "auto") or name not in cost.candidates(cfg.op):
             continue
         item = 2 if cfg.dtype in ("float16", "bfloat16") else \
             int(__import__("numpy").dtype(cfg.dtype).itemsize)

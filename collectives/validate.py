@@ -1,9 +1,9 @@
-"""Argument checks shared by every backend.
+"""The one validation of a collective call's arguments, in the user's terms.
 
-Each ``check_<op>`` returns ``(problem, signature)``: this rank's
-:class:`~neocomm.agree.Problem` (None when its arguments are fine) and the
-named integers that must agree across ranks. The backend passes both to
-:func:`neocomm.agree.agree`, so a bad argument anywhere raises everywhere.
+Every check returns this rank's :class:`~neocomm.agree.Problem` (None when
+the argument is fine), naming the argument and the value as given; the
+call's agreement (:mod:`neocomm.agree`) then raises it on every rank. The
+backends below never check: they move what they are given.
 """
 from __future__ import annotations
 
@@ -13,15 +13,11 @@ from typing import Sequence
 import numpy as np
 
 from neocomm.agree import Problem
-from neocomm.types import DTYPE_CODES, ReduceOp
+from neocomm.types import DTYPE_CODES
 
-__all__ = ["OP_CODES", "REDUCE_CODES", "check_buffer", "dtype_code_of", "check_same_dtype", "check_counts", "check_peer", "first",
-           "counts_digest"]
+__all__ = ["check_buffer", "dtype_code_of", "check_same_dtype", "check_counts", "check_peer",
+           "check_overlap", "overlapping", "same_memory", "first", "counts_digest"]
 
-#: Stable op codes carried in signatures (a rank calling another op is a mismatch).
-OP_CODES = {"all_to_all": 1, "all_to_all_v": 2, "all_reduce": 3, "reduce_scatter": 4,
-            "all_gather": 5, "broadcast": 6, "barrier": 7}
-REDUCE_CODES = {op: i for i, op in enumerate(ReduceOp, start=1)}
 _REDUCIBLE = {"float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16",
               "uint16", "int32", "int64", "uint32", "uint64"}
 
@@ -110,6 +106,17 @@ def same_memory(a, b) -> bool:
         return a.nbytes == b.nbytes and a.nbytes > 0 and _span(a) == _span(b)
     except (AttributeError, KeyError, TypeError):
         return False
+
+
+def overlapping(a, b) -> bool:
+    """Whether arrays ``a`` and ``b`` share any byte (the same memory included)."""
+    try:
+        if a.nbytes == 0 or b.nbytes == 0:
+            return False
+        (a0, a1), (b0, b1) = _span(a), _span(b)
+    except (AttributeError, KeyError, TypeError):
+        return True
+    return not (a1 <= b0 or b1 <= a0)
 
 
 def check_overlap(a_name: str, a, b_name: str, b) -> Problem | None:

@@ -18,17 +18,13 @@ locally), so it is an option, off by default.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from embedding.kernels import Bags, TableLayout, kernel_module
 from embedding.kernels.segments import stable_argsort
-from embedding.sharding.base import Pending, collectives_api, pack_jagged, unpack_jagged
+from embedding.sharding.base import (Pending, ShardingStrategy, collectives_api, pack_jagged,
+                                     unpack_jagged)
 from embedding.types import Pooling
-
-if TYPE_CHECKING:  # pragma: no cover
-    from embedding.sharding.table_wise import SlotWiseSharding
 
 __all__ = ["unique_inverse", "DedupPlan"]
 
@@ -79,9 +75,13 @@ class _Owned:
 
 
 class DedupPlan:
-    """The dedup variant of a slot-wise strategy's input dist, forward and backward."""
+    """The dedup variant of a slot-wise strategy's input dist, forward and backward.
 
-    def __init__(self, strategy: "SlotWiseSharding"):
+    ``strategy`` is the :class:`~embedding.sharding.table_wise.SlotWiseSharding`
+    that owns the plan (its slots, fused tables and kernels are used).
+    """
+
+    def __init__(self, strategy: ShardingStrategy):
         self.s = strategy
 
     # -- input dist ---------------------------------------------------------------

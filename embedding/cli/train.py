@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "train a DLRM with sharded embeddings"
 
 
 def _count(text: str) -> int:
