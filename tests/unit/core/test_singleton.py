@@ -39,3 +39,19 @@ def test_a_chosen_transport_is_kept():
                           "print(os.environ['OMPI_MCA_btl'])"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.stdout.strip() == "self,tcp", out.stderr
+
+
+def test_a_job_launched_from_neocomm_keeps_shared_memory():
+    """What turns the transport off for a singleton must not reach the ranks of a job it
+    launches: they would talk over TCP loopback, ten times slower for small messages."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY
+           and not k.startswith("OMPI_MCA_")}
+    show = "import os; print('btl=' + str(os.environ.get('OMPI_MCA_btl')))"
+    here = subprocess.run([sys.executable, "-c", "import neocomm, os; neocomm.init(); " + show],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert here.stdout.strip() == "btl=None", here
+    job = subprocess.run([sys.executable, "-m", "neocomm.cli", "run", "-n", "2", "--timeout",
+                          "90", "--", sys.executable, "-c", show],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert job.returncode == 0, job.stderr
+    assert job.stdout.split() == ["btl=None", "btl=None"], job.stdout
