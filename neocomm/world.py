@@ -141,9 +141,9 @@ def init(comm=None, *, ranks_per_node: int | None = None) -> World:
     global _WORLD
     if _WORLD is not None and comm is None and ranks_per_node is None:
         return _WORLD
-    from neocomm import _start_mpi
+    from neocomm.mpistart import start_mpi
 
-    _start_mpi()
+    start_mpi()
     from mpi4py import MPI
 
     settings = config.settings()
