@@ -16,8 +16,8 @@ from neocomm.agree import Problem
 from collectives.algorithms import displs
 from collectives.api import (_apart, _call, _check_out, _flat, _replay, _request, _shown,
                              _total)
-from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _choose, _raise_here,
-                              build, context, remember)
+from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _raise_here, build, context,
+                              remember)
 from collectives.state import state_of
 from collectives.types import CollectiveOp
 from collectives.validate import check_buffer, check_counts
@@ -88,7 +88,6 @@ def _all_to_all_v(state, sendbuf, send_counts, recvbuf, recv_counts, async_op, a
         problem = _check_out(sendbuf, recvbuf, dev)
     if problem is None:
         sendbuf = _apart(sendbuf, recvbuf)
-    # (the flag a text for messages; the signature the same for a name given as a string)
     call = _call("all_to_all_v", sendbuf, f"counts {_shown(send_counts)}", async_op=async_op)
     agreements = _agreements(op.value, _v_signature(sendbuf, recvbuf, recv_counts, async_op,
                                                     algo, chunk_bytes), call, ctx.group)
@@ -133,12 +132,11 @@ def _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, ch
     fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), send_counts=sc,
                   recv_counts=rc, send_displs=displs(sc), recv_displs=displs(rc))
 
-    def resume(bufs, agreed, async_again):
+    def resume(bufs, agreed, async_again):  # a plan selected anew replaces this one
         return _v_resume(ctx, agreements, bufs[0], bufs[1], sc, rc, agreed, async_again,
-                         algo, chunk_bytes, None)
+                         algo, chunk_bytes, key)
 
-    _, _, problem = _choose(ctx, request, algo, chunk_bytes, itemsize)
-    plan = build(ctx, request, problem, [], algo=algo, chunk_bytes=chunk_bytes,
+    plan = build(ctx, request, None, [], algo=algo, chunk_bytes=chunk_bytes,
                  itemsize=itemsize, fields=fields, bufs=(sendbuf, recvbuf), result_at=1,
                  async_op=async_op, extra=(rc,), agreements=agreements, kind=VPlan,
                  sizes=(total, block), resume=resume)

@@ -44,6 +44,7 @@ from neocomm.errors import GroupGoneError
 from collectives import api, api_v, progress
 from collectives.plan import LAST_CHOSEN, OP_CODES, array_module, context, fail
 from collectives.state import state_of
+from collectives.transport import MpiRequest
 from collectives.types import CollectiveOp
 
 __all__ = ["Prepared", "prepare_all_to_all", "prepare_all_to_all_v", "prepare_all_reduce",
@@ -85,7 +86,7 @@ class Prepared:
         if request is None:  # the plan's run, without its agreement (see the module docs)
             self.plan._start(self._bufs, next(self._seq), False)
             return self.result
-        seq = next(self._seq)  # every run numbers its group's operations, as any call does
+        next(self._seq)  # every run numbers its group's operations, as any call does
         LAST_CHOSEN[self.op] = self.algo
         if not self.plan.state.progress.active:  # else drive the outstanding ones too
             slot = self.plan.slot
@@ -96,7 +97,7 @@ class Prepared:
             finally:
                 slot.since = 0.0
             return self.result
-        return self._started(seq, False).wait()
+        return self._started(False).wait()
 
     def start(self) -> None:
         """Begin a run without waiting for it; :meth:`wait` finishes it."""
@@ -106,9 +107,9 @@ class Prepared:
         if self._request is None:
             self._handle = self.plan._start(self._bufs, seq, True)
         else:
-            self._handle = self._started(seq, True)
+            self._handle = self._started(True)
 
-    def _started(self, seq: int, async_op: bool):
+    def _started(self, async_op: bool):
         LAST_CHOSEN[self.op] = self.algo
         return progress.start(_persistent_steps(self._request), self.result, async_op,
                               self.plan.slot.what, self.plan.state.progress)
@@ -170,25 +171,7 @@ class Prepared:
 def _persistent_steps(request):
     """One run of an MPI persistent request as an algorithm generator."""
     request.Start()
-    yield (_RequestHandle(request),)
-
-
-class _RequestHandle:
-    """An MPI request as the handle :mod:`collectives.progress` waits on."""
-
-    __slots__ = ("_request", "done")
-
-    def __init__(self, request):
-        self._request, self.done = request, False
-
-    def wait(self) -> None:
-        self._request.Wait()
-        self.done = True
-
-    def test(self) -> bool:
-        if not self.done:
-            self.done = bool(self._request.Test())
-        return self.done
+    yield (MpiRequest(request),)
 
 
 def _prepare(plan, bufs, result, kind: CollectiveOp) -> Prepared:
@@ -199,16 +182,12 @@ def _prepare(plan, bufs, result, kind: CollectiveOp) -> Prepared:
 
 def _persistent_request(plan, bufs, kind: CollectiveOp):
     """The MPI persistent request of a native AlltoAll(v) or Broadcast on host
-    buffers, else None."""
-    from collectives.algorithms.native import host_datatype
+    buffers (those a direct mpi4py call runs: ``plan.fast``), else None."""
+    from neocomm.backends.mpi import predefined_datatype
 
-    call = plan._call
-    if plan.algo != "native" or kind not in _PERSISTENT:
+    if plan.fast is None or kind not in _PERSISTENT:
         return None
-    bound = copy_with(call, bufs)
-    t = host_datatype(bound)
-    if t is None:
-        return None
+    call, t = plan._call, predefined_datatype(bufs[0].dtype)
     comm = call.group.comm
     if kind is CollectiveOp.ALL_TO_ALL:
         return comm.Alltoall_init([bufs[0], t], [bufs[1], t])
@@ -217,20 +196,6 @@ def _persistent_request(plan, bufs, kind: CollectiveOp):
             [bufs[0], call.send_counts.tolist(), call.send_displs.tolist(), t],
             [bufs[1], call.recv_counts.tolist(), call.recv_displs.tolist(), t])
     return comm.Bcast_init([bufs[0], t], call.root)
-
-
-def copy_with(call, bufs):
-    """A copy of a plan's Call holding ``bufs`` (send, recv) or (buf,) flat."""
-    import copy
-
-    bound = copy.copy(call)
-    if len(bufs) == 1:
-        bound.recvbuf = bufs[0].reshape(-1)
-        if call.op is not CollectiveOp.BROADCAST:
-            bound.sendbuf = bound.recvbuf
-    else:
-        bound.sendbuf, bound.recvbuf = bufs[0].reshape(-1), bufs[1].reshape(-1)
-    return bound
 
 
 #: Ops whose native runs use MPI persistent requests (see the module docstring).

@@ -16,7 +16,7 @@ the user holds.
 
 With argument checks on (``NEOCOMM_CHECK_ARGS``, per group:
 :attr:`~collectives.state.GroupState.check`), a run still agrees the
-call's signature across the group — one Allreduce of six integers on a
+call's signature across the group — one Allreduce of eight integers on a
 vector built with the plan — so a rank whose call differs (and so runs
 another plan, or builds one) raises together with the others instead of
 meeting a different collective. Work a plan already proved is skipped: the
@@ -51,8 +51,8 @@ from collectives.validate import check_buffer, overlapping
 
 from numpy import may_share_memory as _may_share, ndarray as _ndarray
 
-__all__ = ["Plan", "VPlan", "Context", "context", "build", "remember", "fail", "where_of",
-           "OP_CODES", "LAST_CHOSEN", "MISS", "array_module"]
+__all__ = ["Plan", "VPlan", "Context", "context", "build", "remember", "fail", "OP_CODES",
+           "LAST_CHOSEN", "MISS", "array_module"]
 
 #: Stable op codes of the collectives layer in agreement signatures.
 OP_CODES = {op: 101 + i for i, op in enumerate(CollectiveOp)}
@@ -97,20 +97,19 @@ def context(group, buf, op: str = "", state: GroupState | None = None) -> Contex
     return Context(state, state.group.backend(buf), array_module(buf), op)
 
 
-def where_of(group) -> str:
-    """`` on group 'NAME', call #N``: the group and the number of its next call (the same on
-    every rank that has made the same calls), for the names of waits."""
-    return f" on group {group.name!r}, call #{state_of(group).peek()}"
+def _agreement(op: str, signature, call, group) -> Agreement:
+    """The :class:`Agreement` of a call on ``group``; the stall watchdog names its wait
+    after the group and the call's number."""
+    return Agreement(op, signature, call, f" on group {group.name!r}", state_of(group).peek)
 
 
 def fail(ctx: Context, op: CollectiveOp, problem: Problem | None, signature,
-         call=None, where: str | None = None) -> None:
+         call=None) -> None:
     """Raise on every rank when any rank has a problem or the ranks' calls differ
     (agreement; ``call`` describes this rank's call for the message), or locally when
     argument checks are off."""
     if ctx.check:
-        Agreement(op.value, signature, call,
-                  where_of(ctx.group) if where is None else where).run(ctx.group.comm, problem)
+        _agreement(op.value, signature, call, ctx.group).run(ctx.group.comm, problem)
     elif problem is not None:
         _raise_here(ctx.group.rank, op.value, problem)
 
@@ -148,8 +147,7 @@ def _choose(ctx: Context, request: Request, algo, chunk_bytes, itemsize: int):
 def _agreements(op: str, signature, call, group) -> tuple:
     """The blocking and the asynchronous call's :class:`Agreement` (MPI never matches a
     blocking collective with a non-blocking one, so they must differ)."""
-    where, number = f" on group {group.name!r}", state_of(group).peek
-    return tuple(Agreement(op, list(signature) + [("async", a)], call, where, number)
+    return tuple(_agreement(op, list(signature) + [("async", a)], call, group)
                  for a in (0, 1))
 
 
@@ -261,12 +259,8 @@ class Plan:
     def once(self, result, async_op: bool = False):
         """Run the call this plan was built with (``bufs=None``: agreed already, its
         buffers in its Call) and return ``result`` (or a handle whose ``wait()`` does)."""
-        state, call = self.state, self._call
         LAST_CHOSEN[self.op] = self.algo
-        call.tag, call.blocking = progress.tag_of(next(state.seq)), not async_op
-        handle = progress.start(self._algo.run(call), result, async_op, self.slot.what,
-                                state.progress)
-        return handle if async_op else result
+        return self._drive(self._call, next(self.state.seq), result, async_op)
 
     def _start(self, bufs, seq: int, async_op: bool):
         LAST_CHOSEN[self.op] = self.algo
@@ -287,6 +281,11 @@ class Plan:
             call.sendbuf = bufs[send_at].reshape(-1)
         if recv_at is not None:  # in place: one view, as the first call had
             call.recvbuf = call.sendbuf if recv_at == send_at else bufs[recv_at].reshape(-1)
+        return self._drive(call, seq, result, async_op)
+
+    def _drive(self, call: Call, seq: int, result, async_op: bool):
+        """Run the algorithm on ``call`` as operation ``seq`` of the group: to the end, or
+        behind the handle it returns."""
         call.tag, call.blocking = progress.tag_of(seq), not async_op
         handle = progress.start(self._algo.run(call), result, async_op, self.slot.what,
                                 self.state.progress)
@@ -296,13 +295,13 @@ class Plan:
     def _prove(self, i: int, buf) -> bool:
         """Whether ``buf`` may stand where this plan's buffer ``i`` stood: the same
         dtype and size, a valid array of the plan's kind (never for a symmetric plan)."""
+        if self._sym:
+            return False
         dtype, size, writes = self._kinds[i]
         try:
             if buf.dtype != dtype or buf.size != size:
                 return False
         except AttributeError:
-            return False
-        if self._sym:
             return False
         return check_buffer("buf", buf, device=self._call.backend.device, writable=writes,
                             reducible=self._call.reduce_op is not None) is None

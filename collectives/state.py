@@ -14,8 +14,8 @@ transports, and a later call on the group raises, naming it. It holds
 - ``plans``: the group's :class:`PlanCache`;
 - ``progress``: the world's outstanding asynchronous operations.
 
-Everything that changes after creation is either made under ``lock`` or an
-atomic step (a dict lookup or insertion, ``next`` on a counter), so calls
+Everything that changes after creation is either made under the plan cache's
+lock or an atomic step (a dict lookup or insertion, ``next`` on a counter), so calls
 from the trainer's threads do not corrupt it; which call runs first on a
 group is, as in MPI, the program's to order.
 """
@@ -84,7 +84,7 @@ class GroupState:
     UNKNOWN = object()  # the topology before the group's first collective discovers it
 
     __slots__ = ("group", "check", "layout", "fabrics", "topology", "seq", "plans",
-                 "transports", "progress", "lock", "__weakref__")
+                 "transports", "progress", "__weakref__")
 
     def __init__(self, group):
         self.group = group
@@ -96,7 +96,6 @@ class GroupState:
         self.plans = PlanCache()
         self.transports: dict = {}
         self.progress = progress_of(group.world)
-        self.lock = threading.Lock()
 
     def peek(self) -> int:
         """The number the group's next operation will get (nothing is taken)."""

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from neocomm.types import BackendKind
 
-__all__ = ["Transport", "transport_for"]
+__all__ = ["Transport", "MpiRequest", "transport_for"]
 
 
-class _Request:
-    """An mpi4py request with the handle interface the algorithms use."""
+class MpiRequest:
+    """An mpi4py request with the handle interface the algorithms (and
+    :mod:`collectives.progress`) use."""
 
     __slots__ = ("req", "done")
 
@@ -53,8 +54,8 @@ class Transport:
             from mpi4py import MPI
 
             byte, isend, irecv = MPI.BYTE, comm.Isend, comm.Irecv
-            self.isend = lambda buf, peer, tag: _Request(isend([buf, byte], peer, tag))
-            self.irecv = lambda buf, peer, tag: _Request(irecv([buf, byte], peer, tag))
+            self.isend = lambda buf, peer, tag: MpiRequest(isend([buf, byte], peer, tag))
+            self.irecv = lambda buf, peer, tag: MpiRequest(irecv([buf, byte], peer, tag))
         elif hasattr(backend, "post"):  # NCCL: posted, issued as one group (see its docs)
             post = backend.post
             self.isend = lambda buf, peer, tag: post("send", buf, peer)

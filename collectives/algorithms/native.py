@@ -166,21 +166,13 @@ def _size(buf) -> int:
 def host_datatype(call: Call):
     """The predefined MPI datatype of ``call``'s elements when it moves host (NumPy)
     buffers over the MPI backend, else None."""
+    from neocomm.backends.mpi import predefined_datatype
     from neocomm.types import BackendKind
 
-    buf = call.sendbuf if call.sendbuf is not None else call.recvbuf
-    name = _MPI_TYPES.get(buf.dtype.name)
-    if call.xp.__name__ != "numpy" or call.backend.kind is not BackendKind.MPI or not name:
+    if call.xp.__name__ != "numpy" or call.backend.kind is not BackendKind.MPI:
         return None
-    from mpi4py import MPI
-
-    return getattr(MPI, name)
-
-
-#: dtype name -> its predefined MPI datatype (the name of the mpi4py attribute).
-_MPI_TYPES = {"float32": "FLOAT", "float64": "DOUBLE", "int8": "INT8_T", "int16": "INT16_T",
-              "int32": "INT32_T", "int64": "INT64_T", "uint8": "UINT8_T", "uint16": "UINT16_T",
-              "uint32": "UINT32_T", "uint64": "UINT64_T"}
+    buf = call.sendbuf if call.sendbuf is not None else call.recvbuf
+    return predefined_datatype(buf.dtype)
 
 
 def _dense_many_to_many(call: Call, kw):

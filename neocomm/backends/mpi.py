@@ -18,7 +18,7 @@ from neocomm.backends.base import Backend, CompletedHandle, Handle
 from neocomm.errors import CollectiveArgumentError
 from neocomm.types import BackendKind, ReduceOp, bfloat16
 
-__all__ = ["MpiBackend"]
+__all__ = ["MpiBackend", "predefined_datatype"]
 
 _NATIVE = {"float32": "FLOAT", "float64": "DOUBLE", "int8": "INT8_T", "uint8": "UINT8_T",
            "int16": "INT16_T", "uint16": "UINT16_T", "int32": "INT32_T", "int64": "INT64_T",
@@ -29,6 +29,17 @@ _UFUNC = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minim
 
 #: integer types whose MPI_SUM may saturate instead of wrapping (Open MPI's AVX reduction)
 _SATURATING_SUMS = frozenset({"int8", "uint8", "int16", "uint16"})
+
+
+def predefined_datatype(dtype):
+    """MPI's predefined datatype of a NumPy dtype, or None when it has none (half types
+    travel as opaque bytes, see :func:`_datatype`)."""
+    name = _NATIVE.get(dtype.name)
+    if name is None:
+        return None
+    from mpi4py import MPI
+
+    return getattr(MPI, name)
 
 
 @functools.lru_cache(maxsize=None)
