@@ -6,6 +6,7 @@ AlltoAll), as ``MPI_Alltoallv`` callers do. See :func:`all_to_all_v`.
 """
 from __future__ import annotations
 
+import weakref
 import zlib
 from typing import Sequence
 
@@ -20,7 +21,7 @@ from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _raise_here, b
                               remember)
 from collectives.state import state_of
 from collectives.types import CollectiveOp
-from collectives.validate import check_buffer, check_counts
+from collectives.validate import check_buffer, check_counts, same_memory
 from collectives.validate import dtype_code_of as _dcode
 
 __all__ = ["all_to_all_v"]
@@ -43,18 +44,82 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
     Returns ``(recvbuf, recv_counts)`` (or a handle whose ``wait()`` returns them).
     """
     state = state_of(group)
-    key = None
-    if recvbuf is not None and recv_counts is not None:
-        try:
-            key = ("all_to_all_v", algo, chunk_bytes, sendbuf.dtype, sendbuf.size,
-                   recvbuf.size, tuple(send_counts), tuple(recv_counts))
-        except (AttributeError, TypeError):
-            key = None
+    if recv_counts is None:
+        out = _learn(state, sendbuf, send_counts, recvbuf, async_op, algo, chunk_bytes)
+        if out is not MISS:
+            return out
+    key = _key("given", algo, chunk_bytes, sendbuf, recvbuf, send_counts, recv_counts)
     out = _replay(state, key, sendbuf, recvbuf, async_op)
     if out is not MISS:
         return out
     return _all_to_all_v(state, sendbuf, send_counts, recvbuf, recv_counts, async_op, algo,
                          chunk_bytes, key)
+
+
+def _key(kind: str, algo, chunk_bytes, sendbuf, recvbuf, send_counts, recv_counts=()):
+    """The cache key of an AlltoAllv layout: ``kind`` ``"given"`` (the caller's recv
+    counts), ``"send"`` (the send side of a call that learns them) or ``"learned"``;
+    None when an argument cannot be a key (the call's checks then say why)."""
+    if kind == "given" and recv_counts is None:
+        return None
+    try:
+        return ("all_to_all_v", kind, algo, chunk_bytes, sendbuf.dtype, sendbuf.size,
+                None if recvbuf is None else recvbuf.size, _counts_key(send_counts),
+                _counts_key(recv_counts))
+    except (AttributeError, TypeError):
+        return None
+
+
+def _counts_key(counts):
+    """Counts as part of a key: an array's dtype and bytes (quick to hash), a sequence's
+    values."""
+    if type(counts) is np.ndarray:
+        return counts.dtype.char, counts.tobytes()
+    return tuple(counts)
+
+
+class _Sender:
+    """The checked send side of an AlltoAllv that learns its recv counts: a call of the
+    same layout agrees and exchanges the counts without checking its arguments again
+    (buffers other than the last ones proved are checked on the spot)."""
+
+    __slots__ = ("ctx", "agreements", "sc", "sizes", "key", "_check", "_refs")
+
+    def __init__(self, ctx, agreements, sc, sizes, sendbuf, recvbuf):
+        self.ctx, self.agreements, self.sc, self.sizes = ctx, agreements, sc, sizes
+        self.key, self._check = None, ctx.check
+        self._refs = (weakref.ref(sendbuf), None if recvbuf is None else weakref.ref(recvbuf))
+
+    def accept(self, sendbuf, recvbuf) -> bool:
+        """Whether ``sendbuf`` and ``recvbuf`` are valid for this send side."""
+        if self._check is not self.ctx.state.check:
+            return False
+        last_send, last_recv = self._refs
+        if last_send() is sendbuf and (recvbuf is None or last_recv() is recvbuf):
+            return True
+        dev = self.ctx.backend.device
+        problem = check_buffer("sendbuf", sendbuf, device=dev)
+        if problem is None and recvbuf is not None:
+            problem = _check_out(sendbuf, recvbuf, dev) or \
+                (Problem("recvbuf", "in place") if same_memory(sendbuf, recvbuf) else None)
+        if problem is not None:
+            return False
+        self._refs = (weakref.ref(sendbuf), None if recvbuf is None else weakref.ref(recvbuf))
+        return True
+
+
+def _learn(state, sendbuf, send_counts, recvbuf, async_op, algo, chunk_bytes):
+    """An AlltoAllv without recv counts whose send side a call of this layout checked
+    already: agreed, counts exchanged, and run on the plan of the counts learned (made
+    once per counts); :data:`MISS` when the call is new."""
+    skey = _key("send", algo, chunk_bytes, sendbuf, recvbuf, send_counts)
+    sender = None if skey is None else state.plans.get(skey)
+    if sender is None or not sender.accept(sendbuf, recvbuf):
+        return MISS
+    ctx, agreements = sender.ctx, sender.agreements
+    out = agreements[int(bool(async_op))].run(ctx.group.comm, None, sizes=sender.sizes)
+    return _v_resume(ctx, agreements, sendbuf, recvbuf, sender.sc, None, out, async_op, algo,
+                     chunk_bytes, None)
 
 
 def _v_signature(sendbuf, recvbuf, recv_counts, async_op, algo, chunk_bytes) -> list:
@@ -95,6 +160,9 @@ def _all_to_all_v(state, sendbuf, send_counts, recvbuf, recv_counts, async_op, a
     # Agree on the call before the counts move: a rank in another collective (or in this
     # one with async_op different) is named now instead of meeting the exchange.
     out = agreements[int(bool(async_op))].run(ctx.group.comm, problem, fresh=1, sizes=sizes)
+    if recv_counts is None and run:
+        remember(state, _key("send", algo, chunk_bytes, sendbuf, recvbuf, send_counts),
+                 _Sender(ctx, agreements, sc, sizes, sendbuf, recvbuf))
     return _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo,
                      chunk_bytes, key, run)
 
@@ -125,10 +193,22 @@ def _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, ch
             _raise_here(ctx.group.rank, op.value, problem)
     itemsize = sendbuf.dtype.itemsize
     total, block = int(out[4]), int(out[5])
+    if not known:  # the plan of the counts learned, when a call made it for these sizes
+        key = _key("learned", algo, chunk_bytes, sendbuf, recvbuf, sc, rc)
+        plan = ctx.state.plans.get(key)
+        if plan is not None and plan.sizes == (total, block):
+            bufs = plan.accept(sendbuf, recvbuf)
+            if bufs is not MISS:
+                return plan._start(bufs, next(ctx.state.seq), async_op)
     request = _request(ctx, op, total * itemsize, itemsize, max_block=block * itemsize,
                        uniform=False)
+    xp, n = ctx.xp, int(rc.sum())
+
+    def alloc(a):  # the result of a run without recvbuf
+        return xp.empty(n, dtype=a.dtype)
+
     if recvbuf is None:
-        recvbuf = ctx.xp.empty(int(rc.sum()), dtype=sendbuf.dtype)
+        recvbuf = alloc(sendbuf)
     fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), send_counts=sc,
                   recv_counts=rc, send_displs=displs(sc), recv_displs=displs(rc))
 
@@ -139,7 +219,7 @@ def _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, ch
     plan = build(ctx, request, None, [], algo=algo, chunk_bytes=chunk_bytes,
                  itemsize=itemsize, fields=fields, bufs=(sendbuf, recvbuf), result_at=1,
                  async_op=async_op, extra=(rc,), agreements=agreements, kind=VPlan,
-                 sizes=(total, block), resume=resume)
+                 sizes=(total, block), resume=resume, alloc=alloc)
     if key is not None:
         remember(ctx.state, key, plan)
     if not run:

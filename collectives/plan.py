@@ -19,7 +19,10 @@ With argument checks on (``NEOCOMM_CHECK_ARGS``, per group:
 call's signature across the group — one Allreduce of eight integers on a
 vector built with the plan — so a rank whose call differs (and so runs
 another plan, or builds one) raises together with the others instead of
-meeting a different collective. Work a plan already proved is skipped: the
+meeting a different collective. Inside a step that every rank agreed
+already (:class:`~collectives.control.StepControl`: a training loop's step
+of an unchanged shape) calls run without their own agreement, except the
+AlltoAllv's, which also agrees the sizes its algorithm is chosen for. Work a plan already proved is skipped: the
 recv counts of an AlltoAllv are checked against the senders only when some
 rank's call is new (see :class:`VPlan`).
 
@@ -172,7 +175,7 @@ def build(ctx: Context, request: Request, problem: Problem | None, signature, *,
                                    ("algo", index), ("chunk", chunk_sig & 0x7FFFFFFF)]
     if agreements is None:
         agreements = _agreements(op.value, signature, call, ctx.group)
-        if ctx.check:
+        if ctx.check and not ctx.state.trust.on:
             agreements[int(bool(async_op))].run(ctx.group.comm, problem)
     if problem is not None:
         _raise_here(ctx.group.rank, op.value, problem)
@@ -192,7 +195,7 @@ class Plan:
     proved (a prepared collective's).
     """
 
-    __slots__ = ("op", "algo", "_algo", "state", "_call", "fast", "_agree", "_result_at",
+    __slots__ = ("op", "algo", "_algo", "state", "_call", "fast", "afast", "_agree", "_result_at",
                  "_extra", "_alloc", "_refs", "_kinds", "_check", "_snap", "slot", "_sym",
                  "_send_at", "_recv_at", "key", "__weakref__")
 
@@ -204,9 +207,11 @@ class Plan:
         self._check, self._snap = state.check, settings.current()
         self._sym = getattr(call, "peer_send", None) is not None
         self.key = None
-        # The direct mpi4py call of a native call on host buffers (made while the Call
-        # still holds its buffers), else None.
-        self.fast = algo.fast(call) if hasattr(algo, "fast") and bufs is not None else None
+        # The direct mpi4py calls of a native call on host buffers, blocking and not (made
+        # while the Call still holds its buffers), else None.
+        direct = hasattr(algo, "fast") and bufs is not None
+        self.fast = algo.fast(call) if direct else None
+        self.afast = algo.fast(call, blocking=False) if direct else None
         self.slot = Slot(f"{self.op} ({self.algo}) on group {state.group.name!r}",
                          lambda: state.peek() - 1)
         if bufs is None:  # a call run once (:meth:`once`): the Call keeps its buffers
@@ -229,6 +234,13 @@ class Plan:
         """Run on the buffers of a new call of this plan's layout (``b`` None: the
         plan allocates the receive buffer) and return what the call returns, or
         :data:`MISS` when these buffers need a plan of their own (nothing ran)."""
+        bufs = self.accept(a, b)
+        return MISS if bufs is MISS else self.run(*bufs, async_op=async_op)
+
+    def accept(self, a, b=None):
+        """The buffers this plan runs on for a call given ``a`` and ``b`` (``b`` None: one
+        the plan allocates), proved and remembered, or :data:`MISS` when they need a
+        plan of their own."""
         state = self.state
         if self._check is not state.check or self._snap is not settings._SNAPSHOT:
             return MISS
@@ -236,7 +248,7 @@ class Plan:
         if refs[0]() is not a and not self._prove(0, a):
             return MISS
         if len(refs) == 1:
-            return self.run(a, async_op=async_op)
+            return (a,)
         if b is None:  # memory of its own: nothing to check
             b = self._alloc(a)
             if refs[0]() is not a:
@@ -246,13 +258,13 @@ class Plan:
                 return MISS
             if not self._rebind(a, b):
                 return MISS
-        return self.run(a, b, async_op=async_op)
+        return (a, b)
 
     def run(self, *bufs, async_op: bool = False):
         """Run on ``bufs`` (already proved for this plan) and return the result: the
         result buffer, or a handle whose ``wait()`` returns it."""
         state = self.state
-        if self._check:
+        if self._check and not state.trust.on:
             self._agree[1 if async_op else 0].run(state.group.comm)
         return self._start(bufs, next(state.seq), async_op)
 
@@ -266,15 +278,21 @@ class Plan:
         LAST_CHOSEN[self.op] = self.algo
         result = bufs[self._result_at] if not self._extra else \
             (bufs[self._result_at],) + self._extra
-        fast = self.fast
-        if fast is not None and not async_op and not self.state.progress.active:
-            slot = self.slot
-            slot.since = _now()
-            try:
-                fast(*bufs)
-            finally:
-                slot.since = 0.0
-            return result
+        if async_op:
+            afast = self.afast
+            if afast is not None:
+                return progress.RequestHandle(afast(*bufs), result, self.slot,
+                                              self.state.progress.active)
+        else:
+            fast = self.fast
+            if fast is not None and not self.state.progress.active:
+                slot = self.slot
+                slot.since = _now()
+                try:
+                    fast(*bufs)
+                finally:
+                    slot.since = 0.0
+                return result
         call = copy.copy(self._call)
         send_at, recv_at = self._send_at, self._recv_at
         if send_at is not None:

@@ -12,11 +12,13 @@ on different ranks cannot deadlock.
 from __future__ import annotations
 
 import os
+from time import monotonic as _now
 
 from neocomm import watchdog
 from neocomm.backends.base import CompletedHandle, Handle
 
-__all__ = ["Operation", "Progress", "progress_of", "start", "idle", "tag_of", "TAG_PHASE"]
+__all__ = ["Operation", "Progress", "RequestHandle", "progress_of", "start", "idle", "tag_of",
+           "TAG_PHASE"]
 
 #: Tag distance between the phases of one operation (lanes use the tags in between).
 TAG_PHASE = 16
@@ -134,3 +136,42 @@ def start(gen, result, async_op: bool, what: str, progress: Progress) -> Handle:
         return op.done
 
     return Handle(wait, test, result)
+
+
+class RequestHandle(Handle):
+    """The handle of one non-blocking MPI collective (a plan's direct call): ``wait()``
+    waits for its request under the stall watchdog (``slot``), driving meanwhile the
+    process's other outstanding operations (``active``), as every wait does."""
+
+    __slots__ = ("_req", "_slot", "_active")
+
+    def __init__(self, req, result, slot: watchdog.Slot, active: list):
+        super().__init__(_nothing, None, result)
+        self._req, self._slot, self._active = req, slot, active
+
+    def wait(self):
+        if not self._done:
+            req, slot, active = self._req, self._slot, self._active
+            slot.since = _now()
+            try:
+                if not active:
+                    req.Wait()
+                else:
+                    while not req.Test():
+                        for other in list(active):
+                            other.advance(block=False)
+                        active[:] = [o for o in active if not o.done]
+                        _yield()
+            finally:
+                slot.since = 0.0
+            self._done = True
+        return self._result
+
+    def test(self) -> bool:
+        if not self._done and self._req.Test():
+            self._done = True
+        return self._done
+
+
+def _nothing() -> None:
+    return None

@@ -12,7 +12,9 @@ transports, and a later call on the group raises, naming it. It holds
 - ``seq``: the numbers of the group's operations (every rank numbers them
   alike; an operation's tags come from its number);
 - ``plans``: the group's :class:`PlanCache`;
-- ``progress``: the world's outstanding asynchronous operations.
+- ``progress``: the world's outstanding asynchronous operations;
+- ``trust``: per thread, whether the calls of a step that every rank agreed already
+  (:class:`collectives.control.StepControl`) skip their own agreement.
 
 Everything that changes after creation is either made under the plan cache's
 lock or an atomic step (a dict lookup or insertion, ``next`` on a counter), so calls
@@ -31,7 +33,7 @@ from neocomm import world as _world
 from collectives.progress import progress_of
 from collectives.types import Layout
 
-__all__ = ["GroupState", "PlanCache", "state_of"]
+__all__ = ["GroupState", "PlanCache", "Trust", "state_of"]
 
 _KEY = "collectives"
 
@@ -78,13 +80,20 @@ class PlanCache:
         return len(self._plans)
 
 
+class Trust(threading.local):
+    """Per thread: ``on`` while a step agreed by every rank runs (see
+    :class:`collectives.control.StepControl`)."""
+
+    on = False
+
+
 class GroupState:
     """The collectives layer's runtime state of one group (see the module docs)."""
 
     UNKNOWN = object()  # the topology before the group's first collective discovers it
 
     __slots__ = ("group", "check", "layout", "fabrics", "topology", "seq", "plans",
-                 "transports", "progress", "__weakref__")
+                 "transports", "progress", "trust", "__weakref__")
 
     def __init__(self, group):
         self.group = group
@@ -96,6 +105,7 @@ class GroupState:
         self.plans = PlanCache()
         self.transports: dict = {}
         self.progress = progress_of(group.world)
+        self.trust = Trust()
 
     def peek(self) -> int:
         """The number the group's next operation will get (nothing is taken)."""

@@ -62,7 +62,7 @@ class Agreement:
     the details (who differs, how) are gathered only when something does.
     """
 
-    __slots__ = ("op", "signature", "call", "vec", "out", "slot")
+    __slots__ = ("op", "signature", "call", "vec", "out", "slot", "_msgs")
 
     def __init__(self, op: str, signature: Sequence[tuple[str, int]] = (), call=None,
                  where: str = "", number=None):
@@ -73,6 +73,7 @@ class Agreement:
         h = _number(op, signature)
         self.vec = np.array([0, h, -h, 0, 0, 0, 0, 0], np.int64)
         self.out = np.empty(AGREE_LEN, np.int64)
+        self._msgs = None  # ([vec, INT64_T], [out, INT64_T], MAX): made on the first run
         self.slot = watchdog.Slot(f"argument agreement of {op}{where}", number)
 
     def run(self, comm, problem: "Problem | str | None" = None, fresh: int = 0,
@@ -87,9 +88,12 @@ class Agreement:
         if sizes is not None:
             vec[4], vec[5] = sizes
             vec[6], vec[7] = -sizes[0], -sizes[1]
+        msgs = self._msgs
+        if msgs is None:
+            msgs = self._msgs = _messages(vec, out)
         slot.since = _now()
         try:
-            comm.Allreduce(vec, out, op=_max())
+            comm.Allreduce(*msgs)
         finally:
             slot.since = 0.0
         if out[0] or out[1] != -out[2]:
@@ -97,16 +101,12 @@ class Agreement:
         return out
 
 
-_MAX = None
+def _messages(vec, out) -> tuple:
+    """The arguments of the agreement's Allreduce, datatype spelled out (mpi4py need
+    not read it from the arrays on every run)."""
+    from mpi4py import MPI
 
-
-def _max():
-    global _MAX
-    if _MAX is None:
-        from mpi4py import MPI
-
-        _MAX = MPI.MAX
-    return _MAX
+    return [vec, MPI.INT64_T], [out, MPI.INT64_T], MPI.MAX
 
 
 def agree(comm, op: str, problem: "Problem | str | None" = None,

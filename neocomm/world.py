@@ -174,9 +174,12 @@ def current_world() -> World:
 
 def group_or_world(group):
     """``group``, or the world group of :func:`current_world` when it is None; TypeError
-    naming what was given when it is neither."""
+    naming what was given when it is neither. A :class:`World` stands for its world
+    group."""
     if group is None:
         return current_world().world
+    if isinstance(group, World):
+        group = group.world
     if not (hasattr(group, "comm") and hasattr(group, "backend")):
         raise TypeError(f"group: expected a neocomm ProcessGroup (world.world, "
                         f"world.intra_node, world.rail, or one from ProcessGroup.split) or "

@@ -87,9 +87,11 @@ class Native(Algorithm):
             raise ValueError(f"native: no backend call for {op.value}")
         yield (h,)
 
-    def fast(self, call: Call):
-        """A direct mpi4py call for a repeated blocking call on host buffers of a
-        dtype with a predefined MPI datatype, or None (see :mod:`collectives.plans`).
+    def fast(self, call: Call, blocking: bool = True):
+        """A direct mpi4py call for a repeated call on host buffers of a dtype with a
+        predefined MPI datatype, or None (see :mod:`collectives.plan`): MPI's blocking
+        collective, or (``blocking=False``) its non-blocking twin, whose request the
+        callable returns.
 
         The callable takes the buffers as the API call holds them —
         ``(sendbuf, recvbuf)``, or ``(buf,)`` for a one-buffer call (broadcast,
@@ -105,18 +107,22 @@ class Native(Algorithm):
         from neocomm.backends.mpi import mpi_op
 
         comm, op = call.group.comm, call.op
+
+        def mpi(name: str):  # MPI_Ialltoall is MPI_Alltoall's non-blocking twin
+            return getattr(comm, name if blocking else "I" + name[0].lower() + name[1:])
+
         # the backend's op: 8- and 16-bit integer sums wrap (see neocomm.backends.mpi)
         mop = mpi_op(call.sendbuf.dtype, call.reduce_op) if call.reduce_op is not None else None
         if op is CollectiveOp.ALL_TO_ALL:
-            alltoall = comm.Alltoall
+            alltoall = mpi("Alltoall")
             return lambda s, r: alltoall([s, t], [r, t])
         if op is CollectiveOp.ALL_TO_ALL_V:
-            alltoallv = comm.Alltoallv
+            alltoallv = mpi("Alltoallv")
             sc, sd = call.send_counts.tolist(), call.send_displs.tolist()
             rc, rd = call.recv_counts.tolist(), call.recv_displs.tolist()
             return lambda s, r: alltoallv([s, sc, sd, t], [r, rc, rd, t])
         if op is CollectiveOp.ALL_REDUCE:
-            allreduce = comm.Allreduce
+            allreduce = mpi("Allreduce")
             if call.recvbuf is call.sendbuf:  # in place: called with (buf,)
                 in_place = MPI.IN_PLACE
                 return lambda b: allreduce(in_place, [b, t], mop)
@@ -124,15 +130,15 @@ class Native(Algorithm):
         if op is CollectiveOp.REDUCE_SCATTER:
             counts = call.recv_counts
             if bool((counts == counts[0]).all()):
-                block = comm.Reduce_scatter_block
+                block = mpi("Reduce_scatter_block")
                 return lambda s, r: block([s, t], [r, t], mop)
-            vector, counts = comm.Reduce_scatter, counts.tolist()
+            vector, counts = mpi("Reduce_scatter"), counts.tolist()
             return lambda s, r: vector([s, t], [r, t], counts, mop)
         if op is CollectiveOp.ALL_GATHER:
-            allgather = comm.Allgather
+            allgather = mpi("Allgather")
             return lambda s, r: allgather([s, t], [r, t])
         if op is CollectiveOp.BROADCAST:
-            bcast, root = comm.Bcast, call.root
+            bcast, root = mpi("Bcast"), call.root
             return lambda b: bcast([b, t], root)
         return None
 

@@ -1,6 +1,9 @@
 """The DLRM training loop: sharded embeddings, data-parallel dense layers, one step at a time.
 
-One step of batch ``i`` (module :mod:`embedding.train.step` times each part)::
+One step of batch ``i`` (module :mod:`embedding.train.step` times each part)
+runs under the loop's :class:`~collectives.control.StepControl`: every rank
+agrees the step's shape once, and while it holds the step's collectives
+replay their plans without agreeing each call::
 
     wait for the input dist of batch i; local lookup; output dist  -> pooled [B, F * D]
     read batch i+1 and start its input dist          (with overlap: hidden behind the rest)
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from collectives.control import StepControl
 from embedding.dense import DenseConfig, DenseModel, NonFiniteError, make_optimizer
 from embedding.dense.metrics import bce_with_logits
 from embedding.train.data import GuardedDataset, TrainData, filler_batch, open_data
@@ -126,6 +130,8 @@ class Trainer:
         self.overlap = tr.overlap
         self.grads = GradSync(self.model, group, overlap=tr.overlap)
         self.timer = PhaseTimer()
+        # one agreement per step: its calls replay their plans unagreed while the shape holds
+        self.control = StepControl(group, "training step")
         self._guard = GuardedDataset(data.train, data.num_dense, data.feature_names)
         self.reader = make_reader(self._guard, tr.batch_size, group,
                                   broadcast=config.data.broadcast, shuffle=config.data.shuffle,
@@ -329,7 +335,9 @@ class Trainer:
                 self._pending = self._start(step)
             prep, dist = self._pending
             self._pending = None
-            loss = self._step(prep, dist, step, has_next=step < horizon)
+            with self.control.step(batch_size=prep.batch.batch_size, tables=len(self.tables),
+                                   dense=self.data.num_dense):
+                loss = self._step(prep, dist, step, has_next=step < horizon)
             self.step = step
             self.losses.append((step, loss))
             out.append(loss)

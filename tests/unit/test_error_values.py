@@ -279,6 +279,8 @@ class _TwoRanks:
         self.slot = slot
 
     def Allreduce(self, vec, out, op=None):  # noqa: N802 - mpi4py's name
+        if isinstance(vec, list):  # [buffer, datatype]
+            vec, out = vec[0], out[0]
         out[:] = vec
         out[1] += 1  # the other rank's number of its call is larger: the calls differ
 
