@@ -151,7 +151,7 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     plan, bufs = _plan_all_to_all(state, sendbuf, recvbuf, async_op, algo, chunk_bytes)
     if bufs[0] is sendbuf:  # (an exchange in place runs on a copy: no plan to keep)
         remember(state, key, plan)
-    return plan.run(*bufs, async_op=async_op)
+    return plan.first(bufs, async_op)
 
 
 def _plan_all_to_all(state, sendbuf, recvbuf, async_op, algo, chunk_bytes):
@@ -220,7 +220,7 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
     plan, bufs = _plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, async_op, algo,
                                       chunk_bytes)
     remember(state, key, plan)
-    return plan.run(*bufs, async_op=async_op)
+    return plan.first(bufs, async_op)
 
 
 def _plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, async_op, algo,
@@ -295,7 +295,7 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
     plan, bufs = _plan_all_reduce(state, sendbuf, recvbuf, op, async_op, algo, chunk_bytes)
     if len(bufs) == 1 + (recvbuf is not None):  # (two views of one memory: no plan to keep)
         remember(state, key, plan)
-    return plan.run(*bufs, async_op=async_op)
+    return plan.first(bufs, async_op)
 
 
 def _plan_all_reduce(state, sendbuf, recvbuf, op, async_op, algo, chunk_bytes):
@@ -350,7 +350,7 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
         return out
     plan, bufs = _plan_all_gather(state, sendbuf, recvbuf, async_op, algo, chunk_bytes)
     remember(state, key, plan)
-    return plan.run(*bufs, async_op=async_op)
+    return plan.first(bufs, async_op)
 
 
 def _plan_all_gather(state, sendbuf, recvbuf, async_op, algo, chunk_bytes):
@@ -403,7 +403,7 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
     plan, bufs = _plan_broadcast(state, buf, root, async_op, algo, chunk_bytes)
     if isinstance(root, int):
         remember(state, key, plan)
-    return plan.run(*bufs, async_op=async_op)
+    return plan.first(bufs, async_op)
 
 
 def _plan_broadcast(state, buf, root, async_op, algo, chunk_bytes):

@@ -14,10 +14,15 @@ import numpy as np
 from neocomm.agree import Problem
 from neocomm.types import bfloat16, dtype_from_code
 
+from neocomm import watchdog
+
 from collectives.algorithms import displs
-from collectives.api import _dcode, _flat, _request, _shown
+from collectives.api import _dcode, _flat, _replay, _request, _shown
+from collectives.api_v import _counts_key
 from collectives.fabric import fabric_for
-from collectives.plan import OP_CODES, build, context, fail
+from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _raise_here, build,
+                              context, remember, stale)
+from collectives.state import state_of
 from collectives.types import CollectiveOp
 from collectives.validate import check_buffer, check_peer, check_same_dtype, first
 
@@ -81,9 +86,36 @@ def one_to_many(sendbuf=None, recvbuf=None, *, root: int, ranks: Sequence[int],
     algorithm is priced with the host links (ranks outside ``ranks`` may have
     no buffer to tell them the array kind).
     """
+    state = state_of(group)
+    key = _key("one_to_many", algo, chunk_bytes, sendbuf, recvbuf, root, ranks, counts)
+    a, b = (sendbuf, recvbuf) if sendbuf is not None else (recvbuf, None)
+    out = _replay(state, key, a, b, async_op)
+    if out is not MISS:
+        return out
+    return _one_to_many(state, key, sendbuf, recvbuf, root, ranks, counts, async_op, algo,
+                        chunk_bytes)
+
+
+def _key(name, algo, chunk_bytes, sendbuf, recvbuf, *layout):
+    """The cache key of a targeted call: this rank's buffers (dtype and size, or None) and
+    the call's ``layout`` (peers, counts, root); None when an argument cannot be a key."""
+    try:
+        mine = tuple(None if x is None else (x.dtype, x.size) for x in (sendbuf, recvbuf))
+        return (name, algo, chunk_bytes) + mine + tuple(
+            None if x is None else _counts_key(x) if not isinstance(x, (int, np.integer))
+            else int(x) for x in layout)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _one_to_many(state, key, sendbuf, recvbuf, root, ranks, counts, async_op, algo,
+                 chunk_bytes):
+    """A new OneToMany call: checked and agreed, the payload's dtype and size sent from the
+    root, then selected and run (leaving its plan under ``key`` when there is one)."""
     kind = CollectiveOp.ONE_TO_MANY
     probe = sendbuf if sendbuf is not None else recvbuf
-    ctx = context(group, probe if probe is not None else np.empty(0, np.uint8), kind.value)
+    ctx = context(None, probe if probe is not None else np.empty(0, np.uint8), kind.value,
+                  state)
     # Ranks outside ``ranks`` may hold no buffer: every rank prices the algorithms
     # with the host fabric, so that all of them select alike.
     ctx.fabric = fabric_for(ctx.group)
@@ -117,16 +149,35 @@ def one_to_many(sendbuf=None, recvbuf=None, *, root: int, ranks: Sequence[int],
     if problem is None and receiver and recvbuf is None and identical and not is_root:
         problem = Problem("recvbuf", "recvbuf: receivers of an identical payload must pass "
                                      "a buffer of its size (or give counts)")
-    dtype_code = _dcode(sendbuf if is_root else recvbuf) if (is_root or recvbuf is not None) \
-        else 0
-    # Size and dtype of the payload travel from the root (receivers may not know them).
-    head = np.array([dtype_code, sendbuf.size if is_root and identical else 0], np.int64)
     sig = [("op", OP_CODES[kind]), ("root", int(root) if isinstance(root, (int, np.integer))
                                     else -1),
            ("ranks", _digest(members)), ("counts", 0 if identical else _digest(cnt))]
-    fail(ctx, kind, problem, sig, call=lambda: f"one_to_many(root={root!r}, ranks="
-                                              f"{_shown(ranks)}, counts={_shown(counts)})")
-    ctx.group.comm.Bcast(head, root=int(root))
+    agreements = _agreements(kind.value, sig, lambda: f"one_to_many(root={root!r}, ranks="
+                             f"{_shown(ranks)}, counts={_shown(counts)})", ctx.group)
+    out = _agree_new(ctx, agreements, problem, async_op)
+    role = (is_root, receiver, identical)
+    return _o2m_resume(ctx, agreements, role, sendbuf, recvbuf, int(root), members, cnt,
+                       out, async_op, algo, chunk_bytes, key)
+
+
+def _agree_new(ctx, agreements, problem, async_op):
+    """The first agreement of a new targeted call: its problems and signature, and that
+    it is new (``fresh``: the ranks that run a plan go on as a new call does). It runs
+    with checks off too: a rank running its plan meets it there."""
+    return agreements[int(bool(async_op))].run(ctx.group.comm, problem, fresh=1, sizes=(0, 0))
+
+
+def _o2m_resume(ctx, agreements, role, sendbuf, recvbuf, root, members, cnt, out, async_op,
+                algo, chunk_bytes, key):
+    """A OneToMany from its agreement on: the payload's dtype and size travel from the
+    root (receivers may not know them), then its plan is selected, kept and run."""
+    kind = CollectiveOp.ONE_TO_MANY
+    is_root, receiver, identical = role
+    me, recv_given = ctx.group.rank, recvbuf is not None
+    head = np.array([_dcode(sendbuf) if is_root else 0,
+                     sendbuf.size if is_root and identical else 0], np.int64)
+    with watchdog.guard("one_to_many (the payload's dtype and size)"):
+        ctx.group.comm.Bcast(head, root=root)
     code, size = int(head[0]), int(head[1])
     problem = None
     if receiver and recvbuf is not None:
@@ -136,22 +187,47 @@ def one_to_many(sendbuf=None, recvbuf=None, *, root: int, ranks: Sequence[int],
         elif identical and recvbuf.size != size:
             problem = Problem("recvbuf", f"recvbuf: expected the root's {size} elements, got "
                                          f"{recvbuf.size}")
-    fail(ctx, kind, problem, [("op", OP_CODES[kind]), ("dtype", code)])
+    if ctx.check:
+        agreements[int(bool(async_op))].run(ctx.group.comm, problem)
+    elif problem is not None:
+        _raise_here(me, kind.value, problem)
     dtype = _dtype_of(code)
-    if receiver and recvbuf is None:
-        recvbuf = ctx.xp.empty(int(cnt[members.index(me)]), dtype=dtype)
+    alloc = None
+    if receiver and not identical:
+        n, xp = int(cnt[members.index(me)]), ctx.xp
+
+        def payload(_):  # a receiver's payload, when it passes no buffer
+            return xp.empty(n, dtype=dtype)
+
+        alloc = payload
+        if recvbuf is None:
+            recvbuf = alloc(None)
     itemsize = dtype.itemsize
     per_receiver = size if identical else int(cnt.max(initial=0))
     request = _request(ctx, kind, per_receiver * itemsize, itemsize,
-                       max_block=per_receiver * itemsize, root=int(root),
-                       peers=len([m for m in members if m != int(root)]),
+                       max_block=per_receiver * itemsize, root=root,
+                       peers=len([m for m in members if m != root]),
                        identical=identical, uniform=identical)
     fields = dict(sendbuf=_flat(sendbuf) if is_root else None,
-                  recvbuf=_flat(recvbuf) if receiver else None, root=int(root),
+                  recvbuf=_flat(recvbuf) if receiver else None, root=root,
                   members=members, identical=identical,
                   send_counts=cnt, send_displs=displs(cnt))
-    return _run_once(ctx, request, None, [("op", OP_CODES[kind])], algo, chunk_bytes, itemsize,
-                     fields, recvbuf if receiver else None, async_op)
+    bufs = tuple(b for b, mine in ((sendbuf, is_root), (recvbuf, receiver)) if mine)
+    result_at = len(bufs) - 1 if receiver else None
+
+    def resume(given, agreed, async_again):  # a rank's call is new: go on as it does
+        send = given[0] if is_root else None
+        recv = given[-1] if receiver and recv_given else None  # (not the plan's own)
+        return _o2m_resume(ctx, agreements, role, send, recv, root, members, cnt, agreed,
+                           async_again, algo, chunk_bytes, key)
+
+    plan = build(ctx, request, None, [], algo=algo, chunk_bytes=chunk_bytes,
+                 itemsize=itemsize, fields=fields, bufs=bufs, result_at=result_at,
+                 async_op=async_op, agreements=agreements, kind=VPlan, alloc=alloc,
+                 sizes=(code, size), resume=resume)
+    if key is not None:
+        remember(ctx.state, key, plan)
+    return plan.first(bufs, async_op)
 
 
 def many_to_many(sendbuf, send_peers: Sequence[int], send_counts: Sequence[int] | None = None,
@@ -176,9 +252,26 @@ def many_to_many(sendbuf, send_peers: Sequence[int], send_counts: Sequence[int] 
 
     Returns ``(recvbuf, recv_peers, recv_counts)``.
     """
+    state = state_of(group)
+    key = None
+    if recv_peers is not None and recv_counts is not None:
+        key = _key("many_to_many", algo, chunk_bytes, sendbuf, recvbuf, send_peers,
+                   send_counts, recv_peers, recv_counts)
+    out = _replay(state, key, sendbuf, recvbuf, async_op)
+    if out is not MISS:
+        return out
+    return _many_to_many(state, key, sendbuf, send_peers, send_counts, recv_peers,
+                         recv_counts, recvbuf, async_op, algo, chunk_bytes)
+
+
+def _many_to_many(state, key, sendbuf, send_peers, send_counts, recv_peers, recv_counts,
+                  recvbuf, async_op, algo, chunk_bytes):
+    """A new ManyToMany call: checked and agreed; the senders discovered or checked, the
+    sizes agreed; then selected and run (leaving its plan under ``key`` when there is
+    one)."""
     kind = CollectiveOp.MANY_TO_MANY
-    ctx = context(group, sendbuf, kind.value)
-    p, dev, comm = ctx.group.size, ctx.backend.device, ctx.group.comm
+    ctx = context(None, sendbuf, kind.value, state)
+    p, dev = ctx.group.size, ctx.backend.device
     problem = check_buffer("sendbuf", sendbuf, device=dev)
     pp, speers = _peers("send_peers", send_peers, p)
     problem = problem or pp
@@ -206,19 +299,40 @@ def many_to_many(sendbuf, send_peers: Sequence[int], send_counts: Sequence[int] 
     if problem is None and recvbuf is not None:
         problem = first(check_buffer("recvbuf", recvbuf, device=dev, writable=True),
                         check_same_dtype("sendbuf", sendbuf, "recvbuf", recvbuf))
-    # Dense view of who sends what to whom: -1 no message, else the count.
-    if rpeers is None or ctx.check:
+        if problem is None and rc is not None and recvbuf.size != int(rc.sum()):
+            problem = Problem("recvbuf", f"recvbuf: expected {int(rc.sum())} elements, got "
+                                         f"{recvbuf.size}")
+    if problem is None and rpeers is not None and rc is None and not ctx.check:
+        problem = Problem("recv_counts", "recv_counts: unknown; pass recv_counts with "
+                                         "recv_peers, or turn on NEOCOMM_CHECK_ARGS")
+    sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf)),
+           ("recv_peers given", int(recv_peers is not None)),
+           ("recv_counts given", int(recv_counts is not None))]
+    agreements = _agreements(kind.value, sig, None, ctx.group)
+    out = _agree_new(ctx, agreements, problem, async_op)
+    return _m2m_resume(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out,
+                       async_op, algo, chunk_bytes, key)
+
+
+def _m2m_resume(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out, async_op,
+                algo, chunk_bytes, key):
+    """A ManyToMany from its agreement on: the senders discovered (no ``recv_peers``) or,
+    with checks on and some rank's call new, checked against what the senders name;
+    then the sizes agreed, and its plan selected, kept and run."""
+    kind = CollectiveOp.MANY_TO_MANY
+    p, comm, check = ctx.group.size, ctx.group.comm, ctx.check
+    exchange = rpeers is None or (check and stale(out))
+    if exchange:  # who sends what to whom: -1 no message, else the count
         dense = np.full(p, -1, np.int64)
-        if problem is None:
-            dense[speers] = sc
-        else:
-            dense[:] = -2  # this rank reports its own problem
+        dense[speers] = sc
         offered = np.empty(p, np.int64)
-        comm.Alltoall(dense, offered)
+        with watchdog.guard("many_to_many (exchange of the counts)"):
+            comm.Alltoall(dense, offered)
+        problem = None
         if rpeers is None:
             rpeers = [int(x) for x in np.flatnonzero(offered >= 0)]
             rc = offered[rpeers].astype(np.int64)
-        elif problem is None and not (offered == -2).any():
+        else:
             senders = set(int(x) for x in np.flatnonzero(offered >= 0))
             if senders != set(rpeers):
                 extra = sorted(senders - set(rpeers))
@@ -234,37 +348,42 @@ def many_to_many(sendbuf, send_peers: Sequence[int], send_counts: Sequence[int] 
                     problem = Problem("recv_counts", f"recv_counts[{i}] is {int(rc[i])} but "
                                                     f"rank {rpeers[i]} sends {int(got[i])}")
                 rc = got.astype(np.int64)
-    if rc is None:
-        problem = problem or Problem("recv_counts", "recv_counts: unknown; pass recv_counts "
-                                                    "with recv_peers, or turn on "
-                                                    "NEOCOMM_CHECK_ARGS")
-        rc = np.zeros(len(rpeers or []), np.int64)
-    if problem is None and recvbuf is not None and recvbuf.size != int(rc.sum()):
-        problem = Problem("recvbuf", f"recvbuf: expected {int(rc.sum())} elements, got "
-                                     f"{recvbuf.size}")
-    ok = problem is None
-    itemsize = sendbuf.dtype.itemsize if ok else 1
+        if problem is None and recvbuf is not None and recvbuf.size != int(rc.sum()):
+            problem = Problem("recvbuf", f"recvbuf: expected {int(rc.sum())} elements, got "
+                                         f"{recvbuf.size}")
+        if check:  # a problem found now: together
+            agreements[int(bool(async_op))].run(comm, problem)
+        elif problem is not None:
+            _raise_here(ctx.group.rank, kind.value, problem)
     from mpi4py import MPI
 
-    sizes = np.array([int(sc.sum()), int(sc.max(initial=0)), len(speers)] if ok else [0, 0, 0],
-                     np.int64)
-    comm.Allreduce(MPI.IN_PLACE, sizes, op=MPI.MAX)
+    sizes = np.array([int(sc.sum()), int(sc.max(initial=0)), len(speers)], np.int64)
+    with watchdog.guard("many_to_many (agreement of the sizes)"):
+        comm.Allreduce(MPI.IN_PLACE, sizes, op=MPI.MAX)
+    itemsize = sendbuf.dtype.itemsize
     request = _request(ctx, kind, int(sizes[0]) * itemsize, itemsize,
                        max_block=int(sizes[1]) * itemsize, peers=int(sizes[2]), uniform=False)
-    if ok and recvbuf is None:
-        recvbuf = ctx.xp.empty(int(rc.sum()), dtype=sendbuf.dtype)
+    xp, n = ctx.xp, int(rc.sum())
+
+    def alloc(a):  # the result of a run without recvbuf
+        return xp.empty(n, dtype=a.dtype)
+
+    if recvbuf is None:
+        recvbuf = alloc(sendbuf)
     fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), send_peers=speers,
                   send_counts=sc, send_displs=displs(sc), recv_peers=rpeers, recv_counts=rc,
-                  recv_displs=displs(rc)) if ok else {}
-    sig = [("op", OP_CODES[kind]), ("dtype", _dcode(sendbuf))]
-    return _run_once(ctx, request, problem, sig, algo, chunk_bytes, itemsize, fields,
-                     (recvbuf, rpeers, rc), async_op)
+                  recv_displs=displs(rc))
 
+    def resume(bufs, agreed, async_again):  # a rank's call is new: go on as it does
+        return _m2m_resume(ctx, agreements, bufs[0], bufs[1], speers, sc, rpeers, rc,
+                           agreed, async_again, algo, chunk_bytes, key)
 
-def _run_once(ctx, request, problem, signature, algo, chunk_bytes, itemsize, fields, result,
-              async_op):
-    """Plan and run a targeted call (its plan is not kept: who sends what to whom is
-    each call's own); returns the result (or a handle whose ``wait()`` returns it)."""
-    plan = build(ctx, request, problem, signature, algo=algo, chunk_bytes=chunk_bytes,
-                 itemsize=itemsize, fields=fields, bufs=None, result_at=0, async_op=async_op)
-    return plan.once(result, async_op)
+    # the sizes the plan was selected for, as two numbers every rank's plan must share
+    chosen = (int(sizes[0]), (int(sizes[1]) << 16) | int(sizes[2]))
+    plan = build(ctx, request, None, [], algo=algo, chunk_bytes=chunk_bytes,
+                 itemsize=itemsize, fields=fields, bufs=(sendbuf, recvbuf), result_at=1,
+                 async_op=async_op, extra=(rpeers, rc), agreements=agreements, kind=VPlan,
+                 alloc=alloc, sizes=chosen, resume=resume)
+    if key is not None:
+        remember(ctx.state, key, plan)
+    return plan.first((sendbuf, recvbuf), async_op)

@@ -18,7 +18,7 @@ from collectives.algorithms import displs
 from collectives.api import (_apart, _call, _check_out, _flat, _replay, _request, _shown,
                              _total)
 from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _raise_here, build, context,
-                              remember)
+                              remember, stale)
 from collectives.state import state_of
 from collectives.types import CollectiveOp
 from collectives.validate import check_buffer, check_counts, same_memory
@@ -172,7 +172,7 @@ def _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, ch
     """An AlltoAllv from its agreement on: ``out`` is the agreed vector."""
     op, comm, p = CollectiveOp.ALL_TO_ALL_V, ctx.group.comm, ctx.group.size
     known = rc is not None
-    if not known or (ctx.check and out[3]):  # exchange the counts: to learn or to check them
+    if not known or (ctx.check and stale(out)):  # exchange the counts: to learn or check them
         offered = np.empty(p, np.int64)
         with watchdog.guard("all_to_all_v (exchange of the counts)"):
             comm.Alltoall(sc, offered)
@@ -199,7 +199,7 @@ def _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, ch
         if plan is not None and plan.sizes == (total, block):
             bufs = plan.accept(sendbuf, recvbuf)
             if bufs is not MISS:
-                return plan._start(bufs, next(ctx.state.seq), async_op)
+                return plan.first(bufs, async_op)
     request = _request(ctx, op, total * itemsize, itemsize, max_block=block * itemsize,
                        uniform=False)
     xp, n = ctx.xp, int(rc.sum())
@@ -224,4 +224,4 @@ def _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, ch
         remember(ctx.state, key, plan)
     if not run:
         return plan, (sendbuf, recvbuf)
-    return plan._start((sendbuf, recvbuf), next(ctx.state.seq), async_op)
+    return plan.first((sendbuf, recvbuf), async_op)

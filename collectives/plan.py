@@ -55,7 +55,7 @@ from collectives.validate import check_buffer, overlapping
 from numpy import may_share_memory as _may_share, ndarray as _ndarray
 
 __all__ = ["Plan", "VPlan", "Context", "context", "build", "remember", "fail", "OP_CODES",
-           "LAST_CHOSEN", "MISS", "array_module"]
+           "LAST_CHOSEN", "MISS", "array_module", "stale"]
 
 #: Stable op codes of the collectives layer in agreement signatures.
 OP_CODES = {op: 101 + i for i, op in enumerate(CollectiveOp)}
@@ -245,6 +245,14 @@ class Plan:
         if self._check is not state.check or self._snap is not settings._SNAPSHOT:
             return MISS
         refs = self._refs
+        if not refs:  # a rank with no part in the call (a OneToMany's outsider)
+            return ()
+        if a is None:  # a buffer the plan allocates (a OneToMany's receiver without one)
+            if self._alloc is None or len(refs) != 1:
+                return MISS
+            a = self._alloc(None)
+            self._refs = [weakref.ref(a)]
+            return (a,)
         if refs[0]() is not a and not self._prove(0, a):
             return MISS
         if len(refs) == 1:
@@ -268,6 +276,12 @@ class Plan:
             self._agree[1 if async_op else 0].run(state.group.comm)
         return self._start(bufs, next(state.seq), async_op)
 
+    def first(self, bufs: tuple, async_op: bool = False):
+        """Run a plan just built, whose call :func:`build` agreed already (agreeing it
+        again would meet the next call of a rank that ran its plan: one agreement per
+        call, whichever path it takes)."""
+        return self._start(bufs, next(self.state.seq), async_op)
+
     def once(self, result, async_op: bool = False):
         """Run the call this plan was built with (``bufs=None``: agreed already, its
         buffers in its Call) and return ``result`` (or a handle whose ``wait()`` does)."""
@@ -276,13 +290,15 @@ class Plan:
 
     def _start(self, bufs, seq: int, async_op: bool):
         LAST_CHOSEN[self.op] = self.algo
-        result = bufs[self._result_at] if not self._extra else \
-            (bufs[self._result_at],) + self._extra
+        at = self._result_at
+        result = None if at is None else bufs[at]
+        if self._extra:
+            result = (result,) + self._extra
         if async_op:
             afast = self.afast
             if afast is not None:
                 return progress.RequestHandle(afast(*bufs), result, self.slot,
-                                              self.state.progress.active)
+                                              self.state.progress.active, bufs)
         else:
             fast = self.fast
             if fast is not None and not self.state.progress.active:
@@ -349,6 +365,13 @@ class Plan:
         return f"<Plan {self.op} ({self.algo}) on group {self.state.group.name!r}>"
 
 
+def stale(out) -> bool:
+    """Whether an agreed vector (:meth:`neocomm.agree.Agreement.run`) says that some rank's
+    call is new or that the ranks' plans were made for other sizes: every rank then goes
+    on as a new call does, its counts checked again."""
+    return bool(out[3] or out[4] != -out[6] or out[5] != -out[7])
+
+
 def remember(state: GroupState, key, plan: Plan) -> Plan:
     """Keep ``plan`` under ``key`` in the group's cache (``key`` None: not kept)."""
     if key is not None:
@@ -378,6 +401,6 @@ class VPlan(Plan):
     def run(self, *bufs, async_op: bool = False):
         state = self.state
         out = self._agree[1 if async_op else 0].run(state.group.comm, sizes=self.sizes)
-        if out[3] or out[4] != -out[6] or out[5] != -out[7]:
+        if stale(out):
             return self.resume(bufs, out, async_op)
         return self._start(bufs, next(state.seq), async_op)

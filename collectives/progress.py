@@ -133,6 +133,8 @@ def start(gen, result, async_op: bool, what: str, progress: Progress) -> Handle:
 
     def test():
         op.advance(block=False)
+        if op.done and op in active:  # done: no wait needs to drive it any more
+            active.remove(op)
         return op.done
 
     return Handle(wait, test, result)
@@ -141,13 +143,15 @@ def start(gen, result, async_op: bool, what: str, progress: Progress) -> Handle:
 class RequestHandle(Handle):
     """The handle of one non-blocking MPI collective (a plan's direct call): ``wait()``
     waits for its request under the stall watchdog (``slot``), driving meanwhile the
-    process's other outstanding operations (``active``), as every wait does."""
+    process's other outstanding operations (``active``), as every wait does. It keeps
+    the call's buffers (``bufs``) alive until the request completes: MPI reads and
+    writes them until then, and the caller may hold none of them."""
 
-    __slots__ = ("_req", "_slot", "_active")
+    __slots__ = ("_req", "_slot", "_active", "_bufs")
 
-    def __init__(self, req, result, slot: watchdog.Slot, active: list):
+    def __init__(self, req, result, slot: watchdog.Slot, active: list, bufs=()):
         super().__init__(_nothing, None, result)
-        self._req, self._slot, self._active = req, slot, active
+        self._req, self._slot, self._active, self._bufs = req, slot, active, bufs
 
     def wait(self):
         if not self._done:
@@ -164,12 +168,12 @@ class RequestHandle(Handle):
                         _yield()
             finally:
                 slot.since = 0.0
-            self._done = True
+            self._done, self._bufs = True, ()
         return self._result
 
     def test(self) -> bool:
         if not self._done and self._req.Test():
-            self._done = True
+            self._done, self._bufs = True, ()
         return self._done
 
 

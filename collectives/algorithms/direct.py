@@ -10,6 +10,7 @@ from collectives import alphabeta as ab
 from collectives.algorithms import Algorithm, Call
 from collectives.algorithms.binomial import local_copy
 from collectives.chunking import transfer
+from collectives.transport import MpiRequest
 from collectives.types import CollectiveOp, FabricModel, Request
 
 __all__ = ["Direct", "ALGORITHMS"]
@@ -29,6 +30,12 @@ class Direct(Algorithm):
         return receivers * (latency + fabric.step_overhead + request.nbytes / bandwidth)
 
     def run(self, call: Call):
+        mpi = self.fast(call, call.blocking)
+        if mpi is not None:  # MPI's own call: the same one a plan's direct call makes
+            out = mpi(*_role_buffers(call))
+            if not call.blocking:
+                yield (MpiRequest(out),)
+            return
         local_copy(call)
         root = call.root
         if call.rank == root:
@@ -44,6 +51,49 @@ class Direct(Algorithm):
             yield from transfer(call, sends, [], call.tags(0))
         elif call.rank in call.members:
             yield from transfer(call, [], [(root, call.recvbuf)], call.tags(0))
+
+    def fast(self, call: Call, blocking: bool = True):
+        """The root's messages as one MPI call on host buffers when every rank of the
+        group takes part (the root and the receivers: MPI's collective needs all of
+        them): distinct payloads as ``MPI_Scatterv`` (the root's own part included), an
+        identical payload as ``MPI_Bcast`` (when the root is not among the receivers);
+        ``blocking=False``: the ``MPI_I…`` twin, whose request the callable returns.
+        None otherwise. :meth:`run` makes the same call, so that every rank runs the
+        same MPI operation whether its plan takes this direct call or not. The callable
+        takes the rank's buffers: ``(sendbuf,)`` or ``(sendbuf, recvbuf)`` on the root,
+        ``(recvbuf,)`` on a receiver."""
+        from collectives.algorithms.native import INT_MAX, host_datatype
+
+        members, root, p = list(call.members), call.root, call.size
+        if set(members) | {root} != set(range(p)) or \
+                (call.identical and root in members):
+            return None
+        t = host_datatype(call)
+        if t is None:
+            return None
+        comm = call.group.comm
+        if call.identical:
+            bcast = comm.Bcast if blocking else comm.Ibcast
+            return lambda b: bcast([b, t], root)
+        counts, displs = [0] * p, [0] * p
+        for peer, n, at in zip(members, call.send_counts, call.send_displs):
+            counts[peer], displs[peer] = int(n), int(at)
+        if sum(counts) > INT_MAX:  # (the same on every rank: the counts are agreed)
+            return None
+        scatterv = comm.Scatterv if blocking else comm.Iscatterv
+        empty = [None, 0, t]
+        if call.rank != root:
+            return lambda r: scatterv(None, [r, t], root)
+        if root in members:
+            return lambda s, r: scatterv([s, counts, displs, t], [r, t], root)
+        return lambda s: scatterv([s, counts, displs, t], empty, root)
+
+
+def _role_buffers(call: Call) -> tuple:
+    """The buffers :meth:`Direct.fast`'s callable takes on this rank."""
+    if call.rank == call.root:
+        return (call.sendbuf,) if call.recvbuf is None else (call.sendbuf, call.recvbuf)
+    return (call.recvbuf,)
 
 
 ALGORITHMS = (Direct(),)

@@ -121,6 +121,14 @@ class Native(Algorithm):
             sc, sd = call.send_counts.tolist(), call.send_displs.tolist()
             rc, rd = call.recv_counts.tolist(), call.recv_displs.tolist()
             return lambda s, r: alltoallv([s, sc, sd, t], [r, rc, rd, t])
+        if op is CollectiveOp.MANY_TO_MANY:  # MPI_Alltoallv, blocks where they lie
+            alltoallv, p = mpi("Alltoallv"), call.size
+            sc, sd, rc, rd = [0] * p, [0] * p, [0] * p, [0] * p
+            for peer, n, at in zip(call.send_peers, call.send_counts, call.send_displs):
+                sc[peer], sd[peer] = int(n), int(at)
+            for peer, n, at in zip(call.recv_peers, call.recv_counts, call.recv_displs):
+                rc[peer], rd[peer] = int(n), int(at)
+            return lambda s, r: alltoallv([s, sc, sd, t], [r, rc, rd, t])
         if op is CollectiveOp.ALL_REDUCE:
             allreduce = mpi("Allreduce")
             if call.recvbuf is call.sendbuf:  # in place: called with (buf,)

@@ -1,8 +1,9 @@
 """NCCL and staged backends on CuPy buffers, against NumPy results.
 
-One process (a 1-rank NCCL communicator), plus a 2-rank staged job launched
-through ``neocomm run`` (two ranks may share one GPU over the staged path;
-NCCL refuses two ranks on one device).
+Under mpirun (``-m mpi``, 2 and 4 ranks): every backend call on device buffers whose
+contents differ by rank. In one process: a 2-rank staged job launched through
+``neocomm run`` (two ranks may share one GPU over the staged path; NCCL refuses two
+ranks on one device).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from neocomm import ReduceOp
@@ -24,49 +26,94 @@ def world():
 
 @pytest.fixture(params=["nccl", "staged"])
 def backend(world, request):
+    import cupy as cp
+
     from neocomm.backends import backend_class
     from neocomm.types import BackendKind
 
     ok, why = backend_class(BackendKind(request.param)).availability()
     if not ok:
         pytest.skip(why)
+    if request.param == "nccl" and not getattr(cp, "STANDIN", False) and \
+            cp.cuda.runtime.getDeviceCount() < world.local_size:
+        pytest.skip("NCCL needs one GPU per rank of a host")
     return world.world.backend(kind=request.param)
 
 
+def _sentinel(cp, n, dtype):
+    """An output buffer filled with a value no result has (a no-op leaves it there)."""
+    return cp.full(n, 99, dtype)
+
+
 @pytest.mark.gpu
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "float16"])
-def test_collectives_on_device_buffers(backend, dtype):
+def test_collectives_on_device_buffers(world, backend, all_ranks, dtype):
+    """Every collective of the NCCL and staged backends on CuPy buffers whose contents
+    differ by rank, against the same operation done in NumPy on every rank's input."""
     import cupy as cp
 
-    n = backend.size
-    x = cp.arange(12 * n, dtype=dtype)
-    y = cp.empty_like(x)
-    backend.all_to_all(x, y)
-    cp.testing.assert_array_equal(y, x)  # one rank: identity
+    n, r = backend.size, backend.rank
+    host = np.random.default_rng(17 + r).integers(-8, 8, 12 * n).astype(dtype)
+    every = world.comm.allgather(host)  # every rank's input, for the references
+    x = cp.asarray(host)
+    bad = []
+
+    def check(name, got, want):
+        got = cp.asnumpy(got)
+        if got.shape != want.shape or not np.array_equal(got, want):
+            bad.append(name)
+
+    y = _sentinel(cp, x.size, dtype)
+    backend.all_to_all(x, y).wait()
+    check("all_to_all", y, np.concatenate([e.reshape(n, -1)[r] for e in every]))
     s = x.copy()
-    backend.all_reduce(s, op=ReduceOp.MAX)
-    cp.testing.assert_array_equal(s, x)
-    g = cp.empty(x.size * n, dtype)
+    backend.all_reduce(s, op=ReduceOp.MAX).wait()  # in place
+    check("all_reduce max", s, np.max(every, axis=0))
+    t = _sentinel(cp, x.size, dtype)
+    backend.all_reduce(x, t).wait()
+    check("all_reduce sum", t, np.sum(every, axis=0).astype(dtype))
+    g = _sentinel(cp, x.size * n, dtype)
     backend.all_gather(x, g).wait()
-    cp.testing.assert_array_equal(g, cp.tile(x, n))
-    r = cp.empty(x.size // n, dtype)
-    backend.reduce_scatter(x, r)
-    cp.testing.assert_array_equal(r, x[:r.size])
-    v = cp.empty_like(x)
-    backend.all_to_all_v(x, v, send_counts=[x.size], recv_counts=[x.size])
-    cp.testing.assert_array_equal(v, x)
+    check("all_gather", g, np.concatenate(every))
+    block = x.size // n
+    red = _sentinel(cp, block, dtype)
+    backend.reduce_scatter(x, red).wait()
+    check("reduce_scatter", red, np.sum(every, axis=0).astype(dtype)[r * block:(r + 1) * block])
+    send = [(r + j) % 3 + 1 for j in range(n)]  # what this rank sends to rank j
+    recv = [(i + r) % 3 + 1 for i in range(n)]  # what rank i sends to this rank
+    v = _sentinel(cp, sum(recv), dtype)
+    backend.all_to_all_v(x[:sum(send)], v, send_counts=send, recv_counts=recv).wait()
+    check("all_to_all_v", v, np.concatenate(
+        [e[sum((i + j) % 3 + 1 for j in range(r)):][:recv[i]] for i, e in enumerate(every)]))
     b = x.copy()
-    backend.broadcast(b, root=0)
+    backend.broadcast(b, root=n - 1).wait()
     backend.barrier()
-    cp.testing.assert_array_equal(b, x)
+    check("broadcast", b, every[n - 1])
+    all_ranks(not bad, f"rank {r} ({type(backend).__name__}, {dtype}): wrong {bad}")
 
 
 @pytest.mark.gpu
-def test_group_picks_a_device_backend_for_cupy(world):
+@pytest.mark.mpi(min_size=1)
+def test_group_picks_a_device_backend_for_cupy(world, all_ranks):
+    """A CuPy buffer gets a device backend that reduces device memory in place (the result
+    stays a CuPy array); a NumPy buffer gets a host backend."""
     import cupy as cp
 
+    if not getattr(cp, "STANDIN", False) and cp.cuda.runtime.getDeviceCount() < world.local_size:
+        pytest.skip("a device backend for every rank needs one GPU per rank of a host")
     be = world.world.backend(cp.ones(2))
-    assert be.device
+    host = np.arange(1000, dtype=np.float32) * (world.rank + 1)
+    want = np.empty_like(host)
+    world.comm.Allreduce(host, want)
+    dev = cp.asarray(host)
+    be.all_reduce(dev).wait()
+    plain = world.world.backend(np.ones(2))
+    h = host.copy()
+    plain.all_reduce(h).wait()
+    all_ranks(be.device and isinstance(dev, cp.ndarray) and np.array_equal(dev.get(), want)
+              and not plain.device and np.array_equal(h, want),
+              f"rank {world.rank}: {type(be).__name__} / {type(plain).__name__}")
 
 
 @pytest.mark.gpu

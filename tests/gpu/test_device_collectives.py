@@ -182,9 +182,19 @@ def test_staged_broadcast_of_several_pieces(world, all_ranks):
 
 def test_each_rank_of_a_host_drives_its_own_gpu(world, all_ranks):
     """Emulated nodes share the host's GPUs: the device comes from the rank's place on its
-    real host, never from its place in an emulated node."""
+    real host (found here from the host names), never from its place in an emulated node,
+    and it is the device CuPy works on."""
+    from mpi4py import MPI
+
+    hosts = world.comm.allgather(MPI.Get_processor_name())
+    on_host = [q for q in range(world.size) if hosts[q] == hosts[world.rank]]
+    want = on_host.index(world.rank) % cp.cuda.runtime.getDeviceCount()
     devices = world.comm.allgather(world.device)
-    all_ranks(len(set(devices)) == world.size or not getattr(cp, "STANDIN", False), devices)
+    ok = world.device == want and cp.cuda.Device().id == want
+    ok = ok and cp.zeros(4, cp.float32).device.id == want
+    if getattr(cp, "STANDIN", False) and cp.cuda.runtime.getDeviceCount() >= world.size:
+        ok = ok and len(set(devices)) == world.size  # enough devices: one each
+    all_ranks(ok, f"rank {world.rank}: device {world.device}, expected {want}; all {devices}")
 
 
 def test_two_ranks_on_one_gpu_are_a_clear_error(world, all_ranks):

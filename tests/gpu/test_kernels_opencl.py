@@ -623,8 +623,20 @@ def test_runner_shares_one_buffer_for_one_array_and_refuses_overlaps():
     np.testing.assert_array_equal(dst, np.arange(32) + 1)
 
 
-def test_available_names_its_devices():
+@pytest.mark.parametrize("device", ["pocl", "oclgrind"])
+def test_available_names_its_devices(device):
+    """A device said to be available runs a double-precision kernel; one that is not says
+    why, naming the device or what is missing."""
     with pytest.raises(ValueError, match="device: expected one of"):
         ocl.available("cuda")
-    ok, why = ocl.available("pocl")
-    assert (ok and why is None) or (not ok and why)
+    ok, why = ocl.available(device)
+    if not ok:
+        assert why and (ocl.DEVICES[device] in why or "pyopencl" in why or "fp64" in why), why
+        return
+    assert why is None
+    prog = ocl.Program('extern "C" __global__ void k(double* out) '
+                       '{ const int i = blockIdx.x * blockDim.x + threadIdx.x; '
+                       'out[i] = __dadd_rn(out[i], 0.25 * i); }', device)
+    out = np.full(64, 1.0)
+    prog.launch("k", (2,), (32,), (out,))
+    np.testing.assert_array_equal(out, 1.0 + 0.25 * np.arange(64))

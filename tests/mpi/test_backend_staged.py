@@ -82,8 +82,17 @@ def test_send_recv_in_pieces(world, staged, all_ranks):
     all_ranks(np.array_equal(inc, np.arange(1234) * (((r - 1) % n) + 1)))
 
 
-def test_pool_is_reused_not_grown(world, staged):
-    staged.all_reduce(np.ones(10_000))
-    pool = staged._pool
-    staged.all_reduce(np.ones(50_000))
-    assert staged._pool is pool and pool.nbytes == staged.pool_bytes
+def test_pool_is_reused_not_grown(world, staged, all_ranks):
+    """Calls larger than the pool go through the one pool, piece by piece, and still sum
+    every rank's data."""
+    ok = True
+    pool = None
+    for n in (10_000, 50_000):
+        x = np.arange(n, dtype=np.float64) % 101 * (world.rank + 1)
+        want = np.empty_like(x)
+        world.comm.Allreduce(x, want)
+        staged.all_reduce(x)
+        ok &= np.array_equal(x, want)
+        pool = staged._pool if pool is None else pool
+        ok &= staged._pool is pool and pool.nbytes == staged.pool_bytes
+    all_ranks(ok, f"rank {world.rank}: wrong sum or a new pool")

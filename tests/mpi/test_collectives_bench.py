@@ -102,3 +102,24 @@ def test_bench_times_the_users_call_unless_bare(world, all_ranks, monkeypatch):
             assert abs(data["overhead_us"]["auto"] - (at["auto"] - at["mpi"]) * 1e6) < 1e-6
     # 2 sizes x (1 warm-up + 3 timed) calls at least agree by default; none when bare
     all_ranks(agreements[False] >= 8 and agreements[True] == 0, str(agreements))
+
+
+def test_the_overhead_script_times_every_way_of_calling(world, all_ranks, capsys):
+    """scripts/overhead_bench.py runs each way of calling beside its mpi4py twin and
+    prints one row per way on rank 0, with both times measured."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "overhead_bench.py"
+    spec = importlib.util.spec_from_file_location("overhead_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--iters", "30", "--rounds", "1", "--bytes", "512"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("  ")]
+    if world.rank == 0:
+        times = [(float(r[-4]), float(r[-3])) for r in rows]
+        ok = len(rows) == 10 and all(a > 0 and b > 0 for a, b in times)
+    else:
+        ok = rows == []
+    all_ranks(ok, f"rank {world.rank}: {rows}")

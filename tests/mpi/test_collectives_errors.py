@@ -166,10 +166,18 @@ def test_many_to_many_bad_peers(world, all_ranks):
 
 
 def test_group_still_usable_after_errors(world, all_ranks):
-    x = np.arange(4 * world.size, dtype=np.float32)
-    want = np.empty_like(x)
-    world.comm.Allreduce(x, want)
-    all_ranks(np.array_equal(C.all_reduce(x, np.empty_like(x)), want))
+    """After calls refused on every rank (a count that differs across ranks, an unknown
+    algorithm), the next collectives of the same group move every rank's data."""
+    p, r = world.size, world.rank
+    if p > 1:
+        raises_everywhere(all_ranks, lambda: C.all_reduce(np.zeros(4 + r)), "count")
+    raises_everywhere(all_ranks, lambda: C.all_to_all(np.zeros(4 * p), algo="fastest"), "algo")
+    x = np.arange(4 * p, dtype=np.float32) + 100 * r
+    want_ar, want_a2a = np.empty_like(x), np.empty_like(x)
+    world.comm.Allreduce(x, want_ar)
+    world.comm.Alltoall(x, want_a2a)
+    all_ranks(np.array_equal(C.all_reduce(x, np.empty_like(x)), want_ar)
+              and np.array_equal(C.all_to_all(x), want_a2a))
 
 
 def test_all_to_all_v_counts_that_cannot_be_read_raise_everywhere(world, all_ranks):
@@ -333,3 +341,10 @@ def test_something_that_is_not_a_group_is_named(world, all_ranks, bad):
         msg = str(exc)
     want = {"comm": "got Intracomm", 3: "got int 3", "world": "got str 'world'"}[bad]
     all_ranks("group: expected a neocomm ProcessGroup" in msg and want in msg, msg)
+
+
+def test_the_world_itself_stands_for_its_world_group(world, all_ranks):
+    """``group=world`` (the World that neocomm.init returned) reduces over every rank."""
+    x = np.full(4, world.rank + 1.0)
+    got = C.all_reduce(x, np.empty_like(x), group=world)
+    all_ranks(np.array_equal(got, np.full(4, world.size * (world.size + 1) / 2)))

@@ -70,16 +70,35 @@ def test_prepared_runs_match_plain_calls_as_contents_change(world, rng, all_rank
 
 
 def test_native_host_calls_run_as_one_mpi_call(world, all_ranks):
-    x = np.ones(4 * world.size, np.float32)
-    with C.prepare_all_to_all(x, np.empty_like(x), algo="native") as a, \
-            C.prepare_broadcast(x, algo="native") as b, \
-            C.prepare_all_reduce(x, np.empty_like(x), algo="native") as c:
+    """Native host calls are persistent MPI requests (all_reduce: the blocking call), and
+    each run moves this run's data between the ranks."""
+    p, r = world.size, world.rank
+    xa = np.arange(4 * p, dtype=np.float32) + 100 * r
+    ya = np.empty_like(xa)
+    xb = np.arange(4 * p, dtype=np.float32) + 100 * r  # broadcast in place from the root 0
+    xc = np.arange(4 * p, dtype=np.float32) * (r + 1)
+    yc = np.empty_like(xc)
+    with C.prepare_all_to_all(xa, ya, algo="native") as a, \
+            C.prepare_broadcast(xb, algo="native") as b, \
+            C.prepare_all_reduce(xc, yc, algo="native") as c:
         ok = a.persistent and b.persistent and a.algo == "native"
         ok = ok and not c.persistent and "direct" in repr(c)  # the blocking mpi4py call
-        ok = ok and np.array_equal(c(), np.full(x.size, world.size))
-    with C.prepare_all_reduce(np.ones(3, np.float16)) as d:  # no predefined MPI type here
-        ok = ok and "rerun" in repr(d) and np.array_equal(d(), np.full(3, world.size))
-    all_ranks(ok)
+        for step in range(2):  # a persistent request rerun sees the new contents
+            xa += 1
+            xc += 1
+            xb[:] = np.arange(4 * p) + 100 * r + step
+            want_a, want_c = np.empty_like(xa), np.empty_like(xc)
+            world.comm.Alltoall(xa, want_a)
+            world.comm.Allreduce(xc, want_c)
+            got_a, got_b, got_c = a(), b(), c()  # every rank runs all three, whatever ok is
+            ok &= got_a is ya and np.array_equal(ya, want_a)
+            ok &= np.array_equal(got_b, np.arange(4 * p) + step)  # rank 0's contents
+            ok &= got_c is yc and np.array_equal(yc, want_c)
+    h = np.full(3, world.rank + 1, np.float16)
+    with C.prepare_all_reduce(h) as d:  # no predefined MPI type here
+        got_d = d()
+        ok &= "rerun" in repr(d) and np.array_equal(got_d, np.full(3, p * (p + 1) / 2))
+    all_ranks(ok, f"rank {r}: a prepared native run differs from MPI")
 
 
 def test_a_non_native_algorithm_is_rerun(world, all_ranks):
@@ -95,13 +114,18 @@ def test_a_non_native_algorithm_is_rerun(world, all_ranks):
 
 
 def test_an_outstanding_async_call_is_driven_while_a_prepared_run_waits(world, all_ranks):
-    x = np.ones(4 * world.size, np.float32)
+    p, r = world.size, world.rank
+    x = np.arange(4 * p, dtype=np.float32) + 100 * r
     y = np.empty_like(x)
-    z = np.ones(16, np.float64)
+    z = np.arange(16, dtype=np.float64) * (r + 1)
+    want_x, want_z = np.empty_like(x), np.empty_like(z)
+    world.comm.Alltoall(x, want_x)
+    world.comm.Allreduce(z, want_z)
     with C.prepare_all_to_all(x, y) as prep:
         handle = C.all_reduce(z, async_op=True)
-        ok = prep() is y
-        ok = ok and np.array_equal(handle.wait(), np.full(16, world.size))
+        got = prep()
+        ok = got is y and np.array_equal(y, want_x)
+        ok &= np.array_equal(handle.wait(), want_z)
     all_ranks(ok)
 
 

@@ -55,9 +55,19 @@ def test_out_of_range_id_on_one_rank_raises_on_all(world, all_ranks, coll):
     item = [1, 99] if world.rank == bad else [1, 2]
     _raises_everywhere(all_ranks, lambda: coll.forward(_kjt([0, 1], item)), "'item'", "99",
                        f"rank {bad}")
-    # The collection still works afterwards: nobody was left inside a collective.
-    out = coll.forward(_kjt([0, 1], [1, 2]))
-    all_ranks(out.shape == (2, 7))
+    # The collection still works afterwards: nobody was left inside a collective. The ids
+    # differ by rank and reach rows held by other ranks (users lives on the last rank,
+    # items is cut in row blocks over every rank).
+    rng = np.random.default_rng(11)
+    full = {t.name: rng.standard_normal((t.num_rows, t.dim)) for t in TABLES}
+    for name, w in full.items():
+        coll.load_table(name, w)
+    user = [world.rank % 20, (7 * world.rank + 19) % 20]
+    item = [(11 * world.rank) % 30, 29 - world.rank % 30]
+    out = coll.forward(_kjt(user, item))
+    want = np.concatenate([full["users"][user], full["items"][item]], axis=1)
+    all_ranks(out.shape == (2, 7) and np.allclose(out, want, rtol=0, atol=1e-12),
+              f"rank {world.rank}: pooled rows after the error differ from the tables' rows")
     coll.backward(np.zeros_like(out))
 
 

@@ -37,6 +37,14 @@ def test_live_discovery_matches_the_runtime_grouping(world, all_ranks):
     # every rank holds the same cluster
     texts = world.comm.allgather(to_json(cluster))
     all_ranks(len(set(texts)) == 1)
+    # the host each rank is placed on is the one that rank sees itself, probed there
+    from topology.sysfs import probe_cpus, probe_hostname
+
+    seen = world.comm.allgather((probe_hostname("/"), probe_cpus("/")))
+    all_ranks([p.host for p in cluster.ranks] == [h for h, _ in seen]
+              and [p.rank for p in cluster.ranks] == list(range(world.size))
+              and (cluster.hosts[0].hostname, cluster.hosts[0].cpus) == seen[0],
+              f"{cluster.ranks} vs {seen}")
 
 
 @pytest.mark.mpi(min_size=2)

@@ -199,10 +199,95 @@ def test_the_next_input_dist_starts_before_the_dense_work(world, tmp_path, overl
         all_ranks(events[events.index("optimizer", i) + 1] == "input_dist", f"{events}")
 
 
+def _layout_problems(kind: str, tables, held, size: int) -> list[str]:
+    """What in ``held`` (each rank's list of (table, row, rows, col, cols)) is not a layout
+    of sharding ``kind``: whole tables on one rank, row blocks covering the table on
+    distinct ranks, or a whole replica on every rank."""
+    bad = []
+    split = False
+    for t in tables:
+        boxes = [(r, b[1:]) for r, mine in enumerate(held) for b in mine if b[0] == t.name]
+        whole = (0, t.num_rows, 0, t.dim)
+        if kind == "table_wise" and [b for _, b in boxes] != [whole]:
+            bad.append(f"{t.name}: {boxes}, not one whole table")
+        elif kind == "data_parallel" and (sorted(r for r, _ in boxes) != list(range(size))
+                                          or any(b != whole for _, b in boxes)):
+            bad.append(f"{t.name}: {boxes}, not a whole replica on every rank")
+        elif kind == "row_wise":
+            rows = sorted((b[0], b[1]) for _, b in boxes)
+            ends = [0] + [lo + n for lo, n in rows]
+            if [lo for lo, _ in rows] != ends[:-1] or ends[-1] != t.num_rows \
+                    or any(b[2:] != (0, t.dim) for _, b in boxes) \
+                    or len({r for r, _ in boxes}) != len(boxes):
+                bad.append(f"{t.name}: {boxes}, not row blocks on distinct ranks")
+            split |= len(boxes) > 1
+    if kind == "row_wise" and size > 1 and not split:
+        bad.append("no table is split over several ranks")
+    return bad
+
+
 def test_planner_takes_the_allowed_shardings(world, tmp_path, all_ranks):
+    """plan.shardings limits the planner: the shards the ranks actually hold are laid out
+    as that sharding lays them out, and every layout trains the same model alike."""
     base = shared_dir(world, tmp_path)
     kinds = ("row_wise", "data_parallel", "table_wise") if world.size > 1 else ("table_wise",)
+    curves = {}
     for kind in kinds:
-        t = Trainer(small_config(f"{base}/p", plan={"shardings": [kind]}), world.world)
-        all_ranks(set(t.describe_plan()) == {kind}, f"{kind}: {t.describe_plan()}")
+        t = Trainer(small_config(f"{base}/p-{kind}", plan={"shardings": [kind]}), world.world)
+        mine = [(s.table, s.shard.row_offset, s.shard.num_rows, s.shard.col_offset,
+                 s.shard.num_cols) for s in t.coll.local_shards()]
+        bad = _layout_problems(kind, t.tables, world.comm.allgather(mine), world.size)
+        all_ranks(not bad, f"{kind}: {bad}")
+        curves[kind] = np.array(t.run(3))
         t.close()
+    first = curves[kinds[0]]
+    all_ranks(all(np.allclose(c, first, rtol=2e-5, atol=1e-6) for c in curves.values()),
+              f"losses differ between shardings: {curves}")
+
+
+def test_steps_after_the_first_replay_their_calls_without_agreeing_each(world, tmp_path,
+                                                                       all_ranks, monkeypatch):
+    """The trainer agrees each step's shape once: from the second step on, its
+    collectives run their plans unagreed (only the AlltoAllvs, which agree the sizes
+    their algorithm is chosen for, and the step itself agree), and it trains as a
+    trainer that checks every call does."""
+    from collectives import control as control_mod
+    from neocomm import agree as _agree
+
+    count = [0]
+    real = _agree.Agreement.run
+
+    def counted(self, *args, **kwargs):
+        count[0] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(_agree.Agreement, "run", counted)
+    base = shared_dir(world, tmp_path)
+
+    def per_step(t):
+        out = []
+        for _ in range(STEPS):
+            before = count[0]
+            t.run(1)
+            out.append(count[0] - before)
+        t.close()
+        return out
+
+    fast = Trainer(small_config(f"{base}/trusted"), world.world)
+    trusted = per_step(fast)
+
+    class Checked(control_mod.StepControl):  # every step as if its shape were new
+        def step(self, **shape):
+            self._last = None
+            return super().step(**shape)
+
+    slow = Trainer(small_config(f"{base}/checked"), world.world)
+    slow.control = Checked(world.world, "training step")
+    checked = per_step(slow)
+    a = np.array([l for _, l in fast.losses])
+    b = np.array([l for _, l in slow.losses])
+    all_ranks(fast.control.trusted == STEPS - 1 and slow.control.trusted == 0,
+              f"{fast.control.trusted} {slow.control.trusted}")
+    all_ranks(all(t < c for t, c in zip(trusted[1:], checked[1:])),
+              f"agreements per step: trusted {trusted}, checked {checked}")
+    all_ranks(np.array_equal(a, b), f"trusted {a} vs checked {b}")

@@ -200,6 +200,34 @@ def test_graph_sees_the_packages():
     assert sources == set(LAYERS), f"import graph covers {sorted(sources)}, expected {LAYERS}"
 
 
+def test_the_checks_find_a_planted_upward_import_and_cycle(tmp_path, monkeypatch):
+    """On a small tree of the four packages: an import of a higher layer hidden in a
+    function, and two modules importing each other, are both reported with their lines;
+    imports downwards and the packages run on the way are not."""
+    files = {
+        "topology/__init__.py": "",
+        "topology/probe.py": "def late():\n    from embedding import model\n",
+        "neocomm/__init__.py": "import topology.probe\n",
+        "collectives/__init__.py": "from . import a\n",
+        "collectives/a.py": "from collectives import b\n",
+        "collectives/b.py": "import numpy\nfrom .a import thing\n",
+        "embedding/__init__.py": "",
+        "embedding/model.py": "from collectives.a import thing\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    edges = import_graph()
+    assert [str(e) for e in upward_edges(edges)] == [
+        "topology/probe.py:2: topology.probe imports embedding.model"]
+    found = cycles(edges)
+    assert [members for members, _ in found] == [["collectives.a", "collectives.b"]]
+    assert sorted(str(e) for e in found[0][1]) == [
+        "collectives/a.py:1: collectives.a imports collectives.b",
+        "collectives/b.py:2: collectives.b imports collectives.a"]
+
+
 def test_no_module_imports_a_higher_layer():
     bad = upward_edges(import_graph())
     if bad:

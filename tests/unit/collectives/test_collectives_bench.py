@@ -53,9 +53,14 @@ def test_cli_rejects_bad_arguments(capsys):
 
 
 def test_cli_lists_algorithms(capsys):
+    """--list prints one line per op, in CollectiveOp order, naming exactly the algorithms
+    the registry holds for it, in tie-break order (what --algo and select accept)."""
+    from collectives.algorithms import names
+
     assert cli.run(_parse(["--list"])) == 0
-    out = capsys.readouterr().out
-    assert "all_reduce" in out and "rabenseifner" in out and "sparse" in out
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert [(row[0], row[1:]) for row in rows] == [(op.value, list(names(op)))
+                                                   for op in CollectiveOp]
 
 
 def test_plot_tables(tmp_path):

@@ -116,9 +116,28 @@ def test_bad_calibration_files(tmp_path):
         load_calibration(str(other))
 
 
-def test_names():
-    assert "ring" in names(CollectiveOp.ALL_REDUCE)
-    assert "sparse" in names(CollectiveOp.MANY_TO_MANY)
+def test_names_are_what_select_accepts_in_tie_break_order():
+    """names(op) lists, in tie-break order, exactly the algorithms select() takes by name
+    for op: forced, each is selected or declines with the reason explain() gives; a name
+    of another op's algorithm is unknown for this one."""
+    fab = FabricModel(ranks_per_node=2, nodes=2)
+    every = {a.name for algos in registry().values() for a in algos}
+    for op in CollectiveOp:
+        listed = list(names(op))
+        algos = registry()[op]
+        assert listed == [a.name for a in sorted(algos, key=lambda a: (a.order, a.name))], op
+        req = Request(op, MiB, 4, fab.size, symmetric=3)
+        reasons = {n: r for n, _, r in explain(req, fab)}
+        assert list(reasons) == listed, op
+        for name in listed:
+            if reasons[name] is None:
+                assert select(req, fab, name).name == name, (op, name)
+            else:
+                with pytest.raises(SelectionError, match=f"'{name}' cannot run"):
+                    select(req, fab, name)
+        for name in sorted(every - set(listed)):
+            with pytest.raises(SelectionError, match=f"unknown algorithm '{name}'"):
+                select(req, fab, name)
 
 
 def test_size_bucketed_factors():

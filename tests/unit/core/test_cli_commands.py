@@ -24,12 +24,25 @@ def _with_extra(monkeypatch, *extra: tuple[str, str]):
     monkeypatch.setattr(md, "entry_points", fake)
 
 
-def test_every_command_is_registered_and_loads():
+def test_every_command_is_registered_and_loads(capsys):
+    """Each registered command loads, and ``neocomm NAME --help`` reaches that module's own
+    parser: the usage names the command and lists every option its add_arguments adds."""
+    import argparse
+
     table = cli.commands()
     assert list(table) == EXPECTED, "reinstall (pip install -e .) after changing entry points"
     for name, command in table.items():
         module = command.load()
         assert cli.help_line(module), f"{name}: no HELP line"
+        own = argparse.ArgumentParser(prog=f"neocomm {name}")
+        module.add_arguments(own)
+        options = [a.option_strings[-1] for a in own._actions if a.option_strings]
+        with pytest.raises(SystemExit) as done:
+            cli.main([name, "--help"])
+        out = capsys.readouterr().out
+        assert done.value.code == 0 and out.startswith(f"usage: neocomm {name} "), out
+        missing = [o for o in options if o not in out]
+        assert not missing, f"{name} --help lacks {missing}"
     assert table["bench"].target == "collectives.cli.bench"
     assert table["topo"].target == "topology.cli.topo"
     assert table["train"].target == "embedding.cli.train"

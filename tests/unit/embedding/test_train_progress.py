@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 
 import pytest
@@ -138,4 +139,37 @@ def test_threads_per_rank(monkeypatch):
     monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_SIZE")
     assert ranks_on_host(3) == 3
     assert default_threads(10**6) == 1
-    assert isinstance(limit_blas_threads(default_threads(1)), bool)
+    assert default_threads(1) == len(os.sched_getaffinity(0))
+
+
+def _blas_threads() -> int | None:
+    """The thread count the OpenBLAS loaded into this process reports, or None."""
+    import ctypes
+
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+        libs = sorted({line.split()[-1] for line in fh if "openblas" in line.lower()})
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+                     "openblas_get_num_threads64_", "openblas_get_num_threads"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                return int(fn())
+    return None
+
+
+def test_limit_blas_threads_sets_the_loaded_openblas():
+    import numpy as np
+
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
+    if "openblas" not in blas:
+        assert limit_blas_threads(1) is False  # nothing of ours to set
+        return
+    np.ones((64, 64)) @ np.ones((64, 64))  # BLAS is loaded and has run
+    before = _blas_threads()
+    try:
+        for n in (1, 2, 1):
+            assert limit_blas_threads(n) is True
+            assert _blas_threads() == n
+    finally:
+        limit_blas_threads(before)

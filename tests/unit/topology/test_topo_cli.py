@@ -142,6 +142,21 @@ def test_bad_fabric_options_exit_2(capsys, argv, match):
 
 
 def test_presets_listing(capsys):
+    """Each preset `fabric presets` lists is a spec `fabric validate` takes by that name,
+    described as its file describes it: the fixture host it describes passes it, and a
+    CPU-only host fails every preset that asks for GPUs."""
+    from topology.snapshot import fixture_names
+    from topology.spec import load_spec
+
     rc, out, _ = run(capsys, "fabric", "presets")
-    assert rc == 0 and out.splitlines()[0].startswith("cpu-host")
-    assert any(line.startswith("zionex") for line in out.splitlines())
+    assert rc == 0
+    listed = dict(line.split(None, 1) for line in out.splitlines())
+    assert {"cpu-host", "dgx-a100", "dgx1-v100", "zionex"} <= set(listed)
+    for name, description in listed.items():
+        spec = load_spec(name)
+        assert description == spec.description, name
+        rc, out, err = run(capsys, "fabric", "validate", name, "--fixture", "cpu-host")
+        assert rc == (1 if spec.gpus else 0), (name, rc, out, err)
+        if name in fixture_names():
+            rc, out, _ = run(capsys, "fabric", "validate", name, "--fixture", name)
+            assert rc == 0 and " 0 failed" in out, (name, out)

@@ -38,19 +38,33 @@ def test_malformed_trees(text, match):
         parse_tree(text, "t.tree")
 
 
-def test_fixture_names_and_contents():
+def test_every_fixture_materialises_its_tree_once(host):
+    """Each shipped fixture's tree becomes real files, links and folders (once per
+    process), and discovery reads the hardware the snapshot records."""
+    from topology.snapshot import FIXTURES_DIR
+    from topology.types import PortState
+
     names = fixture_names()
     assert {"dgx-a100", "dgx1-v100", "cpu-host", "dgx-a100-faulty"} <= set(names)
-    fx = fixture("dgx-a100")
-    assert fx.nvidia_smi_topo.startswith("\tGPU0\tGPU1")
-    assert "NIC Legend:" in fx.nvidia_smi_topo
-    header = fx.nvidia_smi_query.splitlines()[0]
-    assert header == "index, name, uuid, pci.bus_id, memory.total [MiB]"
-    rate = fx.root / "sys/class/infiniband/mlx5_0/ports/1/rate"
-    assert rate.read_text() == "200 Gb/sec (4X HDR)\n"
-    assert (fx.root / "sys/class/infiniband/mlx5_0/ports/1/state").read_text() == "4: ACTIVE\n"
-    assert fixture("dgx-a100") is fx  # materialised once per process
+    for name in names:
+        fx = fixture(name)
+        assert fixture(name) is fx  # materialised once per process
+        for kind, rel, value in parse_tree((FIXTURES_DIR / name / "root.tree").read_text()):
+            path = fx.root / rel
+            if kind == "file":
+                assert not path.is_symlink() and path.read_text() == value, rel
+            elif kind == "link":
+                assert path.is_symlink() and os.readlink(path) == value, rel
+            else:
+                assert path.is_dir(), rel
+    a100 = host("dgx-a100")  # the snapshot's sysfs and nvidia-smi texts, discovered
+    nic = a100.nic("mlx5_0")
+    assert nic.rate_gbps == 200.0 and nic.state is PortState.ACTIVE
+    assert [g.index for g in a100.gpus] == list(range(8))
+    assert a100.gpus[0].memory_bytes == 81920 << 20  # "81920 MiB" in the query capture
     cpu = fixture("cpu-host")
     assert cpu.nvidia_smi_topo is None and cpu.nvidia_smi_query is None
+    assert host("cpu-host").gpus == ()
     with pytest.raises(ValueError, match="fixture: expected one of"):
         fixture("no-such-host")
+
