@@ -62,7 +62,7 @@ class Agreement:
     the details (who differs, how) are gathered only when something does.
     """
 
-    __slots__ = ("op", "signature", "call", "vec", "out", "slot", "_msgs")
+    __slots__ = ("op", "signature", "call", "vec", "out", "slot", "_msgs", "_flags", "_sizes")
 
     def __init__(self, op: str, signature: Sequence[tuple[str, int]] = (), call=None,
                  where: str = "", number=None):
@@ -74,6 +74,7 @@ class Agreement:
         self.vec = np.array([0, h, -h, 0, 0, 0, 0, 0], np.int64)
         self.out = np.empty(AGREE_LEN, np.int64)
         self._msgs = None  # ([vec, INT64_T], [out, INT64_T], MAX): made on the first run
+        self._flags, self._sizes = (0, 0), (0, 0)  # what vec holds at [0], [3] and [4:6]
         self.slot = watchdog.Slot(f"argument agreement of {op}{where}", number)
 
     def run(self, comm, problem: "Problem | str | None" = None, fresh: int = 0,
@@ -83,10 +84,11 @@ class Agreement:
         ``[3]`` is the largest ``fresh``, ``[4:6]`` the largest ``sizes`` and ``[6:8]``
         minus the smallest (every rank's sizes are equal when ``[4:6] == -[6:8]``)."""
         vec, out, slot = self.vec, self.out, self.slot
-        vec[0] = 0 if problem is None else 1
-        vec[3] = fresh
-        if sizes is not None:
-            vec[4], vec[5] = sizes
+        flags = (0 if problem is None else 1, fresh)
+        if flags != self._flags:  # (a repeated call writes nothing)
+            vec[0], vec[3] = self._flags = flags
+        if sizes is not None and sizes != self._sizes:
+            vec[4], vec[5] = self._sizes = sizes
             vec[6], vec[7] = -sizes[0], -sizes[1]
         msgs = self._msgs
         if msgs is None:
@@ -96,7 +98,8 @@ class Agreement:
             comm.Allreduce(*msgs)
         finally:
             slot.since = 0.0
-        if out[0] or out[1] != -out[2]:
+        flag, h, minus_h = out[:3].tolist()
+        if flag or h != -minus_h:
             _raise_together(comm, self.op, problem, self.signature, self.call)
         return out
 

@@ -4,7 +4,8 @@
 
 Each row times one way of calling a collective — repeated on the same buffers,
 ``async_op=True`` then ``wait()``, new buffers every call, no ``recvbuf``,
-AlltoAllv with and without receive counts, OneToMany, ManyToMany — as the
+AlltoAllv with and without receive counts, OneToMany, ManyToMany, and calls
+inside a step every rank agreed already (``collectives.control.StepControl``) — as the
 mean of ``--iters`` calls between barriers (the slowest rank's), beside the
 mpi4py call a user of MPI would make for the same exchange, measured in the
 same run; ``overhead`` is the difference. Argument checks and agreement are on,
@@ -14,6 +15,7 @@ is printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -29,6 +31,7 @@ def main(argv=None) -> int:
 
     import neocomm
     import collectives as C
+    from collectives.control import StepControl
     from mpi4py import MPI
 
     world = neocomm.init()
@@ -82,22 +85,34 @@ def main(argv=None) -> int:
          lambda: C.many_to_many(a[:block], [right], [block], recv_peers=[left],
                                 recv_counts=[block], recvbuf=nb)),
     ]
+    # The same calls inside a step every rank agreed already (StepControl): no
+    # per-call agreement.
+    steps = {"all_to_all, in an agreed step": "all_to_all, repeated",
+             "all_reduce, in an agreed step": "all_reduce, repeated",
+             "all_to_all, async, agreed step": "all_to_all, async_op=True"}
+    by_name = {name: (raw, ours) for name, raw, ours in rows}
+    rows += [(name, *by_name[of]) for name, of in steps.items()]
+    control = StepControl(None, "benchmark step")
+    with control.step(calls=1):  # the first step of a shape is checked; the next trusted
+        pass
 
-    def timed(fn) -> float:
-        for _ in range(min(200, args.iters)):
-            fn()
-        comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            fn()
-        dt = (time.perf_counter() - t0) / args.iters
+    def timed(fn, agreed: bool = False) -> float:
+        scope = control.step(calls=1) if agreed else contextlib.nullcontext()
+        with scope:
+            for _ in range(min(200, args.iters)):
+                fn()
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(args.iters):
+                fn()
+            dt = (time.perf_counter() - t0) / args.iters
         return comm.allreduce(dt, op=MPI.MAX) * 1e6
 
     results = {name: ([], []) for name, _, _ in rows}
     for _ in range(args.rounds):
         for name, raw, ours in rows:
             results[name][0].append(timed(raw))
-            results[name][1].append(timed(ours))
+            results[name][1].append(timed(ours, name in steps))
     if r == 0:
         print(f"# per-call time, {p} ranks, {n * 4} bytes per rank, median of {args.rounds} "
               f"rounds of {args.iters} calls (us)")

@@ -1,7 +1,8 @@
 """The backend's own collective (MPI's or NCCL's), as one plug-in among the others.
 
 For ManyToMany it is one dense AlltoAll(v) with zero counts for the ranks
-that exchange nothing. A blocking call uses the backend's blocking
+that exchange nothing; for a OneToMany of one payload to every other rank,
+the backend's broadcast. A blocking call uses the backend's blocking
 collective (MPI's tuned algorithms), an ``async_op=True`` call its
 non-blocking twin.
 """
@@ -23,7 +24,7 @@ class Native(Algorithm):
     ops = frozenset({CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V,
                      CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE,
                      CollectiveOp.ALL_GATHER, CollectiveOp.BROADCAST,
-                     CollectiveOp.MANY_TO_MANY})
+                     CollectiveOp.MANY_TO_MANY, CollectiveOp.ONE_TO_MANY})
     order = 10
 
     def formula(self, request: Request, fabric: FabricModel) -> float:
@@ -45,7 +46,7 @@ class Native(Algorithm):
                                                               overhead=False))
         if op is CollectiveOp.ALL_GATHER:
             return ring.all_gather_seconds(request.nbytes, fabric, overhead=False)
-        if op is CollectiveOp.BROADCAST:
+        if op in (CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY):
             return min(binomial.binomial_seconds(request, fabric, overhead=False),
                        chain.chain_seconds(request, fabric, overhead=False))
         if op is CollectiveOp.MANY_TO_MANY:
@@ -56,6 +57,10 @@ class Native(Algorithm):
 
     def supports(self, request, fabric) -> str | None:
         reason = super().supports(request, fabric)
+        if reason is None and request.op is CollectiveOp.ONE_TO_MANY and (
+                not request.identical or request.peers != request.group_size - 1):
+            reason = "a OneToMany is the backend's broadcast only for one payload to " \
+                     "every other rank"
         if reason is None and not request.device:
             reason = _count_reason(request)
         return reason
@@ -80,6 +85,11 @@ class Native(Algorithm):
             h = b.all_gather(call.sendbuf, call.recvbuf, **kw)
         elif op is CollectiveOp.BROADCAST:
             h = b.broadcast(call.recvbuf, root=call.root, **kw)
+        elif op is CollectiveOp.ONE_TO_MANY:  # one payload to every other rank
+            binomial.local_copy(call)  # (the root among the receivers keeps its own copy)
+            root = call.root
+            h = b.broadcast(call.sendbuf if call.rank == root else call.recvbuf, root=root,
+                            **kw)
         elif op is CollectiveOp.MANY_TO_MANY:
             yield from _dense_many_to_many(call, kw)
             return
@@ -147,6 +157,9 @@ class Native(Algorithm):
             return lambda s, r: allgather([s, t], [r, t])
         if op is CollectiveOp.BROADCAST:
             bcast, root = mpi("Bcast"), call.root
+            return lambda b: bcast([b, t], root)
+        if op is CollectiveOp.ONE_TO_MANY and call.root not in call.members:
+            bcast, root = mpi("Bcast"), call.root  # called with (sendbuf,) or (recvbuf,)
             return lambda b: bcast([b, t], root)
         return None
 

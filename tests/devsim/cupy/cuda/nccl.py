@@ -223,6 +223,9 @@ class NcclCommunicator:
         self._lock = threading.Condition()
         self._issued = itertools.count()
         self._next_run = 0
+        # launches with collectives this rank finished: a peer that finished more has
+        # contributed to the one this rank is in, and waits for nothing of it
+        self._colls_done = 0
         self._skipped: set = set()  # launches that failed to enqueue: their turn passes
         self._aborted: str | None = None
         self._rts: dict[int, collections.deque] = collections.defaultdict(collections.deque)
@@ -378,7 +381,10 @@ class NcclCommunicator:
         try:
             if self._aborted is not None:
                 raise NcclError(ncclSystemError, self._aborted)
-            _Unit(self, ops).run()
+            unit = _Unit(self, ops)
+            unit.run()
+            if unit.colls:
+                self._colls_done += 1
         finally:
             with self._lock:
                 self._next_run += 1
@@ -425,7 +431,8 @@ class _Unit:
         self.colls = [o for o in ops if o.kind not in ("send", "recv")]
         self.summary = {"send_to": dict(collections.Counter(o.peer for o in self.sends)),
                         "recv_from": dict(collections.Counter(o.peer for o in self.recvs)),
-                        "coll": bool(self.colls), "what": self.describe()}
+                        "coll": bool(self.colls), "what": self.describe(),
+                        "colls_done": comm._colls_done}
 
     def describe(self) -> str:
         if len(self.ops) == 1:
@@ -539,7 +546,8 @@ class _Unit:
                 need = f"{waiting_rtr[peer][0].describe()} waits for rank {peer} to post a receive"
             elif waiting_rts.get(peer) and not theirs["send_to"].get(self.me):
                 need = f"{waiting_rts[peer][0].describe()} waits for rank {peer} to post a send"
-            elif self.colls and not theirs["coll"]:
+            elif (self.colls and not theirs["coll"]
+                  and theirs["colls_done"] <= comm._colls_done):  # (else it took part)
                 need = f"{self.colls[0].describe()} waits for rank {peer} to join it"
             if need is None:
                 continue
