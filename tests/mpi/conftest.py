@@ -34,3 +34,19 @@ def all_ranks(world):
 def rng(world) -> np.random.Generator:
     """A generator that differs per rank but is reproducible."""
     return np.random.default_rng(12345 + world.rank)
+
+
+@pytest.fixture
+def agreements(monkeypatch):
+    """How many argument agreements this rank ran (calls' and steps' alike): ``[n]``."""
+    from neocomm import agree
+
+    count = [0]
+    real = agree.Agreement.run
+
+    def counted(self, *args, **kwargs):
+        count[0] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(agree.Agreement, "run", counted)
+    return count

@@ -8,23 +8,8 @@ import pytest
 import collectives as C
 from collectives.control import StepControl
 from neocomm import CollectiveArgumentError
-from neocomm import agree as _agree
 
 pytestmark = pytest.mark.mpi(min_size=1)
-
-
-@pytest.fixture
-def agreements(monkeypatch):
-    """How many agreements this rank ran (steps' and calls' alike)."""
-    count = [0]
-    real = _agree.Agreement.run
-
-    def counted(self, *args, **kwargs):
-        count[0] += 1
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(_agree.Agreement, "run", counted)
-    return count
 
 
 def _one_step(world, b: int, step: int):

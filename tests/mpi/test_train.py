@@ -246,22 +246,14 @@ def test_planner_takes_the_allowed_shardings(world, tmp_path, all_ranks):
 
 
 def test_steps_after_the_first_replay_their_calls_without_agreeing_each(world, tmp_path,
-                                                                       all_ranks, monkeypatch):
+                                                                       all_ranks, agreements):
     """The trainer agrees each step's shape once: from the second step on, its
     collectives run their plans unagreed (only the AlltoAllvs, which agree the sizes
     their algorithm is chosen for, and the step itself agree), and it trains as a
     trainer that checks every call does."""
     from collectives import control as control_mod
-    from neocomm import agree as _agree
 
-    count = [0]
-    real = _agree.Agreement.run
-
-    def counted(self, *args, **kwargs):
-        count[0] += 1
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(_agree.Agreement, "run", counted)
+    count = agreements
     base = shared_dir(world, tmp_path)
 
     def per_step(t):
