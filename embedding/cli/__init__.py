@@ -1,4 +1,4 @@
-"""The embedding layer's commands: ``neocomm plan``, ``neocomm train`` and ``neocomm checkpoint``.
+"""The embedding layer's commands: ``neocomm plan``, ``train``, ``checkpoint`` and ``data``.
 
 Each command module has ``HELP`` (its one-line help), ``add_arguments(parser)``
 and ``run(args) -> int``; the ``neocomm`` dispatcher finds them through the

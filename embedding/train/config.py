@@ -288,7 +288,7 @@ def _cross_check(cfg: TrainConfig, path: str) -> None:
                           f"{d.source.value!r}")
     elif d.source is DataSource.BINARY and (len(d.path) > 1 or len(d.eval_path) > 1):
         raise ConfigError(path, "data.path", "the binary source reads one file (convert "
-                          "several with python -m embedding.data convert)")
+                          "several with neocomm data convert)")
     t = cfg.tables
     if not t.rows and t.preset not in _table_presets():
         raise ConfigError(path, "tables.preset", f"expected one of {_table_presets()}, got "

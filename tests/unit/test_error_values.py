@@ -212,7 +212,10 @@ def test_binary_checksum_error_shows_no_digest(tmp_path):
 
 
 def test_data_cli_records_names_the_flag(capsys):
-    from embedding.data.__main__ import main
+    from neocomm.cli import main as neocomm_main
+
+    def main(argv):  # the data tools, as `neocomm data ...` runs them
+        return neocomm_main(["data", *argv])
 
     with pytest.raises(SystemExit) as info:
         main(["planted-auc", "--records", "0"])

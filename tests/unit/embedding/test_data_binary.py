@@ -203,7 +203,10 @@ def test_read_bounds(tmp_path):
 
 
 def test_command_line_convert(tmp_path, capsys):
-    from embedding.data.__main__ import main
+    from neocomm.cli import main as neocomm_main
+
+    def main(argv):  # the data tools, as `neocomm data ...` runs them
+        return neocomm_main(["data", *argv])
 
     good = "\t".join(["1"] + ["3"] * 13 + ["0000abcd"] * 26)
     (tmp_path / "a.txt").write_text(good + "\n" + good + "\n")

@@ -112,7 +112,10 @@ def test_bad_reads():
 
 
 def test_command_line_reports_planted_auc(capsys):
-    from embedding.data.__main__ import main
+    from neocomm.cli import main as neocomm_main
+
+    def main(argv):  # the data tools, as `neocomm data ...` runs them
+        return neocomm_main(["data", *argv])
 
     assert main(["planted-auc", "--preset", "tiny", "--records", "4096"]) == 0
     out = capsys.readouterr().out

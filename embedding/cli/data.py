@@ -1,14 +1,21 @@
-"""``python -m embedding.data``: measure the synthetic planted-model AUC, convert Criteo text.
+"""``neocomm data``: the data tools — the synthetic planted model's AUC, Criteo text to binary.
 
-    python -m embedding.data planted-auc --preset criteo-1tb-1000x --records 1048576
-    python -m embedding.data convert day_0 day_1 -o train.bin --preset criteo-1tb-1000x
+    neocomm data planted-auc --preset criteo-1tb-1000x --records 1048576
+    neocomm data convert day_0 day_1 -o train.bin --preset criteo-1tb
+
+``planted-auc`` scores the synthetic data's planted model on its own records
+(the best AUC a trained model can approach); ``convert`` hashes Criteo text
+(or ``.gz``) files into neocomm's binary layout. Exit status: 0 done, 1 a bad
+input file (named with its line), 2 bad arguments.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from embedding.data.synthetic import TABLE_PRESETS, SyntheticConfig, planted_auc, table_size_preset
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "data tools: the planted model's AUC, Criteo text to binary"
 
 
 def _positive_int(text: str) -> int:
@@ -21,10 +28,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m embedding.data", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from embedding.data.synthetic import TABLE_PRESETS
+
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    sub = parser.add_subparsers(dest="data_command", required=True, metavar="TOOL")
     p = sub.add_parser("planted-auc", help="AUC of the planted model on synthetic records")
     p.add_argument("--preset", default="criteo-1tb-1000x", choices=list(TABLE_PRESETS))
     p.add_argument("--records", type=_positive_int, default=1 << 20)
@@ -35,8 +44,12 @@ def main(argv=None) -> int:
     c.add_argument("--preset", default="criteo-1tb", choices=list(TABLE_PRESETS),
                    help="table sizes the ids are hashed into")
     c.add_argument("--missing", default="zero", choices=["zero", "empty"])
-    args = parser.parse_args(argv)
-    if args.command == "planted-auc":
+
+
+def run(args) -> int:
+    from embedding.data.synthetic import SyntheticConfig, planted_auc, table_size_preset
+
+    if args.data_command == "planted-auc":
         cfg = SyntheticConfig(table_sizes=table_size_preset(args.preset), seed=args.seed)
         r = planted_auc(cfg, args.records)
         print(f"preset {args.preset} seed {args.seed}: {r['records']} records, planted-model "
@@ -55,7 +68,3 @@ def main(argv=None) -> int:
         return 1
     print(f"wrote {n} records to {args.output}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
