@@ -78,6 +78,28 @@ def test_loss_curve_matches_one_rank(world, tmp_path, all_ranks):
     all_ranks(abs(ev_many["auc"] - ev_alone["auc"]) < 1e-4, f"{ev_many} vs {ev_alone}")
 
 
+def test_evaluation_scores_every_held_out_record_once(world, tmp_path, all_ranks):
+    """100 held-out records in batches of 48: the last 4 count too, once each, and the
+    result is the one-rank result (and the planted model's AUC is taken on the same 100)."""
+    base = shared_dir(world, tmp_path)
+    opts = dict(data={"records": 4800, "eval_records": 100}, train={"steps": 2})
+    many = train(small_config(f"{base}/many", **opts), world.world)
+    alone = train(small_config(f"{tmp_path}/alone{world.rank}", **opts), own_group(world))
+    ev_many, ev_alone = many.last_eval, alone.last_eval
+    all_ranks(ev_many["records"] == ev_alone["records"] == 100, f"{ev_many} {ev_alone}")
+    all_ranks(abs(ev_many["auc"] - ev_alone["auc"]) < 1e-4
+              and abs(ev_many["log_loss"] - ev_alone["log_loss"]) < 1e-6,
+              f"{ev_many} vs one rank {ev_alone}")
+    # the same records as the whole batches plus the last 4, scored one by one
+    from embedding.train.evaluate import planted_auc
+
+    want = many.data.planted.read_with_probabilities(many.data.eval_offset,
+                                                     many.data.eval_offset + 100)
+    from embedding.dense import auc
+
+    all_ranks(planted_auc(many) == auc(want[0].labels, want[1]))
+
+
 def test_overlap_off_trains_the_same(world, tmp_path, all_ranks):
     base = shared_dir(world, tmp_path)
     on = train(small_config(f"{base}/on", train={"bucket_kib": 1}), world.world)
@@ -146,7 +168,7 @@ def test_criteo_text_and_binary_files_train(world, tmp_path, all_ranks):
                                     "eval_path": f"{base}/held.txt"},
                               train={"steps": 3}), world.world)
     all_ranks(text.step == 3 and len(text.tables) == 26, f"{text.step} {len(text.tables)}")
-    all_ranks(text.last_eval["records"] == 96, f"{text.last_eval}")
+    all_ranks(text.last_eval["records"] == 100, f"{text.last_eval}")  # every held-out line
     binary = train(small_config(f"{base}/bin", data={"source": "binary",
                                                      "path": f"{base}/day.bin"},
                                 train={"steps": 3}), world.world)
