@@ -13,19 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from embedding.cli import positive_int as _positive_int
+
 __all__ = ["HELP", "add_arguments", "run"]
 
 HELP = "data tools: the planted model's AUC, Criteo text to binary"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

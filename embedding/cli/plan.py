@@ -13,6 +13,8 @@ import sys
 
 from neocomm.config import parse_size
 
+from embedding.cli import positive_int as _positive_int
+
 __all__ = ["HELP", "add_arguments", "run", "parse_size"]
 
 HELP = "plan the sharding of embedding tables"
@@ -25,16 +27,6 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0 or str(value) != text.strip().lstrip("+"):
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
-    return value
 
 
 def _positive_float(text: str) -> float:
