@@ -116,6 +116,15 @@ def _request(ctx, op, nbytes, itemsize, **kw) -> Request:
                    device=ctx.xp.__name__ != "numpy", uniform_nodes=ctx.layout.uniform, **kw)
 
 
+def _first(state, key, a, b, async_op: bool, plan, bufs):
+    """Run a plan just built and agreed for a call on buffers ``a``, ``b`` (on ``bufs``),
+    without agreeing again; keep it under ``key`` when it runs on the caller's own
+    buffers (not on a copy made apart, nor on one view standing for two)."""
+    if bufs[0] is a and (b is None or bufs[-1] is b):
+        remember(state, key, plan)
+    return plan.first(bufs, async_op)
+
+
 def _replay(state, key, a, b, async_op: bool):
     """What the group's plan of ``key`` returns on these buffers (see
     :meth:`~collectives.plan.Plan.replay`), or MISS: no plan, or one these buffers
@@ -149,9 +158,7 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     if out is not MISS:
         return out
     plan, bufs = _plan_all_to_all(state, sendbuf, recvbuf, async_op, algo, chunk_bytes)
-    if bufs[0] is sendbuf:  # (an exchange in place runs on a copy: no plan to keep)
-        remember(state, key, plan)
-    return plan.first(bufs, async_op)
+    return _first(state, key, sendbuf, recvbuf, async_op, plan, bufs)
 
 
 def _plan_all_to_all(state, sendbuf, recvbuf, async_op, algo, chunk_bytes):
@@ -219,8 +226,7 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
         return out
     plan, bufs = _plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, async_op, algo,
                                       chunk_bytes)
-    remember(state, key, plan)
-    return plan.first(bufs, async_op)
+    return _first(state, key, sendbuf, recvbuf, async_op, plan, bufs)
 
 
 def _plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, async_op, algo,
@@ -293,9 +299,7 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
     if out is not MISS:
         return out
     plan, bufs = _plan_all_reduce(state, sendbuf, recvbuf, op, async_op, algo, chunk_bytes)
-    if len(bufs) == 1 + (recvbuf is not None):  # (two views of one memory: no plan to keep)
-        remember(state, key, plan)
-    return plan.first(bufs, async_op)
+    return _first(state, key, sendbuf, recvbuf, async_op, plan, bufs)
 
 
 def _plan_all_reduce(state, sendbuf, recvbuf, op, async_op, algo, chunk_bytes):
@@ -349,8 +353,7 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     if out is not MISS:
         return out
     plan, bufs = _plan_all_gather(state, sendbuf, recvbuf, async_op, algo, chunk_bytes)
-    remember(state, key, plan)
-    return plan.first(bufs, async_op)
+    return _first(state, key, sendbuf, recvbuf, async_op, plan, bufs)
 
 
 def _plan_all_gather(state, sendbuf, recvbuf, async_op, algo, chunk_bytes):
@@ -393,17 +396,16 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
     Returns ``buf``.
     """
     state = state_of(group)
-    try:
-        key = ("broadcast", algo, chunk_bytes, root, buf.dtype, buf.size)
+    try:  # (a root that is no int, 0.0 or "0", is for the call's checks: no key)
+        key = ("broadcast", algo, chunk_bytes, int(root), buf.dtype, buf.size) \
+            if type(root) is int or isinstance(root, np.integer) else None
     except AttributeError:
         key = None
     out = _replay(state, key, buf, None, async_op)
     if out is not MISS:
         return out
     plan, bufs = _plan_broadcast(state, buf, root, async_op, algo, chunk_bytes)
-    if isinstance(root, int):
-        remember(state, key, plan)
-    return plan.first(bufs, async_op)
+    return _first(state, key, buf, None, async_op, plan, bufs)
 
 
 def _plan_broadcast(state, buf, root, async_op, algo, chunk_bytes):

@@ -20,8 +20,8 @@ from collectives.algorithms import displs
 from collectives.api import _dcode, _flat, _replay, _request, _shown
 from collectives.api_v import _counts_key
 from collectives.fabric import fabric_for
-from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _raise_here, build,
-                              context, remember, stale)
+from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _raise_here, allocator,
+                              build, context, remember, stale)
 from collectives.state import state_of
 from collectives.types import CollectiveOp
 from collectives.validate import check_buffer, check_peer, check_same_dtype, first
@@ -99,11 +99,14 @@ def one_to_many(sendbuf=None, recvbuf=None, *, root: int, ranks: Sequence[int],
 def _key(name, algo, chunk_bytes, sendbuf, recvbuf, *layout):
     """The cache key of a targeted call: this rank's buffers (dtype and size, or None) and
     the call's ``layout`` (peers, counts, root); None when an argument cannot be a key."""
+    def part(x):
+        if x is None or type(x) is int or isinstance(x, np.integer):
+            return x if x is None else int(x)
+        return _counts_key(x)
+
     try:
         mine = tuple(None if x is None else (x.dtype, x.size) for x in (sendbuf, recvbuf))
-        return (name, algo, chunk_bytes) + mine + tuple(
-            None if x is None else _counts_key(x) if not isinstance(x, (int, np.integer))
-            else int(x) for x in layout)
+        return (name, algo, chunk_bytes) + mine + tuple(part(x) for x in layout)
     except (AttributeError, TypeError, ValueError):
         return None
 
@@ -193,13 +196,8 @@ def _o2m_resume(ctx, agreements, role, sendbuf, recvbuf, root, members, cnt, out
         _raise_here(me, kind.value, problem)
     dtype = _dtype_of(code)
     alloc = None
-    if receiver and not identical:
-        n, xp = int(cnt[members.index(me)]), ctx.xp
-
-        def payload(_):  # a receiver's payload, when it passes no buffer
-            return xp.empty(n, dtype=dtype)
-
-        alloc = payload
+    if receiver and not identical:  # a receiver's payload, when it passes no buffer
+        alloc = allocator(ctx.xp, int(cnt[members.index(me)]), dtype)
         if recvbuf is None:
             recvbuf = alloc(None)
     itemsize = dtype.itemsize
@@ -225,8 +223,7 @@ def _o2m_resume(ctx, agreements, role, sendbuf, recvbuf, root, members, cnt, out
                  itemsize=itemsize, fields=fields, bufs=bufs, result_at=result_at,
                  async_op=async_op, agreements=agreements, kind=VPlan, alloc=alloc,
                  sizes=(code, size), resume=resume)
-    if key is not None:
-        remember(ctx.state, key, plan)
+    remember(ctx.state, key, plan)
     return plan.first(bufs, async_op)
 
 
@@ -363,11 +360,7 @@ def _m2m_resume(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out, 
     itemsize = sendbuf.dtype.itemsize
     request = _request(ctx, kind, int(sizes[0]) * itemsize, itemsize,
                        max_block=int(sizes[1]) * itemsize, peers=int(sizes[2]), uniform=False)
-    xp, n = ctx.xp, int(rc.sum())
-
-    def alloc(a):  # the result of a run without recvbuf
-        return xp.empty(n, dtype=a.dtype)
-
+    alloc = allocator(ctx.xp, int(rc.sum()))
     if recvbuf is None:
         recvbuf = alloc(sendbuf)
     fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), send_peers=speers,
@@ -384,6 +377,5 @@ def _m2m_resume(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out, 
                  itemsize=itemsize, fields=fields, bufs=(sendbuf, recvbuf), result_at=1,
                  async_op=async_op, extra=(rpeers, rc), agreements=agreements, kind=VPlan,
                  alloc=alloc, sizes=chosen, resume=resume)
-    if key is not None:
-        remember(ctx.state, key, plan)
+    remember(ctx.state, key, plan)
     return plan.first((sendbuf, recvbuf), async_op)

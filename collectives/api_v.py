@@ -17,8 +17,8 @@ from neocomm.agree import Problem
 from collectives.algorithms import displs
 from collectives.api import (_apart, _call, _check_out, _flat, _replay, _request, _shown,
                              _total)
-from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _raise_here, build, context,
-                              remember, stale)
+from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _raise_here, allocator, build,
+                              context, remember, stale)
 from collectives.state import state_of
 from collectives.types import CollectiveOp
 from collectives.validate import check_buffer, check_counts, same_memory
@@ -98,11 +98,10 @@ class _Sender:
         if last_send() is sendbuf and (recvbuf is None or last_recv() is recvbuf):
             return True
         dev = self.ctx.backend.device
-        problem = check_buffer("sendbuf", sendbuf, device=dev)
-        if problem is None and recvbuf is not None:
-            problem = _check_out(sendbuf, recvbuf, dev) or \
-                (Problem("recvbuf", "in place") if same_memory(sendbuf, recvbuf) else None)
-        if problem is not None:
+        if check_buffer("sendbuf", sendbuf, device=dev) is not None:
+            return False
+        if recvbuf is not None and (_check_out(sendbuf, recvbuf, dev) is not None
+                                    or same_memory(sendbuf, recvbuf)):
             return False
         self._refs = (weakref.ref(sendbuf), None if recvbuf is None else weakref.ref(recvbuf))
         return True
@@ -202,11 +201,7 @@ def _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, ch
                 return plan.first(bufs, async_op)
     request = _request(ctx, op, total * itemsize, itemsize, max_block=block * itemsize,
                        uniform=False)
-    xp, n = ctx.xp, int(rc.sum())
-
-    def alloc(a):  # the result of a run without recvbuf
-        return xp.empty(n, dtype=a.dtype)
-
+    alloc = allocator(ctx.xp, int(rc.sum()))
     if recvbuf is None:
         recvbuf = alloc(sendbuf)
     fields = dict(sendbuf=_flat(sendbuf), recvbuf=_flat(recvbuf), send_counts=sc,
@@ -220,8 +215,7 @@ def _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, ch
                  itemsize=itemsize, fields=fields, bufs=(sendbuf, recvbuf), result_at=1,
                  async_op=async_op, extra=(rc,), agreements=agreements, kind=VPlan,
                  sizes=(total, block), resume=resume, alloc=alloc)
-    if key is not None:
-        remember(ctx.state, key, plan)
+    remember(ctx.state, key, plan)
     if not run:
         return plan, (sendbuf, recvbuf)
     return plan.first((sendbuf, recvbuf), async_op)

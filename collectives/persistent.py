@@ -43,8 +43,8 @@ from neocomm.errors import GroupGoneError
 
 from collectives import api, api_v, progress
 from collectives.plan import LAST_CHOSEN, OP_CODES, array_module, context, fail
+from collectives.progress import MpiRequest
 from collectives.state import state_of
-from collectives.transport import MpiRequest
 from collectives.types import CollectiveOp
 
 __all__ = ["Prepared", "prepare_all_to_all", "prepare_all_to_all_v", "prepare_all_reduce",

@@ -55,7 +55,7 @@ from collectives.validate import check_buffer, overlapping
 from numpy import may_share_memory as _may_share, ndarray as _ndarray
 
 __all__ = ["Plan", "VPlan", "Context", "context", "build", "remember", "fail", "OP_CODES",
-           "LAST_CHOSEN", "MISS", "array_module", "stale"]
+           "LAST_CHOSEN", "MISS", "array_module", "stale", "allocator"]
 
 #: Stable op codes of the collectives layer in agreement signatures.
 OP_CODES = {op: 101 + i for i, op in enumerate(CollectiveOp)}
@@ -77,6 +77,16 @@ def array_module(buf):
     import numpy
 
     return numpy
+
+
+def allocator(xp, n: int, dtype=None):
+    """How a run without a receive buffer makes one: ``n`` elements of ``xp``, of
+    ``dtype`` or the dtype of the buffer it is given."""
+
+    def alloc(a):
+        return xp.empty(n, dtype=a.dtype if dtype is None else dtype)
+
+    return alloc
 
 
 class Context:

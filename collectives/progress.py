@@ -17,7 +17,7 @@ from time import monotonic as _now
 from neocomm import watchdog
 from neocomm.backends.base import CompletedHandle, Handle
 
-__all__ = ["Operation", "Progress", "RequestHandle", "progress_of", "start", "idle", "tag_of",
+__all__ = ["Operation", "MpiRequest", "Progress", "RequestHandle", "progress_of", "start", "idle", "tag_of",
            "TAG_PHASE"]
 
 #: Tag distance between the phases of one operation (lanes use the tags in between).
@@ -64,6 +64,27 @@ class Operation:
                 self._pending = ()
                 self.done = True
         return True
+
+
+class MpiRequest:
+    """An mpi4py request with the handle interface the algorithms (and
+    :mod:`collectives.progress`) use."""
+
+    __slots__ = ("req", "done")
+
+    def __init__(self, req):
+        self.req = req
+        self.done = False
+
+    def test(self) -> bool:
+        if not self.done and self.req.Test():
+            self.done = True
+        return self.done
+
+    def wait(self) -> None:
+        if not self.done:
+            self.req.Wait()
+            self.done = True
 
 
 class Progress:
@@ -160,12 +181,8 @@ class RequestHandle(Handle):
             try:
                 if not active:
                     req.Wait()
-                else:
-                    while not req.Test():
-                        for other in list(active):
-                            other.advance(block=False)
-                        active[:] = [o for o in active if not o.done]
-                        _yield()
+                else:  # the request as a one-step operation, driven with the others
+                    _drive_until(Operation(_steps(MpiRequest(req))), active)
             finally:
                 slot.since = 0.0
             self._done, self._bufs = True, ()
@@ -179,3 +196,8 @@ class RequestHandle(Handle):
 
 def _nothing() -> None:
     return None
+
+
+def _steps(handle):
+    """The steps of an operation that waits for ``handle`` only."""
+    yield (handle,)

@@ -17,28 +17,9 @@ from __future__ import annotations
 
 from neocomm.types import BackendKind
 
-__all__ = ["Transport", "MpiRequest", "transport_for"]
+from collectives.progress import MpiRequest
 
-
-class MpiRequest:
-    """An mpi4py request with the handle interface the algorithms (and
-    :mod:`collectives.progress`) use."""
-
-    __slots__ = ("req", "done")
-
-    def __init__(self, req):
-        self.req = req
-        self.done = False
-
-    def test(self) -> bool:
-        if not self.done and self.req.Test():
-            self.done = True
-        return self.done
-
-    def wait(self) -> None:
-        if not self.done:
-            self.req.Wait()
-            self.done = True
+__all__ = ["Transport", "transport_for"]
 
 
 class Transport:

@@ -10,7 +10,7 @@ from collectives import alphabeta as ab
 from collectives.algorithms import Algorithm, Call
 from collectives.algorithms.binomial import local_copy
 from collectives.chunking import transfer
-from collectives.transport import MpiRequest
+from collectives.progress import MpiRequest
 from collectives.types import CollectiveOp, FabricModel, Request
 
 __all__ = ["Direct", "ALGORITHMS"]
