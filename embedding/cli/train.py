@@ -160,8 +160,9 @@ def _summary(trainer, result, plot_line, out) -> None:
     else:
         w(f"nothing to train: step {result.step} of {trainer.cfg.train.steps} is done")
     if result.auc is not None:
-        line = (f"held-out AUC {result.auc:.4f}, log-loss {result.log_loss:.4f} "
-                f"({trainer.last_eval['records']:,} records)")
+        from embedding.train.loop import describe_eval
+
+        line = describe_eval(trainer.last_eval, thousands=True)
         if result.planted_auc is not None:
             line += f"; the planted model's AUC on them: {result.planted_auc:.4f}"
         w(line)

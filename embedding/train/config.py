@@ -4,9 +4,12 @@ Every section and key is optional; what is left out keeps its default
 (``neocomm train --print-config`` prints them all). Example::
 
     [data]
-    source = "binary"            # synthetic | criteo | binary
+    source = "binary"            # synthetic | criteo | binary | parquet
     path = "train.bin"
     eval_records = 65536
+
+(a Parquet source names its columns: ``label``, ``dense`` and
+``[[data.sparse]]`` tables, see :mod:`embedding.data.schema`)
 
     [tables]
     preset = "criteo-1tb-100x"   # or rows = [1000, 2000, ...]
@@ -37,6 +40,7 @@ import dataclasses
 import os
 from typing import Any, Callable, Mapping
 
+from embedding.data.schema import SchemaError, dense_columns, sparse_features
 from embedding.dense.types import DenseOptimizerConfig, DenseOptimizerKind
 from embedding.train.types import (CheckpointConfig, ConfigError, DataConfig, DataSource,
                                    LoopConfig, ModelConfig, OutputConfig, PlanConfig,
@@ -139,6 +143,17 @@ def _size_text(v):
     return v
 
 
+def _source(v):
+    choices = [s.value for s in DataSource]
+    if v in choices:
+        return v
+    hint = ""
+    if isinstance(v, str) and v.lower() in ("csv", "tsv", "text", "txt"):
+        hint = (f"; convert {v} files to Parquet with: neocomm data convert FILE -o "
+                f"FILE.parquet, then set source = \"parquet\"")
+    raise ValueError(f"expected one of {choices}, got {v!r}{hint}")
+
+
 def _table_presets():
     from embedding.data import TABLE_PRESETS
 
@@ -150,11 +165,13 @@ _DENSE_KINDS = [k.value for k in DenseOptimizerKind]
 
 #: section -> key -> check. Field names follow the dataclasses of embedding.train.types.
 SCHEMA: dict[str, dict[str, Check]] = {
-    "data": {"source": _str([s.value for s in DataSource]), "path": _paths,
+    "data": {"source": _source, "path": _paths,
              "eval_path": _paths, "records": _int(1), "eval_records": _int(1),
              "shuffle": _bool, "broadcast": _bool, "verify": _str(["none", "lazy", "full"]),
              "missing": _str(["zero", "empty"]), "zipf_alpha": _float(positive=True),
-             "logit_std": _float(minimum=0.0), "dense_share": _float(0.0, 1.0)},
+             "logit_std": _float(minimum=0.0), "dense_share": _float(0.0, 1.0),
+             "label": _str(), "dense": dense_columns,
+             "sparse": sparse_features},  # these raise SchemaError, naming their own key
     "tables": {"preset": _str(), "rows": _rows, "cap": _int(0),
                "pooling": _str([p.value for p in Pooling]),
                "id_policy": _str([p.value for p in IdPolicy])},
@@ -218,6 +235,8 @@ def parse_config(data: Mapping[str, Any], path: str = "<config>") -> TrainConfig
                                   f"{sorted(SCHEMA[section])}")
             try:
                 values[section][key] = check(value)
+            except SchemaError as exc:
+                raise ConfigError(path, exc.key, exc.reason) from None
             except ValueError as exc:
                 raise ConfigError(path, f"{section}.{key}", str(exc)) from None
     return _build(values, path)
@@ -282,11 +301,33 @@ def _cross_check(cfg: TrainConfig, path: str) -> None:
     if d.source is DataSource.SYNTHETIC:
         if d.path or d.eval_path:
             raise ConfigError(path, "data.path", "set, but data.source is 'synthetic'; set "
-                              "source = \"criteo\" or \"binary\" to read files")
+                              "source = \"parquet\", \"criteo\" or \"binary\" to read files")
     elif not d.path:
         raise ConfigError(path, "data.path", f"required when data.source is "
                           f"{d.source.value!r}")
-    elif d.source is DataSource.BINARY and (len(d.path) > 1 or len(d.eval_path) > 1):
+    if d.source is DataSource.PARQUET:
+        if not d.label:
+            raise ConfigError(path, "data.label", "required with source = \"parquet\": the "
+                              "name of the 0/1 label column")
+        if not d.sparse:
+            raise ConfigError(path, "data.sparse", "required with source = \"parquet\": "
+                              "one [[data.sparse]] table per categorical feature (name, "
+                              "column, table, pooling)")
+        try:
+            d.schema()._cross_check()
+        except SchemaError as exc:
+            raise ConfigError(path, exc.key, exc.reason) from None
+    else:
+        for key in ("label", "dense", "sparse"):
+            if getattr(d, key):
+                raise ConfigError(path, f"data.{key}", f"names Parquet columns; set source = "
+                                  f"\"parquet\" (data.source is {d.source.value!r})")
+        parquet = [p for p in d.path + d.eval_path if p.endswith(".parquet")]
+        if parquet:
+            raise ConfigError(path, "data.path", f"{parquet[0]} is a Parquet file; set "
+                              f"source = \"parquet\" and name its columns (data.label, "
+                              f"data.dense, [[data.sparse]])")
+    if d.source is DataSource.BINARY and (len(d.path) > 1 or len(d.eval_path) > 1):
         raise ConfigError(path, "data.path", "the binary source reads one file (convert "
                           "several with neocomm data convert)")
     t = cfg.tables
@@ -294,7 +335,8 @@ def _cross_check(cfg: TrainConfig, path: str) -> None:
         raise ConfigError(path, "tables.preset", f"expected one of {_table_presets()}, got "
                           f"{t.preset!r}")
     tr = cfg.train
-    if tr.eval_batch_size and tr.eval_batch_size > d.eval_records:
+    if tr.eval_batch_size and tr.eval_batch_size > d.eval_records and not (
+            d.source is DataSource.PARQUET and d.eval_path):
         raise ConfigError(path, "train.eval_batch_size", f"{tr.eval_batch_size} is larger than "
                           f"the held-out set (data.eval_records = {d.eval_records})")
 
@@ -347,7 +389,7 @@ def config_to_dict(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
             if hasattr(value, "value"):
                 value = value.value
             elif isinstance(value, tuple):
-                value = list(value)
+                value = [x.to_config() if hasattr(x, "to_config") else x for x in value]
             body[key] = value
         out[name] = body
     return out
@@ -371,6 +413,8 @@ def _toml_value(v) -> str:
         return repr(v)
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
     return "[" + ", ".join(_toml_value(x) for x in v) + "]"
 
 

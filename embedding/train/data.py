@@ -121,7 +121,12 @@ class TrainData:
 
     ``planted`` is the synthetic data set behind the held-out records (for
     the planted model's AUC) and ``eval_offset`` where they start in it;
-    None for files.
+    None for files. ``table_sizes`` has one entry per feature: the rows of
+    the table it reads; ``feature_tables`` names that table (default: the
+    feature's own) and ``feature_pooling`` its pooling (default: the
+    config's ``tables.pooling``). ``eval_sets`` are the named evaluation
+    sets (default: ``eval`` alone, as ``held-out``); ``vocabularies`` the
+    Parquet tables' :class:`~embedding.data.parquet.Vocabulary` by table.
     """
 
     train: object
@@ -131,6 +136,15 @@ class TrainData:
     num_dense: int
     planted: SyntheticDataset | None = None
     eval_offset: int = 0
+    feature_tables: tuple[str, ...] = ()
+    feature_pooling: tuple[str, ...] = ()
+    eval_sets: tuple = ()
+    vocabularies: dict | None = None
+
+    @property
+    def evaluation_sets(self) -> tuple[tuple[str, object], ...]:
+        """``(name, data set)`` of every evaluation set, the first being :attr:`eval`."""
+        return tuple(self.eval_sets) or (("held-out", self.eval),)
 
 
 def table_sizes_of(cfg: TrainConfig) -> tuple[int, ...]:
@@ -146,6 +160,8 @@ def open_data(cfg: TrainConfig) -> TrainData:
     """The data sets of ``cfg`` (ConfigError for a misfit config, DataFormatError for bad files)."""
     d = cfg.data
     path = cfg.source
+    if d.source is DataSource.PARQUET:
+        return open_parquet(cfg)
     if d.source is DataSource.SYNTHETIC:
         sizes = table_sizes_of(cfg)
         syn = SyntheticConfig(table_sizes=sizes, seed=cfg.train.seed, zipf_alpha=d.zipf_alpha,
@@ -177,6 +193,70 @@ def open_data(cfg: TrainConfig) -> TrainData:
         train, held = WindowDataset(train, 0, n - d.eval_records), WindowDataset(
             train, n - d.eval_records, n)
     return TrainData(train, held, tuple(sizes), tuple(names), int(num_dense))
+
+
+def _set_names(paths) -> list[str]:
+    """Names of evaluation sets: each path's stem, made unique (``test``, ``test-2``)."""
+    from pathlib import Path
+
+    out: list[str] = []
+    for p in paths:
+        base = Path(p).stem or str(p)
+        name, k = base, 2
+        while name in out:
+            name, k = f"{base}-{k}", k + 1
+        out.append(name)
+    return out
+
+
+def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None) -> TrainData:
+    """The Parquet sets of ``cfg``: every file and column checked, the vocabularies built.
+
+    The vocabularies come from the training files (``path``, held-out
+    records included when there is no ``eval_path``) unless given (a
+    checkpoint's, for scoring). Every ``eval_path`` entry is one evaluation
+    set, its labels checked before anything is trained.
+    """
+    from embedding.data.parquet import ParquetDataset, ParquetSource, check_labels, scan
+
+    d = cfg.data
+    schema = d.schema()
+    train_src = ParquetSource(d.path, schema) if d.path else None
+    if vocabularies is None:
+        stats = scan(train_src, schema)
+        vocabularies, rows = stats.vocabularies, dict(stats.table_rows)
+    else:
+        vocabularies = dict(vocabularies)
+        rows = {}
+        for table, feats in schema.tables().items():
+            if feats[0].encoding == "hash":
+                rows[table] = feats[0].rows
+            elif table in vocabularies:
+                rows[table] = vocabularies[table].num_rows
+            else:
+                raise ConfigError(cfg.source, "data.sparse", f"no vocabulary for table "
+                                  f"{table!r}")
+    train = (ParquetDataset(train_src, schema, vocabularies, rows)
+             if train_src is not None else None)
+    sets = []
+    for name, p in zip(_set_names(d.eval_path), d.eval_path):
+        src = ParquetSource(p, schema)
+        check_labels(src, schema.label)
+        sets.append((name, ParquetDataset(src, schema, vocabularies, rows)))
+    if not sets and train is not None:
+        n = train.num_records
+        if d.eval_records >= n:
+            raise ConfigError(cfg.source, "data.eval_records", f"holding out "
+                              f"{d.eval_records} records leaves none of the {n} records of "
+                              f"{train_src.describe()} to train on; lower it or give "
+                              f"data.eval_path")
+        sets.append(("held-out", WindowDataset(train, n - d.eval_records, n)))
+        train = WindowDataset(train, 0, n - d.eval_records)
+    sizes = tuple(int(rows[f.table]) for f in schema.sparse)
+    return TrainData(train, sets[0][1] if sets else None, sizes, schema.feature_names,
+                     schema.num_dense, feature_tables=tuple(f.table for f in schema.sparse),
+                     feature_pooling=tuple(f.pooling for f in schema.sparse),
+                     eval_sets=tuple(sets), vocabularies=vocabularies)
 
 
 def _binary_sizes(cfg: TrainConfig, train, held) -> tuple[int, ...]:

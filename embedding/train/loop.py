@@ -75,12 +75,15 @@ class Trainer:
     """Trains ``config`` on ``group`` (default: the world); every rank builds one.
 
     ``data`` replaces the data sets of ``config.data`` (tests, custom
-    sources). ``stream`` receives rank 0's progress and messages (default
-    stdout). Construction agrees every fallible step across the group.
+    sources); without training records (``data.train`` None) it can only
+    evaluate and score. ``stream`` receives rank 0's progress and messages
+    (default stdout). ``outputs=False`` writes nothing (no metrics log, no
+    output directory checks): for scoring with a trained model. Construction
+    agrees every fallible step across the group.
     """
 
     def __init__(self, config: TrainConfig, group=None, *, data: TrainData | None = None,
-                 stream=None):
+                 stream=None, outputs: bool = True):
         from neocomm.world import group_or_world
 
         group = group_or_world(group)
@@ -103,10 +106,11 @@ class Trainer:
         fail_together(group, "opening the data", exc)
         self.data = data
         self._setup_threads()
-        self.tables = build_tables(config, data.table_sizes, data.feature_names)
+        self.tables = build_tables(config, data.table_sizes, data.feature_names,
+                                   data.feature_tables, data.feature_pooling)
         self.plan = make_plan(config, self.tables, group)
         m = config.model
-        self.dense_config = DenseConfig(num_dense=data.num_dense, num_sparse=len(self.tables),
+        self.dense_config = DenseConfig(num_dense=data.num_dense, num_sparse=len(data.feature_names),
                                         bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp,
                                         dtype=m.dtype)
         out = Path(config.output.dir)
@@ -114,8 +118,9 @@ class Trainer:
         self.checkpoint_dir = Path(config.checkpoint.dir) if config.checkpoint.dir else \
             out / "checkpoints"
         dense_params = sum(i * o + o for _, i, o in self.dense_config.layer_shapes())
-        check_disk_room(group, [out, self.checkpoint_dir],
-                        checkpoint_bytes(self.plan, self.tables, self.rank, dense_params))
+        if outputs:
+            check_disk_room(group, [out, self.checkpoint_dir],
+                            checkpoint_bytes(self.plan, self.tables, self.rank, dense_params))
         from embedding.collection import ShardedEmbeddingCollection
 
         self.coll = ShardedEmbeddingCollection(
@@ -132,12 +137,15 @@ class Trainer:
         self.timer = PhaseTimer()
         # one agreement per step: its calls replay their plans unagreed while the shape holds
         self.control = StepControl(group, "training step")
-        self._guard = GuardedDataset(data.train, data.num_dense, data.feature_names)
-        self.reader = make_reader(self._guard, tr.batch_size, group,
-                                  broadcast=config.data.broadcast, shuffle=config.data.shuffle,
-                                  seed=tr.seed, feature_names=data.feature_names)
+        self._guard = self.reader = None
+        if data.train is not None:
+            self._guard = GuardedDataset(data.train, data.num_dense, data.feature_names)
+            self.reader = make_reader(self._guard, tr.batch_size, group,
+                                      broadcast=config.data.broadcast,
+                                      shuffle=config.data.shuffle, seed=tr.seed,
+                                      feature_names=data.feature_names)
         self._check_sizes = (data.table_sizes if config.tables.id_policy == "error" else None)
-        self.metrics = MetricsLog(out / "metrics.jsonl", enabled=self.rank == 0)
+        self.metrics = MetricsLog(out / "metrics.jsonl", enabled=outputs and self.rank == 0)
         self.progress = ProgressBar(tr.steps, stream=stream, every=tr.log_every,
                                     enabled=self.rank == 0)
         self.losses: list[tuple[int, float]] = []  # (step, global mean loss) of this run
@@ -204,7 +212,7 @@ class Trainer:
         if self.overlap and has_next:
             self._pending = self._start(step + 1)
         batch = prep.batch
-        b, f = batch.batch_size, len(self.tables)
+        b, f = batch.batch_size, len(self.data.feature_names)
         with timer(Phase.DENSE):
             xp = self.model.xp
             logits = self.model.forward(xp.asarray(batch.dense),
@@ -353,8 +361,7 @@ class Trainer:
         self.last_eval = ev
         self.progress.auc = ev["auc"]
         self.metrics.write("eval", step=self.step, **ev)
-        self.progress.message(f"step {self.step}: held-out AUC {ev['auc']:.4f}, log-loss "
-                              f"{ev['log_loss']:.4f} ({ev['records']} records)")
+        self.progress.message(f"step {self.step}: " + describe_eval(ev))
         return ev
 
     def close(self, drain: bool = True) -> None:
@@ -392,6 +399,18 @@ class Trainer:
         from embedding.train.save import resume
 
         return resume(self, where)
+
+
+def describe_eval(ev: dict, thousands: bool = False) -> str:
+    """``valid AUC 0.7712, log-loss 0.4621, accuracy 0.7890 (10000 records); test ...``."""
+    parts = []
+    for name, m in (ev.get("sets") or {"held-out": ev}).items():
+        records = f"{m['records']:,}" if thousands else str(m["records"])
+        text = f"{name} AUC {m['auc']:.4f}, log-loss {m['log_loss']:.4f}"
+        if "accuracy" in m:
+            text += f", accuracy {m['accuracy']:.4f}"
+        parts.append(f"{text} ({records} records)")
+    return "; ".join(parts)
 
 
 def data_source_name(cfg: TrainConfig) -> str:

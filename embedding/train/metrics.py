@@ -9,7 +9,8 @@ has ``event`` and ``time`` (seconds since the epoch):
 * ``train``: ``step``, ``loss`` (global mean loss of that step), ``loss_avg``
   (mean over the steps since the last record), ``samples_per_s`` (global),
   ``step_ms`` and ``phases_ms`` (rank 0's mean per step of each phase);
-* ``eval``: ``step``, ``auc``, ``log_loss``, ``records``;
+* ``eval``: ``step``, ``auc``, ``log_loss``, ``accuracy``, ``records`` (of the first
+  evaluation set) and ``sets``: the same numbers for every evaluation set by name;
 * ``checkpoint``: ``step``, ``path``, ``seconds``;
 * ``end``: ``step``, ``seconds``, ``samples``, ``auc``; ``error``: ``step``, ``message``.
 

@@ -20,7 +20,8 @@ from embedding.checkpoint import (Checkpoint, CheckpointError, CheckpointMismatc
                                   CheckpointWriter, latest_checkpoint, prune)
 from embedding.dense import NonFiniteError
 from embedding.train.setup import fail_together
-from embedding.train.state import check_state, dense_arrays, load_dense, load_shards, shard_arrays
+from embedding.train.state import (check_state, check_vocabularies, dense_arrays, load_dense,
+                                   load_shards, shard_arrays, vocabulary_arrays)
 
 __all__ = ["save", "resume", "manifest_state"]
 
@@ -28,7 +29,10 @@ _log = logging.getLogger(__name__)
 
 
 def manifest_state(trainer) -> dict:
-    """The JSON state of the manifest: step, data position, model and optimizer kinds."""
+    """The JSON state of the manifest: step, data position, model and optimizer kinds, and the
+    whole configuration (``neocomm predict`` rebuilds the model from it)."""
+    from embedding.train.config import config_to_dict
+
     cfg = trainer.cfg
     if trainer._pending is not None:  # the next batch is already read: its position
         position = trainer._pending[0].position
@@ -42,7 +46,8 @@ def manifest_state(trainer) -> dict:
                     else "sequential", "seed": cfg.train.seed,
                     "epoch": position.get("epoch")},
             "global_batch_size": cfg.train.batch_size, "world_size": trainer.size,
-            "eval": trainer.last_eval, **trainer.state_expectations()}
+            "eval": trainer.last_eval, "config": config_to_dict(cfg),
+            **trainer.state_expectations()}
 
 
 def save(trainer) -> Path:
@@ -52,6 +57,7 @@ def save(trainer) -> Path:
     arrays, slices = shard_arrays(trainer.coll, trainer.plan, rank)
     if rank == 0:
         arrays.update(dense_arrays(trainer.model, trainer.optimizer))
+        arrays.update(vocabulary_arrays(trainer.data.vocabularies))
     writer = CheckpointWriter(trainer.checkpoint_dir, step, rank, trainer.size)
     exc = None
     for name, a in arrays.items():
@@ -129,6 +135,7 @@ def _load(trainer, ckpt: Checkpoint) -> None:
     ckpt.check_compatible(trainer.tables, arrays={
         "dense/params": ((model.buffers.numel,), model.dtype.str)})
     check_state(ckpt, trainer.state_expectations())
+    check_vocabularies(ckpt, trainer.data.vocabularies)
     state = ckpt.state
     if int(state.get("global_batch_size", -1)) != cfg.train.batch_size:
         raise CheckpointMismatchError(
@@ -141,4 +148,5 @@ def _load(trainer, ckpt: Checkpoint) -> None:
             path=str(ckpt.path), field="seed")
     load_shards(ckpt, trainer.coll, trainer.plan, trainer.rank)
     load_dense(ckpt, model, trainer.optimizer)
-    trainer.reader.load_state_dict(state["reader"])
+    if trainer.reader is not None:  # (a model loaded for scoring has no training reader)
+        trainer.reader.load_state_dict(state["reader"])

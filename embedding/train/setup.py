@@ -82,15 +82,30 @@ def fail_together(group, what: str, exc: BaseException | None = None, *, step: i
         raise err from (exc if exc is not None else None)
 
 
-def build_tables(cfg: TrainConfig, table_sizes, feature_names) -> list[TableConfig]:
-    """One table per feature, named after it, of the model's dimension and sparse optimizer."""
+def build_tables(cfg: TrainConfig, table_sizes, feature_names, feature_tables=(),
+                 feature_pooling=()) -> list[TableConfig]:
+    """The tables the features read, of the model's dimension and sparse optimizer.
+
+    ``table_sizes`` has one entry per feature (its table's rows). A feature
+    reads the table named in ``feature_tables`` (default: a table of its own,
+    named after it); features naming one table share it. ``feature_pooling``
+    is per feature (default ``tables.pooling``).
+    """
     if len(table_sizes) != len(feature_names):
         raise ConfigError(cfg.source, "tables.rows", f"the data has {len(feature_names)} sparse "
                           f"features, the tables are {len(table_sizes)}")
-    return [TableConfig(name=f, num_rows=int(n), dim=cfg.model.embedding_dim,
-                        pooling=Pooling(cfg.tables.pooling), features=(f,),
-                        dtype=cfg.model.dtype, optimizer=cfg.sparse_optimizer)
-            for f, n in zip(feature_names, table_sizes)]
+    names = tuple(feature_tables) or tuple(feature_names)
+    pooling = tuple(feature_pooling) or (cfg.tables.pooling,) * len(feature_names)
+    grouped: dict[str, list] = {}
+    for f, t, n, p in zip(feature_names, names, table_sizes, pooling):
+        grouped.setdefault(t, []).append((f, int(n), p))
+    out = []
+    for t, feats in grouped.items():
+        out.append(TableConfig(name=t, num_rows=feats[0][1], dim=cfg.model.embedding_dim,
+                               pooling=Pooling(feats[0][2]),
+                               features=tuple(f for f, _, _ in feats), dtype=cfg.model.dtype,
+                               optimizer=cfg.sparse_optimizer))
+    return out
 
 
 def id_policy_of(cfg: TrainConfig) -> IdPolicy:

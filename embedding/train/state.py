@@ -87,6 +87,46 @@ def dense_arrays(model, optimizer) -> dict:
     return out
 
 
+def vocabulary_arrays(vocabularies: dict | None) -> dict:
+    """The data's vocabularies as checkpoint arrays ``data/vocabulary/<table>/<part>``."""
+    out = {}
+    for table, vocab in (vocabularies or {}).items():
+        for part, arr in vocab.to_arrays().items():
+            out[f"data/vocabulary/{table}/{part}"] = arr
+    return out
+
+
+def read_vocabularies(ckpt) -> dict:
+    """The vocabularies a checkpoint holds (``{}`` when its data had none)."""
+    from embedding.data.parquet import Vocabulary
+
+    parts: dict[str, dict] = {}
+    for name in ckpt.names():
+        if name.startswith("data/vocabulary/"):
+            table, part = name[len("data/vocabulary/"):].rsplit("/", 1)
+            parts.setdefault(table, {})[part] = ckpt.read_array(name)
+    return {t: Vocabulary.from_arrays(t, p) for t, p in parts.items()}
+
+
+def check_vocabularies(ckpt, vocabularies: dict | None) -> None:
+    """Refuse a checkpoint whose vocabularies differ from the data's: its rows would mean
+    other values (the training files changed between the runs)."""
+    saved = read_vocabularies(ckpt)
+    mine = dict(vocabularies or {})
+    for table in sorted(set(saved) | set(mine)):
+        a, b = saved.get(table), mine.get(table)
+        same = (a is not None and b is not None and a.num_rows == b.num_rows
+                and a.values.equals(b.values.cast(a.values.type)))
+        if not same:
+            told = (f"{a.num_rows} rows" if a is not None else "none")
+            now = (f"{b.num_rows} rows" if b is not None else "none")
+            raise CheckpointMismatchError(
+                f"table {table!r}: the checkpoint's vocabulary ({told}) is not the one of the "
+                f"training data ({now}); its rows would stand for other values. Train from "
+                f"the same files, or start afresh", path=str(ckpt.path),
+                field=f"{table}.vocabulary")
+
+
 def load_shards(ckpt, collection, plan, rank: int) -> int:
     """Fill this rank's shards (weights and sparse optimizer state) from ``ckpt``.
 

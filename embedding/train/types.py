@@ -28,6 +28,7 @@ class DataSource(enum.Enum):
     SYNTHETIC = "synthetic"  # Criteo-shaped records with a planted model (embedding.data)
     CRITEO = "criteo"        # Criteo text files (.gz too), parsed into memory
     BINARY = "binary"        # the checksummed binary format (memory-mapped)
+    PARQUET = "parquet"      # Parquet files with named columns (label, dense, [[data.sparse]])
 
 
 class Phase(enum.Enum):
@@ -58,10 +59,14 @@ class Phase(enum.Enum):
 class DataConfig:
     """``[data]``: the record source and its held-out split.
 
-    ``path`` (and ``eval_path``) are Criteo text files or one binary file.
-    Without ``eval_path`` the last ``eval_records`` records of ``path`` are
-    held out. ``records`` is the size of a synthetic training set.
-    ``broadcast`` reads on rank 0 only and sends each rank its slice.
+    ``path`` (and ``eval_path``) are Criteo text files, one binary file, or
+    Parquet files and directories. Without ``eval_path`` the last
+    ``eval_records`` records of ``path`` are held out; with Parquet, each
+    entry of ``eval_path`` is an evaluation set of its own. ``records`` is
+    the size of a synthetic training set. ``broadcast`` reads on rank 0 only
+    and sends each rank its slice. ``label``, ``dense`` and ``sparse`` (the
+    ``[[data.sparse]]`` tables) name a Parquet source's columns
+    (:mod:`embedding.data.schema`).
     """
 
     source: DataSource = DataSource.SYNTHETIC
@@ -76,6 +81,15 @@ class DataConfig:
     zipf_alpha: float = 1.1
     logit_std: float = 1.42
     dense_share: float = 0.3
+    label: str = ""
+    dense: tuple = ()
+    sparse: tuple = ()
+
+    def schema(self):
+        """The :class:`~embedding.data.schema.DataSchema` of ``label``, ``dense``, ``sparse``."""
+        from embedding.data.schema import DataSchema
+
+        return DataSchema(self.label, tuple(self.dense), tuple(self.sparse))
 
 
 @dataclass(frozen=True)

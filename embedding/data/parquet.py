@@ -1,0 +1,683 @@
+"""Parquet input: named columns read by row groups and encoded into the trainer's batches.
+
+:class:`ParquetSource` is one file, a list of files or a directory of
+``*.parquet`` files, seen as one sequence of records (files in the order
+given, a directory's in name order). Opening it checks what can be checked
+before anything is trained: every path exists and is a Parquet file with
+records, every column the :class:`~embedding.data.schema.DataSchema` names
+is there with a type it can take, and every file has the types of the
+first.
+
+:func:`scan` reads the columns once and returns :class:`DataStats`: per
+column its type, null share, distinct values and list lengths, the label's
+values (a label that is not 0/1 is refused here), and the vocabulary of
+every table with ``encoding = "vocabulary"`` (:class:`Vocabulary`).
+
+:class:`ParquetDataset` reads ``[start, stop)`` of the records as a
+:class:`~embedding.data.batch.Batch`: it decodes only the row groups the
+range touches and keeps the last few decoded (``cache_row_groups``), so
+memory is bounded by a few row groups whatever the file size.
+
+The stable hash of ``encoding = "hash"`` (:func:`stable_hash`): integers
+(any width, read as int64) are mixed by splitmix64's finaliser of their
+two's-complement uint64; strings by 64-bit FNV-1a of their UTF-8 bytes, then
+the same finaliser. The row is the hash modulo the table's rows. It depends
+on nothing but the value: not on the process, the platform or the order.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from embedding.data.batch import Batch
+from embedding.data.schema import DataSchema, SparseFeature
+from embedding.data.synthetic import _mix64
+from embedding.data.types import DataFormatError
+
+__all__ = ["ParquetSource", "ParquetDataset", "Vocabulary", "ColumnStats", "DataStats", "scan",
+           "check_labels", "describe_rows", "stable_hash", "hash_strings", "hash_ints"]
+
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+def _pa():
+    try:
+        import pyarrow
+        import pyarrow.compute  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - a core dependency
+        raise DataFormatError(f"reading Parquet needs pyarrow ({exc}); pip install pyarrow")
+    return pyarrow
+
+
+# ------------------------------------------------------------------------ hashing
+def hash_ints(values) -> np.ndarray:
+    """splitmix64's finaliser of each int64 value's two's complement (uint64)."""
+    with np.errstate(over="ignore"):
+        return _mix64(np.asarray(values, np.int64).view(np.uint64))
+
+
+def hash_strings(values) -> np.ndarray:
+    """64-bit FNV-1a of each string's UTF-8 bytes, then splitmix64's finaliser (uint64).
+
+    ``values`` is a pyarrow string array without nulls, or a sequence of str.
+    """
+    pa = _pa()
+    arr = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(
+        list(values), pa.large_string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = pa.concat_arrays(arr.chunks) if arr.num_chunks else pa.array([], pa.large_string())
+    arr = arr.cast(pa.large_string())
+    n = len(arr)
+    h = np.full(n, _FNV_OFFSET, np.uint64)
+    if n == 0:
+        return _mix64(h)
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], np.int64)[arr.offset:arr.offset + n + 1]
+    data = (np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8))
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    order = np.argsort(-lengths, kind="stable")  # longest first: the active set is a prefix
+    sl, ss = lengths[order], starts[order]
+    hs = h[order]
+    with np.errstate(over="ignore"):
+        for j in range(int(sl[0]) if n else 0):
+            k = int(np.count_nonzero(sl > j))  # strings longer than j: the first k
+            hs[:k] = (hs[:k] ^ data[ss[:k] + j].astype(np.uint64)) * _FNV_PRIME
+        h[order] = hs
+        return _mix64(h)
+
+
+def stable_hash(values) -> np.ndarray:
+    """The stable hash (uint64) of ints or strings, as the ``hash`` encoding uses it."""
+    pa = _pa()
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+            return hash_strings(values)
+        return hash_ints(np.asarray(values.to_numpy(zero_copy_only=False), np.int64))
+    seq = list(values)
+    if seq and all(isinstance(v, str) for v in seq):
+        return hash_strings(seq)
+    return hash_ints(np.asarray(seq, np.int64))
+
+
+# ---------------------------------------------------------------------- the files
+def _kind(t) -> str:
+    """``int``, ``float``, ``bool``, ``string``, ``list<int>``, ``list<string>``... or ``other``."""
+    pa = _pa()
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_dictionary(t):
+        return _kind(t.value_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return f"list<{_kind(t.value_type)}>"
+    return "other"
+
+
+def _expand(paths: Sequence) -> list[Path]:
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            files = sorted(q for q in p.iterdir() if q.suffix == ".parquet" and q.is_file())
+            if not files:
+                raise DataFormatError("a directory with no .parquet files", path=str(p))
+            out.extend(files)
+        elif p.exists():
+            out.append(p)
+        else:
+            hint = ""
+            if p.suffix in (".csv", ".tsv", ".txt", ".gz"):
+                hint = " (convert text files with: neocomm data convert FILE -o FILE.parquet)"
+            raise DataFormatError(f"no such file or directory{hint}", path=str(p))
+    if not out:
+        raise DataFormatError("no files given")
+    return out
+
+
+class ParquetSource:
+    """Parquet files seen as one sequence of records; checked against ``schema`` when given.
+
+    ``row_groups`` lists ``(file index, row group, first record, records)``.
+    """
+
+    def __init__(self, paths, schema: DataSchema | None = None, *, columns=None,
+                 label_optional: bool = False):
+        pa = _pa()
+        import pyarrow.parquet as pq
+
+        self.paths = _expand(paths)
+        self.schema = schema
+        self.files = []
+        self.row_groups: list[tuple[int, int, int, int]] = []
+        first_types = None
+        total = 0
+        for i, p in enumerate(self.paths):
+            try:
+                f = pq.ParquetFile(p)
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise DataFormatError(f"not a Parquet file ({exc})", path=str(p)) from None
+            self.files.append(f)
+            types = {name: f.schema_arrow.field(name).type for name in f.schema_arrow.names}
+            if f.metadata.num_rows == 0:
+                raise DataFormatError("no records (an empty file)", path=str(p))
+            if first_types is None:
+                first_types = types
+                self.arrow_schema = f.schema_arrow
+            wanted = (schema.columns() if schema is not None else
+                      (list(columns) if columns is not None else list(first_types)))
+            if schema is not None and label_optional and schema.label not in first_types:
+                wanted = [c for c in wanted if c != schema.label]
+            for col in wanted:
+                if col not in types:
+                    raise DataFormatError(f"no column {col!r}; it has {sorted(types)}",
+                                          path=str(p))
+                if i and col in first_types and types[col] != first_types[col]:
+                    raise DataFormatError(
+                        f"column {col!r} is {types[col]}, but {self.paths[0]} has it as "
+                        f"{first_types[col]}; every file needs the same types", path=str(p))
+            for g in range(f.metadata.num_row_groups):
+                n = f.metadata.row_group(g).num_rows
+                if n:
+                    self.row_groups.append((i, g, total, n))
+                    total += n
+        self.num_records = total
+        self.types = first_types
+        #: whether the files have the schema's label (scoring data may not)
+        self.has_label = schema is None or schema.label in first_types
+        #: the columns a reader decodes: the schema's that the files have
+        self.read_columns = (tuple(c for c in schema.columns() if c in first_types)
+                             if schema is not None else tuple(wanted))
+        if schema is not None:
+            self._check_types(schema)
+        self._starts = np.array([r[2] for r in self.row_groups] + [total], np.int64)
+
+    def kind(self, column: str) -> str:
+        return _kind(self.types[column])
+
+    def _check_types(self, schema: DataSchema) -> None:
+        where = str(self.paths[0])
+        k = self.kind(schema.label) if self.has_label else "bool"
+        if k not in ("bool", "int", "float"):
+            raise DataFormatError(f"label column {schema.label!r} is {self.types[schema.label]}; "
+                                  f"expected 0/1 integers or booleans", path=where)
+        for d in schema.dense:
+            k = self.kind(d.column)
+            if k not in ("bool", "int", "float"):
+                raise DataFormatError(f"dense column {d.column!r} is "
+                                      f"{self.types[d.column]}; expected numbers (a "
+                                      f"categorical column goes under [[data.sparse]])",
+                                      path=where)
+        for f in schema.sparse:
+            k = self.kind(f.column)
+            base = k[5:-1] if k.startswith("list<") else k
+            if base not in ("int", "string"):
+                raise DataFormatError(f"sparse feature {f.name!r}: column {f.column!r} is "
+                                      f"{self.types[f.column]}; expected integers or strings, "
+                                      f"or lists of them", path=where)
+            if f.multi_valued is False and k.startswith("list<"):
+                raise DataFormatError(f"sparse feature {f.name!r}: column {f.column!r} is a "
+                                      f"list column ({self.types[f.column]}) but the feature "
+                                      f"is declared multi_valued = false", path=where)
+            if f.multi_valued is True and not k.startswith("list<"):
+                raise DataFormatError(f"sparse feature {f.name!r}: column {f.column!r} is "
+                                      f"{self.types[f.column]}, not a list, but the feature is "
+                                      f"declared multi_valued = true", path=where)
+        for table, feats in schema.tables().items():
+            bases = {self.kind(f.column).removeprefix("list<").removesuffix(">")
+                     for f in feats}
+            if len(bases) > 1:
+                raise DataFormatError(f"table {table!r} is read by columns of different "
+                                      f"value types ({', '.join(f'{f.column}: {self.kind(f.column)}' for f in feats)}); "
+                                      f"features of one table need one value type", path=where)
+
+    def read_row_group(self, index: int, columns: Iterable[str]):
+        """Row group ``index`` (of :attr:`row_groups`) as a pyarrow Table of ``columns``."""
+        fi, g, _, _ = self.row_groups[index]
+        try:
+            return self.files[fi].read_row_group(g, columns=list(columns))
+        except Exception as exc:  # pyarrow raises its own kinds for corrupt pages
+            raise DataFormatError(f"row group {g} cannot be read ({exc})",
+                                  path=str(self.paths[fi])) from None
+
+    def locate(self, record: int) -> int:
+        """Index (into :attr:`row_groups`) of the row group holding ``record``."""
+        return int(np.searchsorted(self._starts, record, side="right")) - 1
+
+    def where(self, index: int) -> str:
+        """``FILE, row group G`` of row group ``index`` (for messages)."""
+        fi, g, _, _ = self.row_groups[index]
+        return f"{self.paths[fi]}, row group {g}"
+
+    def describe(self) -> str:
+        names = ", ".join(str(p) for p in self.paths[:3])
+        more = f" and {len(self.paths) - 3} more" if len(self.paths) > 3 else ""
+        return f"{names}{more}"
+
+
+# --------------------------------------------------------------------- the columns
+def _flat(column, pa):
+    """``(values, lengths)``: the non-null values of a scalar or list column, and per row
+    how many (a null row or list: 0, null elements skipped)."""
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray):
+        column = (pa.concat_arrays(column.chunks) if column.num_chunks else
+                  pa.array([], column.type))
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    n = len(column)
+    if _kind(column.type).startswith("list<"):
+        values = pc.list_flatten(column)
+        parents = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)
+        if values.null_count:
+            keep = pc.is_valid(values)
+            values = values.filter(keep)
+            parents = parents[keep.to_numpy(zero_copy_only=False)]
+        lengths = np.bincount(parents, minlength=n).astype(np.int32)
+    else:
+        if column.null_count:
+            keep = pc.is_valid(column)
+            values = column.filter(keep)
+            lengths = keep.to_numpy(zero_copy_only=False).astype(np.int32)
+        else:
+            values, lengths = column, np.ones(n, np.int32)
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    if pa.types.is_integer(values.type):  # any width; uint64 past 2**63 wraps (same hash)
+        values = values.cast(pa.int64(), safe=False)
+    elif pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        values = values.cast(pa.large_string())
+    return values, lengths
+
+
+@dataclass
+class Vocabulary:
+    """A table's distinct values, most frequent first: value ``values[i]`` is row ``i + 1``.
+
+    Row 0 is for values not in it. ``counts`` are their training counts.
+    """
+
+    table: str
+    values: object  # pyarrow array: int64 or large_string
+    counts: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.values) + 1
+
+    def lookup(self, values) -> np.ndarray:
+        """Rows (int64) of ``values`` (a pyarrow array of the vocabulary's type): 0 if unknown."""
+        import pyarrow.compute as pc
+
+        idx = pc.index_in(values, value_set=self.values)
+        return np.asarray(idx.fill_null(-1).to_numpy(zero_copy_only=False), np.int64) + 1
+
+    # saved as arrays (checkpoints): int64 values, or UTF-8 bytes and int64 offsets
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        pa = _pa()
+        out = {"counts": np.asarray(self.counts, np.int64)}
+        if pa.types.is_integer(self.values.type):
+            out["ints"] = np.asarray(self.values.to_numpy(zero_copy_only=False), np.int64)
+        else:
+            arr = self.values.cast(pa.large_string())
+            bufs = arr.buffers()
+            off = np.frombuffer(bufs[1], np.int64)[arr.offset:arr.offset + len(arr) + 1]
+            data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(
+                0, np.uint8)
+            out["offsets"] = (off - off[0]).astype(np.int64)
+            out["bytes"] = np.ascontiguousarray(data[off[0]:off[-1]])
+        return out
+
+    @classmethod
+    def from_arrays(cls, table: str, arrays: dict) -> "Vocabulary":
+        pa = _pa()
+        counts = np.asarray(arrays["counts"], np.int64)
+        if "ints" in arrays:
+            values = pa.array(np.asarray(arrays["ints"], np.int64), pa.int64())
+        else:
+            off = np.asarray(arrays["offsets"], np.int64)
+            values = pa.Array.from_buffers(pa.large_string(), len(off) - 1,
+                                           [None, pa.py_buffer(off.tobytes()),
+                                            pa.py_buffer(np.asarray(arrays["bytes"],
+                                                                    np.uint8).tobytes())])
+        return cls(table, values, counts)
+
+
+@dataclass
+class ColumnStats:
+    """One column: its type, records, nulls, distinct values (ints and strings), lengths."""
+
+    column: str
+    type: str
+    records: int = 0
+    nulls: int = 0
+    distinct: int | None = None
+    min_length: int | None = None
+    max_length: int | None = None
+    mean_length: float | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+
+    @property
+    def null_share(self) -> float:
+        return self.nulls / self.records if self.records else 0.0
+
+    def to_dict(self) -> dict:
+        out = {"column": self.column, "type": self.type, "records": self.records,
+               "nulls": self.nulls, "null_share": round(self.null_share, 6)}
+        for k in ("distinct", "min_length", "max_length", "mean_length", "minimum", "maximum"):
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = v
+        return out
+
+
+@dataclass
+class DataStats:
+    """What :func:`scan` found: per column, the label's counts, the tables' vocabularies."""
+
+    records: int
+    columns: dict
+    positives: int | None
+    vocabularies: dict
+    table_rows: dict
+
+    def to_dict(self) -> dict:
+        return {"records": self.records, "positives": self.positives,
+                "columns": [c.to_dict() for c in self.columns.values()],
+                "tables": dict(self.table_rows)}
+
+
+class _Counter:
+    """Value counts merged across row groups (a pyarrow table of values and counts)."""
+
+    def __init__(self):
+        self.parts = []
+        self.pending = 0
+
+    def add(self, values) -> None:
+        import pyarrow.compute as pc
+
+        if len(values):
+            vc = pc.value_counts(values)
+            self.parts.append(vc)
+            self.pending += len(vc)
+            if self.pending > (1 << 22) and len(self.parts) > 1:
+                self.parts = [self.merged_struct()]
+                self.pending = len(self.parts[0])
+
+    def merged(self):
+        pa = _pa()
+        if not self.parts:
+            return pa.table({"values": pa.array([], pa.int64()),
+                             "counts": pa.array([], pa.int64())})
+        t = pa.Table.from_arrays([pa.chunked_array([p.field("values") for p in self.parts]),
+                                  pa.chunked_array([p.field("counts") for p in self.parts])],
+                                 names=["values", "counts"])
+        if len(self.parts) > 1:
+            t = t.group_by("values").aggregate([("counts", "sum")]).rename_columns(
+                ["values", "counts"])
+        return t
+
+    def merged_struct(self):
+        pa = _pa()
+        t = self.merged().combine_chunks()
+        return pa.StructArray.from_arrays([t.column("values").chunk(0),
+                                           t.column("counts").chunk(0)],
+                                          names=["values", "counts"])
+
+
+def _vocabulary(table: str, feature: SparseFeature, counter: _Counter) -> Vocabulary:
+    pa = _pa()
+    import pyarrow.compute as pc
+
+    t = counter.merged()
+    if feature.min_count > 1:
+        t = t.filter(pc.greater_equal(t.column("counts"), feature.min_count))
+    order = pc.sort_indices(t, sort_keys=[("counts", "descending"), ("values", "ascending")])
+    t = t.take(order)
+    if feature.rows:
+        t = t.slice(0, feature.rows - 1)
+    values = t.column("values")
+    values = (pa.concat_arrays(values.chunks) if values.num_chunks else
+              pa.array([], values.type))
+    counts = np.asarray(t.column("counts").to_numpy(), np.int64)
+    return Vocabulary(table, values, counts)
+
+
+def scan(source: ParquetSource, schema: DataSchema | None = None, *,
+         columns: Sequence[str] | None = None) -> DataStats:
+    """Read the columns once: per column stats, the label's check, the vocabularies.
+
+    With ``schema``: its columns, its label checked to be 0/1 (a DataFormatError
+    names the file, the row and the value), its tables' rows (a vocabulary's
+    size, or ``rows`` of a hashed one). Without: ``columns`` (default all).
+    """
+    pa = _pa()
+    import pyarrow.compute as pc
+
+    cols = list(schema.columns() if schema is not None else (columns or source.types))
+    stats = {c: ColumnStats(c, str(source.types[c])) for c in cols}
+    counters = {c: _Counter() for c in cols
+                if source.kind(c).removeprefix("list<").removesuffix(">") in ("int", "string")
+                and (schema is None or c != schema.label)}
+    sums: dict[str, float] = {}
+    positives = 0 if schema is not None else None
+    for index in range(len(source.row_groups)):
+        t = source.read_row_group(index, cols)
+        for c in cols:
+            col = t.column(c)
+            s = stats[c]
+            n = len(col)
+            s.records += n
+            s.nulls += col.null_count
+            kind = source.kind(c)
+            if kind.startswith("list<"):
+                lens = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False)
+                s.min_length = int(lens.min()) if s.min_length is None else min(
+                    s.min_length, int(lens.min()))
+                s.max_length = int(lens.max()) if s.max_length is None else max(
+                    s.max_length, int(lens.max()))
+                sums[c] = sums.get(c, 0.0) + float(lens.sum())
+            elif kind in ("int", "float", "bool") and col.null_count < n:
+                mm = pc.min_max(col.cast(pa.float64()) if kind == "bool" else col)
+                lo, hi = mm["min"].as_py(), mm["max"].as_py()
+                if lo is not None:
+                    s.minimum = float(lo) if s.minimum is None else min(s.minimum, float(lo))
+                    s.maximum = float(hi) if s.maximum is None else max(s.maximum, float(hi))
+            if c in counters:
+                counters[c].add(_flat(col, pa)[0])
+        if schema is not None:
+            positives += _check_labels(t.column(schema.label), source, index)
+    for c, s in stats.items():
+        if s.min_length is not None:
+            s.mean_length = round(sums.get(c, 0.0) / max(s.records, 1), 4)
+        if c in counters:
+            s.distinct = len(counters[c].merged())
+    vocabularies, table_rows = {}, {}
+    if schema is not None:
+        for table, feats in schema.tables().items():
+            f = feats[0]
+            if f.encoding == "hash":
+                table_rows[table] = f.rows
+                continue
+            merged = _Counter()
+            for g in {x.column for x in feats}:
+                merged.parts.extend(counters[g].parts)
+            vocab = _vocabulary(table, f, merged)
+            vocabularies[table] = vocab
+            table_rows[table] = vocab.num_rows
+    return DataStats(source.num_records, stats, positives, vocabularies, table_rows)
+
+
+def check_labels(source: ParquetSource, label: str) -> int:
+    """Read ``label`` of every row group: DataFormatError unless 0/1; returns the positives."""
+    return sum(_check_labels(source.read_row_group(i, [label]).column(label), source, i)
+               for i in range(len(source.row_groups)))
+
+
+def _check_labels(col, source: ParquetSource, index: int) -> int:
+    """Positives in ``col``; DataFormatError at the first null or value other than 0/1."""
+    pa = _pa()
+    import pyarrow.compute as pc
+
+    if col.null_count:
+        row = int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
+        raise DataFormatError(f"label column: a null label at row {row} of the row group",
+                              path=source.where(index))
+    if pa.types.is_boolean(col.type):
+        return int(pc.sum(col.cast(pa.int64())).as_py() or 0)
+    arr = np.asarray(col.to_numpy(), np.float64)
+    bad = (arr != 0) & (arr != 1)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        value = col[row].as_py()
+        raise DataFormatError(f"label column: {value!r} at row {row} of the row group is not "
+                              f"0 or 1", path=source.where(index))
+    return int(arr.sum())
+
+
+# -------------------------------------------------------------------- the data set
+class ParquetDataset:
+    """Records of ``source`` as batches of ``schema``'s features (a reader's data set).
+
+    ``vocabularies`` maps each ``encoding = "vocabulary"`` table to its
+    :class:`Vocabulary` (from :func:`scan` of the *training* data; an
+    evaluation set uses the training vocabularies). ``table_rows`` are the
+    tables' sizes; a hashed id is taken modulo its table's.
+    """
+
+    def __init__(self, source: ParquetSource, schema: DataSchema, vocabularies: dict,
+                 table_rows: dict, *, cache_row_groups: int = 4, check_labels: bool = True):
+        self.source = source
+        self.schema = schema
+        self.vocabularies = dict(vocabularies)
+        self.table_rows = dict(table_rows)
+        self.num_records = source.num_records
+        self.feature_names = schema.feature_names
+        self.num_dense = schema.num_dense
+        self.cache_row_groups = max(1, int(cache_row_groups))
+        self.check_labels = bool(check_labels)
+        self._cache: OrderedDict[int, Batch] = OrderedDict()
+        for table, feats in schema.tables().items():
+            if feats[0].encoding == "vocabulary" and table not in self.vocabularies:
+                raise ValueError(f"vocabularies: no vocabulary for table {table!r}")
+
+    def read(self, start: int, stop: int) -> Batch:
+        if not 0 <= start <= stop <= self.num_records:
+            raise ValueError(f"start/stop: expected 0 <= start <= stop <= {self.num_records}, "
+                             f"got {start}, {stop}")
+        if start == stop:
+            return self._encode_empty()
+        parts = []
+        i = self.source.locate(start)
+        pos = start
+        while pos < stop:
+            _, _, first, n = self.source.row_groups[i]
+            chunk = self._row_group(i)
+            a, b = pos - first, min(stop, first + n) - first
+            parts.append(chunk if (a, b) == (0, n) else chunk.slice(a, b))
+            pos = first + b
+            i += 1
+        return parts[0] if len(parts) == 1 else Batch.concat(parts)
+
+    def _row_group(self, index: int) -> Batch:
+        hit = self._cache.get(index)
+        if hit is not None:
+            self._cache.move_to_end(index)
+            return hit
+        table = self.source.read_row_group(index, self.source.read_columns)
+        batch = self.encode(table, index=index)
+        self._cache[index] = batch
+        while len(self._cache) > self.cache_row_groups:
+            self._cache.popitem(last=False)
+        return batch
+
+    def _encode_empty(self) -> Batch:
+        f = len(self.schema.sparse)
+        return Batch(np.zeros((0, self.num_dense), np.float32), np.zeros(0, np.float32),
+                     tuple(np.zeros(0, np.int64) for _ in range(f)),
+                     tuple(np.zeros(0, np.int32) for _ in range(f)), self.feature_names)
+
+    def encode(self, table, *, index: int = -1) -> Batch:
+        """A pyarrow Table with the schema's columns as a :class:`Batch`."""
+        pa = _pa()
+        import pyarrow.compute as pc
+
+        s = self.schema
+        n = table.num_rows
+        if s.label in table.column_names:
+            col = table.column(s.label)
+            if self.check_labels:
+                _check_labels(col, self.source, index)
+            labels = np.asarray(col.cast(pa.float32()).fill_null(0).to_numpy(), np.float32)
+        else:  # scoring data without labels
+            labels = np.zeros(n, np.float32)
+        dense = np.zeros((n, s.num_dense), np.float32)
+        j = 0
+        for d in s.dense:
+            col = table.column(d.column)
+            if pa.types.is_boolean(col.type):
+                col = col.cast(pa.float32())
+            x = np.array(col.cast(pa.float64()).fill_null(np.nan).to_numpy(), np.float64)
+            missing = np.isnan(x)
+            x[missing] = d.fill
+            dense[:, j] = x
+            j += 1
+            if d.indicator:
+                dense[:, j] = missing
+                j += 1
+        values, lengths = [], []
+        for f in s.sparse:
+            vals, lens = _flat(table.column(f.column), pa)
+            values.append(self._rows(f, vals))
+            lengths.append(lens)
+        return Batch(dense, labels, tuple(values), tuple(lengths), self.feature_names)
+
+    def _rows(self, f: SparseFeature, vals) -> np.ndarray:
+        if f.encoding == "hash":
+            return (stable_hash(vals) % np.uint64(self.table_rows[f.table])).astype(np.int64)
+        return self.vocabularies[f.table].lookup(vals)
+
+
+def describe_rows(dataset: ParquetDataset, start: int, stop: int) -> list[str]:
+    """Rows ``[start, stop)`` as lines: the label, the dense features as the model gets them,
+    each sparse feature's raw values and the table rows they become."""
+    src, schema = dataset.source, dataset.schema
+    batch = dataset.read(start, stop)
+    raw: dict[str, list] = {c: [] for c in src.read_columns}
+    pos = start
+    while pos < stop:  # the raw values of the same rows, row group by row group
+        i = src.locate(pos)
+        _, _, first, n = src.row_groups[i]
+        b = min(stop, first + n)
+        t = src.read_row_group(i, src.read_columns).slice(pos - first, b - pos)
+        for c in raw:
+            raw[c].extend(t.column(c).to_pylist())
+        pos = b
+    offsets = [batch.offsets(f) for f in range(batch.num_sparse)]
+    lines = []
+    for r in range(stop - start):
+        label = f"{raw[schema.label][r]!r}" if src.has_label else "(none)"
+        dense = ", ".join(f"{name}={batch.dense[r, j]:g}"
+                          for j, name in enumerate(schema.dense_names))
+        lines.append(f"row {start + r}: label {label}" + (f"; dense {dense}" if dense else ""))
+        for f, feat in enumerate(schema.sparse):
+            ids = batch.values[f][offsets[f][r]:offsets[f][r + 1]].tolist()
+            lines.append(f"    {feat.name}: {raw[feat.column][r]!r} -> rows {ids} "
+                         f"(table {feat.table}, {feat.encoding}, {feat.pooling})")
+    return lines

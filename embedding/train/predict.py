@@ -1,0 +1,184 @@
+"""Scoring with a trained model: one score per input row, the input's key columns kept.
+
+:func:`predict` rebuilds the model from a checkpoint alone — its manifest
+holds the training configuration and the data's vocabularies — plans its
+tables for the ranks at hand (any number: shards are re-read for the new
+plan), scores every row of a Parquet file (a list of files or a
+directory) exactly as held-out evaluation does, and has rank 0 write
+``OUT.parquet``: the kept columns, then ``score`` (the predicted
+probability, float32) and ``logit`` (float32), in the input's row order.
+The input needs the model's feature columns; its label column is optional
+(when there, the AUC on it is reported too).
+
+By default the kept columns are the input's columns the model does not
+read as features (keys, the label); ``keep`` names them instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+
+from embedding.train.types import ConfigError, DataSource
+
+__all__ = ["predict", "find_checkpoint"]
+
+
+def find_checkpoint(where) -> Path:
+    """``where`` itself when it is a checkpoint, else the latest complete one under it
+    (a checkpoint root, or an output directory with ``checkpoints/``)."""
+    from embedding.checkpoint import CheckpointError, latest_checkpoint
+
+    p = Path(where)
+    if (p / "manifest.json").exists():
+        return p
+    for root in (p, p / "checkpoints"):
+        if root.is_dir():
+            found = latest_checkpoint(root)
+            if found is not None:
+                return found
+    raise CheckpointError("no checkpoint there (expected a checkpoint directory, its parent "
+                          "or a training output directory)", path=str(p))
+
+
+def _scoring_config(ckpt, data, batch_size):
+    from embedding.train.config import parse_config
+
+    raw = ckpt.state.get("config")
+    if not isinstance(raw, dict):
+        raise ConfigError(str(ckpt.path), "", "this checkpoint does not record its training "
+                          "configuration (written by an older neocomm); it cannot be used "
+                          "for predictions")
+    cfg = parse_config(raw, f"{ckpt.path} (its training configuration)")
+    if cfg.data.source is not DataSource.PARQUET:
+        raise ConfigError(str(ckpt.path), "data.source", f"the model was trained on "
+                          f"{cfg.data.source.value!r} data; predictions read Parquet with the "
+                          f"model's named columns (train on Parquet to use them)")
+    paths = (data,) if isinstance(data, (str, os.PathLike)) else tuple(data)
+    train = cfg.train
+    if batch_size:
+        train = dataclasses.replace(train, eval_batch_size=int(batch_size))
+    return dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, path=(), eval_path=tuple(map(str, paths)),
+                                      broadcast=False),
+        train=train, plan=dataclasses.replace(cfg.plan, file=""),
+        checkpoint=dataclasses.replace(cfg.checkpoint, resume=""))
+
+
+def predict(checkpoint, data, out, *, keep=None, group=None, batch_size: int | None = None,
+            device: str | None = None) -> dict:
+    """Score every row of ``data`` with the model of ``checkpoint`` into ``out`` (Parquet).
+
+    Every rank of ``group`` calls it; failures are agreed and raised on every
+    rank. Returns ``{"rows", "out", "checkpoint", "step", "columns"}`` and,
+    when the input has labels, ``"auc"``, ``"log_loss"``, ``"accuracy"``.
+    """
+    from embedding.checkpoint import Checkpoint, CheckpointError
+    from embedding.data.parquet import ParquetDataset, ParquetSource
+    from embedding.data.types import DataFormatError
+    from embedding.train.data import TrainData
+    from embedding.train.evaluate import metrics_of, score
+    from embedding.train.loop import Trainer
+    from embedding.train.save import resume
+    from embedding.train.setup import fail_together
+    from embedding.train.state import read_vocabularies
+    from neocomm.world import group_or_world
+
+    group = group_or_world(group)
+    exc, cfg, tdata, ckpt, kept = None, None, None, None, ()
+    try:
+        if not str(out).endswith(".parquet"):
+            raise ConfigError("command line", "--out", f"expected a .parquet file, got {out!r}")
+        ckpt = Checkpoint(find_checkpoint(checkpoint))
+        cfg = _scoring_config(ckpt, data, batch_size)
+        if device is not None:
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device=device))
+        schema = cfg.data.schema()
+        vocab = read_vocabularies(ckpt)
+        rows = {}
+        for table, feats in schema.tables().items():
+            rows[table] = feats[0].rows if feats[0].encoding == "hash" else \
+                vocab[table].num_rows
+        src = ParquetSource(cfg.data.eval_path, schema, label_optional=True)
+        dataset = ParquetDataset(src, schema, vocab, rows)
+        kept = _kept_columns(src, schema, keep)
+        tdata = TrainData(None, dataset, tuple(rows[f.table] for f in schema.sparse),
+                          schema.feature_names, schema.num_dense,
+                          feature_tables=tuple(f.table for f in schema.sparse),
+                          feature_pooling=tuple(f.pooling for f in schema.sparse),
+                          eval_sets=(("input", dataset),), vocabularies=vocab)
+    except (ConfigError, CheckpointError, DataFormatError, ValueError, OSError, KeyError) as e:
+        exc = e
+    fail_together(group, "loading the model for predictions", exc)
+    trainer = Trainer(cfg, group, data=tdata, outputs=False)
+    try:
+        resume(trainer, str(ckpt.path))
+        logits, labels = score(trainer, tdata.eval, "prediction")
+    finally:
+        trainer.close()
+    result = {"rows": int(logits.size), "out": str(out), "checkpoint": str(ckpt.path),
+              "step": trainer.step, "columns": list(kept) + ["score", "logit"]}
+    if tdata.eval.source.has_label and logits.size:
+        try:
+            result.update({k: v for k, v in metrics_of(logits, labels).items()
+                           if k != "records"})
+        except ValueError:  # one class only: no AUC, the scores stand
+            pass
+    exc = None
+    if group.rank == 0:
+        try:
+            _write(tdata.eval.source, kept, logits, out)
+        except (OSError, ValueError) as e:
+            exc = e
+    fail_together(group, "writing the predictions", exc)
+    return result
+
+
+def _kept_columns(src, schema, keep) -> tuple[str, ...]:
+    from embedding.data.types import DataFormatError
+
+    if keep is None:
+        features = {d.column for d in schema.dense} | {f.column for f in schema.sparse}
+        keep = tuple(c for c in src.types if c not in features)
+    keep = tuple(keep)
+    for c in keep:
+        if c not in src.types:
+            raise DataFormatError(f"--keep: no column {c!r}; it has {sorted(src.types)}",
+                                  path=str(src.paths[0]))
+        if c in ("score", "logit"):
+            raise DataFormatError(f"the input has a column {c!r}, the name the predictions "
+                                  f"file gives its own; name the columns to keep without it "
+                                  f"(--keep)", path=str(src.paths[0]))
+    return keep
+
+
+def _write(src, kept, logits, out) -> None:
+    """The kept columns row group by row group, with the scores, atomically into ``out``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out)
+    if out.parent and not out.parent.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    prob = (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
+    writer = None
+    try:
+        for index, (_, _, first, n) in enumerate(src.row_groups):
+            cols = src.read_row_group(index, kept) if kept else pa.table({})
+            table = pa.table({**{c: cols.column(c) for c in kept},
+                              "score": pa.array(prob[first:first + n]),
+                              "logit": pa.array(logits[first:first + n].astype(np.float32))})
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, table.schema)
+            writer.write_table(table)
+        writer.close()
+        writer = None
+        os.replace(tmp, out)
+    finally:
+        if writer is not None:
+            writer.close()
+        if tmp.exists():
+            tmp.unlink()
