@@ -128,6 +128,24 @@ class Batch:
         return Batch(self.dense[start:stop], self.labels[start:stop], tuple(values),
                      tuple(lengths), self.feature_names)
 
+    def take(self, rows) -> "Batch":
+        """Records ``rows`` (any order, repeats allowed) as a new batch."""
+        rows = np.asarray(rows, np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.batch_size):
+            raise ValueError(f"rows: expected indices in [0, {self.batch_size}), got "
+                             f"{int(rows.min())}..{int(rows.max())}")
+        values, lengths = [], []
+        for f in range(self.num_sparse):
+            off = self.offsets(f)
+            n = self.lengths[f][rows]
+            total = int(n.sum())
+            # the ids of row rows[k] are off[rows[k]] + 0..n[k]-1, laid out one row after another
+            first = np.repeat(off[rows] - (np.cumsum(n) - n), n)
+            values.append(self.values[f][first + np.arange(total)])
+            lengths.append(n)
+        return Batch(self.dense[rows], self.labels[rows], tuple(values), tuple(lengths),
+                     self.feature_names)
+
     def shard(self, rank: int, world_size: int) -> "Batch":
         """The part of this (global) batch that ``rank`` of ``world_size`` takes."""
         return self.slice(*shard_bounds(self.batch_size, rank, world_size))

@@ -595,6 +595,33 @@ class ParquetDataset:
             i += 1
         return parts[0] if len(parts) == 1 else Batch.concat(parts)
 
+    def blocks(self) -> list[tuple[int, int]]:
+        """``(first record, records)`` of every row group: what a shuffle permutes whole."""
+        return [(first, n) for _, _, first, n in self.source.row_groups]
+
+    def read_records(self, records) -> Batch:
+        """Records ``records`` (any order), each row group decoded once; the cache grows to
+        the row groups one call touches (a shuffle window's)."""
+        records = np.asarray(records, np.int64)
+        if records.size == 0:
+            return self._encode_empty()
+        if records.min() < 0 or records.max() >= self.num_records:
+            raise ValueError(f"records: expected indices in [0, {self.num_records})")
+        starts = self.source._starts
+        group = np.searchsorted(starts, records, side="right") - 1
+        order = np.argsort(group, kind="stable")
+        needed = np.unique(group)
+        self.cache_row_groups = max(self.cache_row_groups, needed.size)
+        parts, where = [], np.empty(records.size, np.int64)
+        pos = 0
+        for g in needed:
+            sel = order[group[order] == g]
+            parts.append(self._row_group(int(g)).take(records[sel] - starts[g]))
+            where[sel] = pos + np.arange(sel.size)
+            pos += sel.size
+        whole = parts[0] if len(parts) == 1 else Batch.concat(parts)
+        return whole.take(where)
+
     def _row_group(self, index: int) -> Batch:
         hit = self._cache.get(index)
         if hit is not None:

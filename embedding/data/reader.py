@@ -5,7 +5,8 @@ Batch`` (:class:`~embedding.data.binary.BinaryDataset`,
 :class:`~embedding.data.synthetic.SyntheticDataset`). Global batch ``i`` of
 epoch ``e`` is records ``[p(i) B, (p(i) + 1) B)`` where ``p`` is the identity
 or, with ``shuffle``, a permutation drawn from ``(seed, e)``; rank ``r`` of
-``n`` takes rows ``[r B/n, (r + 1) B/n)`` of it. The sequence of global
+``n`` takes rows ``[r B/n, (r + 1) B/n)`` of it. With ``shuffle_window``
+the records themselves are shuffled instead (:class:`RecordShuffle`). The sequence of global
 batches therefore depends on the seed only, never on the world size.
 
 :class:`BroadcastReader` lets one reader rank read whole global batches and
@@ -19,7 +20,8 @@ import numpy as np
 
 from embedding.data.batch import Batch, shard_bounds
 
-__all__ = ["Dataset", "ShardedReader", "BroadcastReader", "Transport", "one_to_many_transport"]
+__all__ = ["Dataset", "ShardedReader", "BroadcastReader", "Transport", "one_to_many_transport",
+           "RecordShuffle", "take"]
 
 
 class Dataset(Protocol):
@@ -36,6 +38,89 @@ class Dataset(Protocol):
 Transport = Callable[[list | None, int], np.ndarray]
 
 
+def take(dataset, records) -> Batch:
+    """Records ``records`` (any order) of ``dataset``: its own ``read_records`` when it has
+    one, else one ``read`` per run of consecutive records."""
+    records = np.asarray(records, np.int64)
+    own = getattr(dataset, "read_records", None)
+    if own is not None:
+        return own(records)
+    order = np.argsort(records, kind="stable")
+    sorted_ = records[order]
+    breaks = np.flatnonzero(np.diff(sorted_) != 1) + 1
+    parts = [dataset.read(int(run[0]), int(run[-1]) + 1)
+             for run in np.split(sorted_, breaks) if run.size]
+    whole = parts[0] if len(parts) == 1 else Batch.concat(parts)
+    # whole holds sorted_ (each distinct run once); put the rows back in the asked order
+    pos = np.empty(records.size, np.int64)
+    pos[order] = np.arange(records.size)
+    return whole.take(pos) if not np.array_equal(pos, np.arange(records.size)) else whole
+
+
+class RecordShuffle:
+    """An epoch's order of the records: blocks shuffled, then records within windows.
+
+    The records fall into blocks (``dataset.blocks()``, a Parquet file's row
+    groups, when it has them; else runs of ``block`` records). An epoch
+    permutes the blocks, cuts the permuted sequence into windows of about
+    ``window`` records, and permutes the records within each window, each
+    permutation drawn from ``(seed, epoch, ...)``. Every record comes once
+    per epoch, records from different files and row groups mix, and a batch
+    only touches the blocks of one or two windows, so a reader keeps at most
+    a window's blocks decoded. The order depends on the seed and the epoch
+    only: a resumed run reads the same records.
+    """
+
+    def __init__(self, dataset, window: int, seed: int, block: int = 8192):
+        n = int(dataset.num_records)
+        blocks = getattr(dataset, "blocks", None)
+        spans = list(blocks()) if blocks is not None else [
+            (a, min(block, n - a)) for a in range(0, n, block)]
+        self.starts = np.array([a for a, _ in spans], np.int64)
+        self.sizes = np.array([m for _, m in spans], np.int64)
+        self.window = max(1, int(window))
+        self.seed = int(seed)
+        self.num_records = n
+        self._epoch = None
+        self._cache: dict[int, np.ndarray] = {}
+
+    def _layout(self, epoch: int):
+        if self._epoch != epoch:
+            rng = np.random.default_rng([self.seed, epoch, 0])
+            order = rng.permutation(len(self.sizes))
+            sizes = self.sizes[order]
+            ends = np.cumsum(sizes)
+            # window w holds the permuted blocks whose start falls in [w W, (w + 1) W)
+            win = (ends - sizes) // self.window
+            edges = np.flatnonzero(np.diff(win)) + 1
+            self._groups = np.split(order, edges)
+            self._bounds = np.concatenate([[0], np.cumsum([self.sizes[g].sum()
+                                                           for g in self._groups])])
+            self._epoch, self._cache = epoch, {}
+        return self._groups, self._bounds
+
+    def records(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        """The records at positions ``[start, stop)`` of epoch ``epoch``'s order."""
+        groups, bounds = self._layout(epoch)
+        out = []
+        w = int(np.searchsorted(bounds, start, side="right")) - 1
+        pos = start
+        while pos < stop:
+            recs = self._cache.get(w)
+            if recs is None:
+                g = groups[w]
+                recs = np.concatenate([np.arange(self.starts[b], self.starts[b] + self.sizes[b])
+                                       for b in g])
+                recs = recs[np.random.default_rng([self.seed, epoch, 1, w]).permutation(
+                    recs.size)]
+                self._cache = {w: recs}  # one window at a time
+            a, b = pos - bounds[w], min(stop, bounds[w + 1]) - bounds[w]
+            out.append(recs[a:b])
+            pos = bounds[w] + b
+            w += 1
+        return np.concatenate(out) if len(out) > 1 else out[0]
+
+
 class ShardedReader:
     """Iterates this rank's slice of each global batch of ``dataset``, epoch after epoch.
 
@@ -45,7 +130,8 @@ class ShardedReader:
     """
 
     def __init__(self, dataset: Dataset, global_batch_size: int, rank: int = 0,
-                 world_size: int = 1, *, shuffle: bool = False, seed: int = 0):
+                 world_size: int = 1, *, shuffle: bool = False, seed: int = 0,
+                 shuffle_window: int = 0):
         self.dataset = dataset
         self.global_batch_size = int(global_batch_size)
         self.rank, self.world_size = int(rank), int(world_size)
@@ -60,6 +146,9 @@ class ShardedReader:
         self.batch = 0
         self._order: np.ndarray | None = None
         self._order_epoch = -1
+        #: record-level shuffling (``shuffle`` and a window > 0): see RecordShuffle
+        self.records = (RecordShuffle(dataset, shuffle_window, self.seed)
+                        if self.shuffle and shuffle_window > 0 else None)
 
     @property
     def local_batch_size(self) -> int:
@@ -79,9 +168,12 @@ class ShardedReader:
         """Rank ``rank``'s slice (this rank's by default) of batch ``batch`` of ``epoch``."""
         if not 0 <= batch < self.num_batches:
             raise ValueError(f"batch: expected 0 <= batch < {self.num_batches}, got {batch}")
-        base = self.global_index(epoch, batch) * self.global_batch_size
         a, b = ((self.start, self.stop) if rank is None else
                 shard_bounds(self.global_batch_size, rank, self.world_size))
+        if self.records is not None:
+            base = batch * self.global_batch_size
+            return take(self.dataset, self.records.records(epoch, base + a, base + b))
+        base = self.global_index(epoch, batch) * self.global_batch_size
         return self.dataset.read(base + a, base + b)
 
     def next(self) -> Batch:
@@ -133,7 +225,8 @@ class BroadcastReader:
 
     def __init__(self, dataset: Dataset | None, global_batch_size: int, rank: int,
                  world_size: int, transport: Transport | None = None, *, root: int = 0,
-                 shuffle: bool = False, seed: int = 0, feature_names=()):
+                 shuffle: bool = False, seed: int = 0, feature_names=(),
+                 shuffle_window: int = 0):
         if not 0 <= root < world_size:
             raise ValueError(f"root: expected 0 <= root < {world_size}, got {root}")
         if transport is None:
@@ -150,7 +243,7 @@ class BroadcastReader:
             if dataset is None:
                 raise ValueError("dataset: the root rank of a BroadcastReader needs a data set")
             self._reader = ShardedReader(dataset, global_batch_size, 0, 1, shuffle=shuffle,
-                                         seed=seed)
+                                         seed=seed, shuffle_window=shuffle_window)
             self.feature_names = self.feature_names or getattr(dataset, "feature_names", ())
 
     def next(self) -> Batch:

@@ -47,6 +47,11 @@ class WindowDataset:
                              f"got {start}, {stop}")
         return self.dataset.read(self.start + start, self.start + stop)
 
+    def read_records(self, records) -> Batch:
+        from embedding.data.reader import take
+
+        return take(self.dataset, np.asarray(records, np.int64) + self.start)
+
 
 class MemoryDataset:
     """Preprocessed records held in memory: dense ``[N, D]``, labels ``[N]``, ids ``[N, F]``."""
@@ -106,6 +111,21 @@ class GuardedDataset:
         except (DataFormatError, OSError, ValueError) as exc:
             self.problems.append(exc)
             return filler_batch(stop - start, self.num_dense, self.feature_names)
+
+    def read_records(self, records) -> Batch:
+        from embedding.data.reader import take
+
+        try:
+            return take(self.dataset, records)
+        except (DataFormatError, OSError, ValueError) as exc:
+            self.problems.append(exc)
+            return filler_batch(len(records), self.num_dense, self.feature_names)
+
+    def blocks(self):
+        blocks = getattr(self.dataset, "blocks", None)
+        n = self.num_records
+        return blocks() if blocks is not None else [(a, min(8192, n - a))
+                                                    for a in range(0, n, 8192)]
 
     def take(self) -> Exception | None:
         """The first problem since the last call (None when there was none)."""

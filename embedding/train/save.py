@@ -42,12 +42,19 @@ def manifest_state(trainer) -> dict:
             "reader": position, "seed": cfg.train.seed,
             # The only randomness after initialisation: the order of the global batches,
             # a permutation drawn from (seed, epoch) when shuffling; the position fixes it.
-            "rng": {"data_order": "permutation of (seed, epoch)" if cfg.data.shuffle
-                    else "sequential", "seed": cfg.train.seed,
+            "rng": {"data_order": _order_name(cfg), "seed": cfg.train.seed,
                     "epoch": position.get("epoch")},
             "global_batch_size": cfg.train.batch_size, "world_size": trainer.size,
             "eval": trainer.last_eval, "config": config_to_dict(cfg),
             **trainer.state_expectations()}
+
+
+def _order_name(cfg) -> str:
+    if not cfg.data.shuffle:
+        return "sequential"
+    if cfg.data.window:
+        return f"records shuffled in windows of {cfg.data.window} from (seed, epoch)"
+    return "permutation of the batches from (seed, epoch)"
 
 
 def save(trainer) -> Path:
@@ -132,10 +139,10 @@ def resume(trainer, where: str) -> int:
 def _load(trainer, ckpt: Checkpoint) -> None:
     cfg = trainer.cfg
     model = trainer.model
+    check_vocabularies(ckpt, trainer.data.vocabularies)  # (before the sizes: it says why)
     ckpt.check_compatible(trainer.tables, arrays={
         "dense/params": ((model.buffers.numel,), model.dtype.str)})
     check_state(ckpt, trainer.state_expectations())
-    check_vocabularies(ckpt, trainer.data.vocabularies)
     state = ckpt.state
     if int(state.get("global_batch_size", -1)) != cfg.train.batch_size:
         raise CheckpointMismatchError(

@@ -229,7 +229,7 @@ def check_disk_room(group, dirs: Sequence, need: int) -> None:
 
 
 def make_reader(dataset, global_batch: int, group, *, broadcast: bool, shuffle: bool,
-                seed: int, feature_names):
+                seed: int, feature_names, shuffle_window: int = 0):
     """This rank's reader: rank-sliced, or rank 0 reading and sending each rank its slice."""
     from embedding.data import BroadcastReader, ShardedReader
 
@@ -238,6 +238,7 @@ def make_reader(dataset, global_batch: int, group, *, broadcast: bool, shuffle: 
 
         return BroadcastReader(dataset if group.rank == 0 else None, global_batch, group.rank,
                                group.size, one_to_many_transport(group), root=0,
-                               shuffle=shuffle, seed=seed, feature_names=feature_names)
+                               shuffle=shuffle, seed=seed, feature_names=feature_names,
+                               shuffle_window=shuffle_window)
     return ShardedReader(dataset, global_batch, group.rank, group.size, shuffle=shuffle,
-                         seed=seed)
+                         seed=seed, shuffle_window=shuffle_window)

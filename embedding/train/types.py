@@ -64,7 +64,11 @@ class DataConfig:
     ``eval_records`` records of ``path`` are held out; with Parquet, each
     entry of ``eval_path`` is an evaluation set of its own. ``records`` is
     the size of a synthetic training set. ``broadcast`` reads on rank 0 only
-    and sends each rank its slice. ``label``, ``dense`` and ``sparse`` (the
+    and sends each rank its slice. ``shuffle`` permutes the training records
+    each epoch (seeded, the same on resume): ``shuffle_window`` records are
+    shuffled together (blocks such as Parquet row groups are shuffled
+    first); 0 permutes whole batches only; -1 (default) is 65536 for Parquet
+    and 0 for the other sources. ``label``, ``dense`` and ``sparse`` (the
     ``[[data.sparse]]`` tables) name a Parquet source's columns
     (:mod:`embedding.data.schema`).
     """
@@ -81,9 +85,17 @@ class DataConfig:
     zipf_alpha: float = 1.1
     logit_std: float = 1.42
     dense_share: float = 0.3
+    shuffle_window: int = -1
     label: str = ""
     dense: tuple = ()
     sparse: tuple = ()
+
+    @property
+    def window(self) -> int:
+        """The record shuffle's window in records (0: whole batches are shuffled)."""
+        if self.shuffle_window >= 0:
+            return self.shuffle_window
+        return 1 << 16 if self.source is DataSource.PARQUET else 0
 
     def schema(self):
         """The :class:`~embedding.data.schema.DataSchema` of ``label``, ``dense``, ``sparse``."""

@@ -232,3 +232,64 @@ def test_schema_errors_name_the_key(sparse, key):
     with pytest.raises(SchemaError) as info:
         DataSchema.from_config("y", [], sparse)
     assert info.value.key == key
+
+
+def test_batch_take_gathers_jagged_rows(tmp_path):
+    src = ParquetSource(write(tmp_path / "a.parquet", table(12)), SCHEMA)
+    stats = scan(src, SCHEMA)
+    ds = ParquetDataset(src, SCHEMA, stats.vocabularies, stats.table_rows)
+    whole = ds.read(0, 12)
+    rows = [5, 0, 11, 5, 2]
+    got = whole.take(rows)
+    for k, r in enumerate(rows):
+        one, ref = got.slice(k, k + 1), whole.slice(r, r + 1)
+        assert np.array_equal(one.dense, ref.dense) and one.labels[0] == ref.labels[0]
+        for f in range(3):
+            assert np.array_equal(one.values[f], ref.values[f])
+    # the data set's own gather (row group by row group) is the same
+    same = ds.read_records(rows)
+    for f in range(3):
+        assert np.array_equal(same.values[f], got.values[f])
+        assert np.array_equal(same.lengths[f], got.lengths[f])
+
+
+@pytest.mark.parametrize("window", [5, 16, 1000])
+def test_record_shuffle_mixes_row_groups_and_files_and_resumes(tmp_path, window):
+    a = write(tmp_path / "p1.parquet", table(23), rg=4)
+    b = write(tmp_path / "p2.parquet", table(17, key=pa.array(np.arange(100, 117))), rg=6)
+    schema = DataSchema.from_config("y", ["key"], [{"name": "city"}])
+    src = ParquetSource([a, b], schema)
+    stats = scan(src, schema)
+    ds = ParquetDataset(src, schema, stats.vocabularies, stats.table_rows)
+    keys = ds.read(0, 40).dense[:, 0]
+
+    def epochs(reader, n):
+        out = []
+        for _ in range(n):
+            out.append(np.concatenate([bt.dense[:, 0] for bt in reader]))
+        return out
+
+    readers = [ShardedReader(ds, 8, r, 2, shuffle=True, seed=5, shuffle_window=window)
+               for r in range(2)]
+    per_rank = [epochs(rd, 2) for rd in readers]
+    for e in range(2):
+        seen = np.concatenate([per_rank[0][e], per_rank[1][e]])
+        assert sorted(seen) == sorted(keys)  # every record once per epoch, none twice
+    one = epochs(ShardedReader(ds, 8, 0, 1, shuffle=True, seed=5, shuffle_window=window), 2)
+    # one rank reads the global batches the two ranks split
+    first = np.concatenate([np.concatenate([per_rank[0][0][i:i + 4], per_rank[1][0][i:i + 4]])
+                            for i in range(0, 40 // 2, 4)])
+    assert np.array_equal(first, one[0])
+    assert not np.array_equal(one[0], one[1])  # another epoch, another order
+    assert not np.array_equal(one[0], np.sort(one[0]))  # records are shuffled
+    if window >= 40:  # one window: records of both files meet within a batch
+        batches = one[0].reshape(-1, 8)
+        assert any((bt < 100).any() and (bt >= 100).any() for bt in batches)
+    # resuming at a position reads the same records as going on
+    r = ShardedReader(ds, 8, 0, 1, shuffle=True, seed=5, shuffle_window=window)
+    r.next(), r.next()
+    state = r.state_dict()
+    rest = [r.next().dense[:, 0] for _ in range(4)]
+    s = ShardedReader(ds, 8, 0, 1, shuffle=True, seed=5, shuffle_window=window)
+    s.load_state_dict(state)
+    assert all(np.array_equal(x, s.next().dense[:, 0]) for x in rest)

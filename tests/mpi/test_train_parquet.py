@@ -1,0 +1,145 @@
+"""A user's own Parquet data on every world size: train by config, evaluate several sets, predict.
+
+    mpirun -n 2 python -m pytest --with-mpi tests/mpi/test_train_parquet.py
+
+The data is the example set of ``neocomm data example`` (integer ids, a
+string column, a list-valued column, floats with nulls, a key column),
+written once by rank 0 into a directory every rank sees.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from embedding.train import ConfigError, Trainer, TrainingError, load_config, parse_config
+from embedding.train.predict import predict
+
+from test_train import own_group, shared_dir
+
+STEPS = 8
+
+
+@pytest.fixture
+def example(world, tmp_path):
+    base = shared_dir(world, tmp_path)
+    if world.rank == 0:
+        from embedding.data.example import write_example
+
+        write_example(base, records=3000, eval_records=250, row_group_size=700)
+    world.comm.barrier()
+    return base
+
+
+def config(base, out, **data):
+    cfg = load_config(f"{base}/train.toml")
+    doc = {"train": {"steps": STEPS, "batch_size": 96, "eval_every": 0, "log_every": 4,
+                     "eval_batch_size": 96},
+           "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
+           "output": {"dir": out}}
+    cfg = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, **doc["train"]),
+        model=dataclasses.replace(cfg.model, **doc["model"]),
+        output=dataclasses.replace(cfg.output, dir=out),
+        data=dataclasses.replace(cfg.data, **data))
+    return cfg
+
+
+def test_trains_evaluates_every_set_and_predicts_in_row_order(world, example, all_ranks):
+    cfg = config(example, f"{example}/run")
+    t = Trainer(cfg, world.world)
+    t.train()
+    t.close()
+    ev = t.last_eval
+    all_ranks(set(ev["sets"]) == {"valid", "test"}, f"sets {list(ev['sets'])}")
+    for name, m in ev["sets"].items():
+        all_ranks(m["records"] == 250 and 0.0 <= m["accuracy"] <= 1.0, f"{name}: {m}")
+    # the features share nothing, so there is one table per feature, named after it
+    all_ranks([x.name for x in t.tables] == ["user", "item", "city", "genres"],
+              f"{[x.name for x in t.tables]}")
+    out = f"{example}/scores.parquet"
+    r = predict(f"{example}/run", f"{example}/test.parquet", out, group=world.world)
+    got = pq.read_table(out) if world.rank == 0 else None
+    ok, why = True, ""
+    if world.rank == 0:
+        src = pq.read_table(f"{example}/test.parquet")
+        ok = (got.column_names == ["event_id", "clicked", "score", "logit"]
+              and got.column("event_id").equals(src.column("event_id"))
+              and got.column("clicked").equals(src.column("clicked")))
+        why = f"columns {got.column_names}"
+        s = got.column("score").to_numpy()
+        ok = ok and bool(((s > 0) & (s < 1)).all())
+    all_ranks(ok, why)
+    # the scores are the model's: the same AUC and log-loss as the trainer's evaluation
+    want = ev["sets"]["test"]
+    all_ranks(abs(r["auc"] - want["auc"]) < 1e-9 and
+              abs(r["log_loss"] - want["log_loss"]) < 1e-6 and r["rows"] == 250,
+              f"predict {r} vs evaluation {want}")
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_the_loss_curve_is_the_one_of_one_rank(world, example, all_ranks, shuffle):
+    """Records shuffled across files and row groups: the same order at every world size."""
+    opts = {"shuffle": shuffle, "shuffle_window": 1000}
+    many = Trainer(config(example, f"{example}/many", **opts), world.world)
+    many.train()
+    many.close()
+    alone = Trainer(config(example, f"{example}/alone{world.rank}", **opts), own_group(world))
+    alone.train()
+    alone.close()
+    a = np.array([x for _, x in many.losses])
+    b = np.array([x for _, x in alone.losses])
+    all_ranks(len(a) == STEPS and np.allclose(a, b, rtol=2e-5, atol=1e-6), f"{a} vs {b}")
+    all_ranks(abs(many.last_eval["auc"] - alone.last_eval["auc"]) < 1e-4,
+              f"{many.last_eval} vs {alone.last_eval}")
+
+
+def test_a_bad_label_stops_every_rank_before_training(world, example, all_ranks):
+    bad = f"{example}/bad.parquet"
+    if world.rank == 0:
+        t = pq.read_table(f"{example}/valid.parquet")
+        labels = t.column("clicked").to_numpy().astype(np.int8)
+        labels[7] = 3
+        pq.write_table(t.set_column(t.column_names.index("clicked"), "clicked",
+                                    pa.array(labels)), bad)
+    world.comm.barrier()
+    cfg = config(example, f"{example}/bad-run", eval_path=(f"{example}/valid.parquet", bad))
+    with pytest.raises((ConfigError, TrainingError)) as info:
+        Trainer(cfg, world.world)
+    msg = str(info.value)
+    all_ranks("bad.parquet" in msg and "3 at row 7" in msg, msg)
+
+
+def test_resume_refuses_a_changed_vocabulary(world, example, all_ranks):
+    cfg = config(example, f"{example}/v1")
+    t = Trainer(cfg, world.world)
+    t.train()
+    t.close()
+    # the same run on fewer training records: the vocabularies differ
+    short = f"{example}/short.parquet"
+    if world.rank == 0:
+        pq.write_table(pq.read_table(f"{example}/train.parquet").slice(0, 1500), short)
+    world.comm.barrier()
+    cfg2 = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=(short,)))
+    t2 = Trainer(cfg2, world.world)
+    with pytest.raises(TrainingError) as info:
+        t2.resume("latest")
+    t2.close()
+    msg = str(info.value)
+    all_ranks("vocabulary" in msg and "is not the one of the training data" in msg, msg)
+
+
+def test_the_documented_config_shape_parses_as_is(tmp_path):
+    """The exact [data] example of the own-data docs: nothing more is needed."""
+    doc = {"data": {"source": "parquet", "path": ["train.parquet"],
+                    "eval_path": ["valid.parquet", "test.parquet"], "label": "clicked",
+                    "dense": ["age", "hour", "weekday", "year"],
+                    "sparse": [{"name": "genres", "column": "genres", "table": "genres",
+                                "pooling": "mean"}]}}
+    cfg = parse_config(doc, "doc")
+    schema = cfg.data.schema()
+    assert schema.feature_names == ("genres",) and schema.num_dense == 4
+    assert schema.sparse[0].pooling == "mean" and schema.sparse[0].encoding == "vocabulary"
