@@ -51,7 +51,13 @@ def _fraction(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("tables", help="a table set (criteo-1tb, criteo-1tb-uncapped, "
-                        "synthetic-N) or a .toml/.json table file (see docs/planner.md)")
+                        "criteo-1tb-100x, criteo-1tb-1000x, tiny: the trainer's [tables] "
+                        "presets, tables C1..C26; synthetic-N) or a .toml/.json table file "
+                        "(see docs/planner.md)")
+    parser.add_argument("--dim", type=_positive_int, default=None,
+                        help="embedding dimension of every table of a table set (default: "
+                        "the set's, 128 for the Criteo sets); give the trainer's "
+                        "model.embedding_dim to plan for neocomm train")
     parser.add_argument("-n", "--world-size", type=_positive_int, required=True,
                         help="number of ranks (one device each)")
     parser.add_argument("--ranks-per-node", type=_positive_int, default=None,
@@ -98,14 +104,17 @@ def _err(message: str) -> int:
     return 2
 
 
-def _load(spec: str):
+def _load(spec: str, dim: int | None = None):
     from embedding.planner.tables import load_tables, preset_tables
     from embedding.presets import preset_names
 
     if spec.endswith((".toml", ".json")):
+        if dim is not None:
+            raise ValueError(f"--dim: sets the dimension of a table set's tables; the table "
+                             f"file {spec} gives each table's dim")
         return load_tables(spec)
     try:
-        return preset_tables(spec)
+        return preset_tables(spec, dim=dim)
     except ValueError:
         raise ValueError(f"tables: unknown table set {spec!r}; expected one of "
                          f"{preset_names()} or a .toml/.json file") from None
@@ -117,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from embedding.planner.hardware import hardware_for, load_target
 
     try:
-        tables, constraints = _load(args.tables)
+        tables, constraints = _load(args.tables, args.dim)
         target = load_target(args.fabric)
         bandwidth = args.device_bandwidth * 1e9 if args.device_bandwidth else None
         hardware = hardware_for(target, args.world_size, ranks_per_node=args.ranks_per_node,

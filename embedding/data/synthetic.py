@@ -1,5 +1,8 @@
 """A synthetic Criteo-shaped data set with a planted model, and table-size presets.
 
+The presets are a view of :data:`embedding.presets.TABLE_SETS`, the table sets
+the planner plans too.
+
 Every record is a pure function of ``(seed, record index)`` (counter-based
 hashing, no sequential random state), so any rank can produce any slice of
 any global batch, and 1, 2 or 4 ranks see exactly the same global batches.
@@ -32,7 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from embedding.data.batch import Batch
-from embedding.data.types import CRITEO_1TB_TABLE_SIZES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES
+from embedding.data.types import NUM_DENSE, NUM_SPARSE, SPARSE_NAMES
+from embedding.presets import TABLE_SETS, scale_table_sizes, table_rows, trainer_preset_names
 
 __all__ = ["SyntheticConfig", "SyntheticDataset", "planted_auc", "scale_table_sizes",
            "table_size_preset", "TABLE_PRESETS"]
@@ -72,39 +76,15 @@ def _normal(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
     return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
 
 
-def scale_table_sizes(sizes, *, scale: float = 1.0, cap: int | None = None,
-                      min_rows: int = 1000) -> tuple[int, ...]:
-    """Shrink table sizes to fit a machine: ``ceil(n / scale)``, at most ``cap``.
-
-    A table is never shrunk below ``min(n, min_rows)`` rows, so the small
-    tables (3, 4, 10 rows …) keep their exact size.
-    """
-    if scale < 1:
-        raise ValueError(f"scale: expected >= 1, got {scale}")
-    if cap is not None and cap <= 0:
-        raise ValueError(f"cap: expected > 0, got {cap}")
-    out = []
-    for n in sizes:
-        m = max(math.ceil(n / scale), min(n, min_rows))
-        out.append(int(min(m, cap) if cap is not None else m))
-    return tuple(out)
-
-
-#: Named table-size presets (rows per table, feature order).
-TABLE_PRESETS: dict[str, tuple[int, ...]] = {
-    "criteo-1tb": CRITEO_1TB_TABLE_SIZES,
-    "criteo-1tb-100x": scale_table_sizes(CRITEO_1TB_TABLE_SIZES, scale=100),
-    "criteo-1tb-1000x": scale_table_sizes(CRITEO_1TB_TABLE_SIZES, scale=1000),
-    "tiny": scale_table_sizes(CRITEO_1TB_TABLE_SIZES, scale=1e5, min_rows=100),
-}
+#: Rows per feature of the table sets the trainer can train, by name: a view of
+#: :data:`embedding.presets.TABLE_SETS` (the one registry, shared with the planner).
+TABLE_PRESETS: dict[str, tuple[int, ...]] = {name: TABLE_SETS[name].rows
+                                             for name in trainer_preset_names()}
 
 
 def table_size_preset(name: str) -> tuple[int, ...]:
-    """Table sizes of the preset ``name`` (see :data:`TABLE_PRESETS`)."""
-    try:
-        return TABLE_PRESETS[name]
-    except KeyError:
-        raise ValueError(f"preset: expected one of {list(TABLE_PRESETS)}, got {name!r}") from None
+    """Table sizes of the preset ``name`` (:func:`embedding.presets.table_rows`)."""
+    return table_rows(name)
 
 
 @dataclass(frozen=True)

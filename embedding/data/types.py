@@ -1,14 +1,16 @@
 """Vocabulary of the data pipeline: Criteo's shape, encodings and data errors.
 
 The Criteo display-advertising format has one label, ``NUM_DENSE`` integer
-features and ``NUM_SPARSE`` categorical features per record. The table
-cardinalities of MLPerf's DLRM benchmark on Criteo 1TB (ids capped at 40M)
-are kept here as the reference preset.
+features and ``NUM_SPARSE`` categorical features per record. The feature
+names and the table cardinalities of MLPerf's DLRM benchmark on Criteo 1TB
+(ids capped at 40M) come from :mod:`embedding.presets`, the table sets the
+planner and the trainer share.
 """
 from __future__ import annotations
 
 import enum
 
+from embedding.presets import CRITEO_1TB_ROWS, CRITEO_FEATURES
 from embedding.types import BatchError
 from neocomm.errors import NeocommError
 
@@ -21,14 +23,11 @@ NUM_DENSE = 13
 #: Categorical features per Criteo record (C1..C26).
 NUM_SPARSE = 26
 DENSE_NAMES: tuple[str, ...] = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
-SPARSE_NAMES: tuple[str, ...] = tuple(f"C{i}" for i in range(1, NUM_SPARSE + 1))
+SPARSE_NAMES: tuple[str, ...] = CRITEO_FEATURES
 
 #: Rows of the 26 tables of MLPerf DLRM on Criteo 1TB (ids capped at 40M),
-#: in feature order C1..C26. Source: the MLPerf training reference.
-CRITEO_1TB_TABLE_SIZES: tuple[int, ...] = (
-    39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951,
-    2953546, 403346, 10, 2208, 11938, 155, 4, 976, 14, 39979771,
-    25641295, 39664984, 585935, 12972, 108, 36)
+#: in feature order C1..C26: the ``criteo-1tb`` set of :mod:`embedding.presets`.
+CRITEO_1TB_TABLE_SIZES: tuple[int, ...] = CRITEO_1TB_ROWS
 
 
 class CategoricalEncoding(enum.Enum):

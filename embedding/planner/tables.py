@@ -173,9 +173,12 @@ def load_tables(path: str | os.PathLike) -> tuple[list[TableConfig],
     return parse_tables(data, path)
 
 
-def preset_tables(name: str) -> tuple[list[TableConfig], dict[str, TableConstraints]]:
-    """Tables and per-table pooling of a named set (:func:`embedding.presets.preset`)."""
-    from embedding.presets import preset, preset_pooling
+def preset_tables(name: str, *, dim: int | None = None
+                  ) -> tuple[list[TableConfig], dict[str, TableConstraints]]:
+    """Tables and per-table pooling of a named set (:func:`embedding.presets.preset`),
+    every table ``dim`` wide when given (the trainer's ``model.embedding_dim``)."""
+    from embedding.presets import table_set
 
-    tables = preset(name)
-    return tables, {t: TableConstraints(ids_per_sample=p) for t, p in preset_pooling(name).items()}
+    chosen = table_set(name)
+    return chosen.tables(dim), {t: TableConstraints(ids_per_sample=p)
+                                for t, p in chosen.pooling().items()}

@@ -154,12 +154,6 @@ def _source(v):
     raise ValueError(f"expected one of {choices}, got {v!r}{hint}")
 
 
-def _table_presets():
-    from embedding.data import TABLE_PRESETS
-
-    return list(TABLE_PRESETS)
-
-
 _SPARSE_KINDS = [k.value for k in OptimizerKind]
 _DENSE_KINDS = [k.value for k in DenseOptimizerKind]
 
@@ -331,9 +325,14 @@ def _cross_check(cfg: TrainConfig, path: str) -> None:
         raise ConfigError(path, "data.path", "the binary source reads one file (convert "
                           "several with neocomm data convert)")
     t = cfg.tables
-    if not t.rows and t.preset not in _table_presets():
-        raise ConfigError(path, "tables.preset", f"expected one of {_table_presets()}, got "
-                          f"{t.preset!r}")
+    if not t.rows:
+        from embedding.presets import table_rows
+
+        try:
+            table_rows(t.preset)
+        except ValueError as exc:
+            raise ConfigError(path, "tables.preset", str(exc).removeprefix("preset: ")) \
+                from None
     tr = cfg.train
     if tr.eval_batch_size and tr.eval_batch_size > d.eval_records and not (
             d.source is DataSource.PARQUET and d.eval_path):

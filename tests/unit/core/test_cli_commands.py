@@ -8,7 +8,8 @@ import pytest
 from neocomm import cli
 
 #: every command of the product, in the order ``neocomm --help`` lists them
-EXPECTED = ["run", "info", "fabric", "topo", "bench", "checkpoint", "data", "plan", "train"]
+EXPECTED = ["run", "info", "fabric", "topo", "bench", "checkpoint", "data", "plan", "predict",
+            "train"]
 
 
 def _with_extra(monkeypatch, *extra: tuple[str, str]):

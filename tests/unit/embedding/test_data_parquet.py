@@ -293,3 +293,35 @@ def test_record_shuffle_mixes_row_groups_and_files_and_resumes(tmp_path, window)
     s = ShardedReader(ds, 8, 0, 1, shuffle=True, seed=5, shuffle_window=window)
     s.load_state_dict(state)
     assert all(np.array_equal(x, s.next().dense[:, 0]) for x in rest)
+
+
+def test_batches_read_a_config_as_the_trainer_does(tmp_path):
+    from embedding.data.example import write_example
+    from embedding.train import batches, load_config
+    from embedding.train.data import open_data
+
+    paths = write_example(tmp_path, records=600, eval_records=50, row_group_size=128)
+    cfg = load_config(paths["config"])
+    import dataclasses
+
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=64,
+                                                             eval_batch_size=16),
+                              data=dataclasses.replace(cfg.data, shuffle=True))
+    data = open_data(cfg)
+    one = list(batches(cfg, data=data))
+    two = [list(batches(cfg, rank=r, world_size=2, data=data)) for r in range(2)]
+    assert len(one) == 600 // 64 and all(b.batch_size == 64 for b in one)
+    for k, whole in enumerate(one):  # rank r holds half r of each global batch
+        for r in range(2):
+            half = two[r][k]
+            assert np.array_equal(half.dense, whole.dense[r * 32:(r + 1) * 32])
+    kjt = one[0].to_jagged()
+    assert tuple(kjt.keys) == ("user", "item", "city", "genres")
+    # an evaluation set: every record once over the ranks, the last batch smaller
+    got = [list(batches(cfg, "test", rank=r, world_size=3, data=data)) for r in range(3)]
+    test = data.evaluation_sets[1][1].read(0, 50)
+    rows = np.concatenate([np.concatenate([got[r][k].dense for r in range(3)])
+                           for k in range(len(got[0]))])
+    assert np.array_equal(rows, test.dense)
+    with pytest.raises(ValueError, match="'valid', 'test'"):
+        next(batches(cfg, "tset", data=data))
