@@ -50,10 +50,15 @@ def _fraction(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("tables", help="a table set (criteo-1tb, criteo-1tb-uncapped, "
+    parser.add_argument("tables", nargs="?", default=None, help="a table set (criteo-1tb, criteo-1tb-uncapped, "
                         "criteo-1tb-100x, criteo-1tb-1000x, tiny: the trainer's [tables] "
                         "presets, tables C1..C26; synthetic-N) or a .toml/.json table file "
                         "(see docs/planner.md)")
+    parser.add_argument("--config", metavar="TRAIN.toml", default=None,
+                        help="plan the tables a training config implies (names and sizes from "
+                        "its data, pooling factors from a Parquet source's columns, its "
+                        "dim, optimizer, batch and [plan] target): the plan neocomm train "
+                        "makes; write it with --json and train with neocomm train --plan")
     parser.add_argument("--dim", type=_positive_int, default=None,
                         help="embedding dimension of every table of a table set (default: "
                         "the set's, 128 for the Criteo sets); give the trainer's "
@@ -69,12 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserve", type=_fraction, default=0.1,
                         help="fraction of device memory kept for the dense model, "
                         "activations and the runtime (default 0.1)")
-    parser.add_argument("--batch-size", type=_positive_int, default=65536,
-                        help="global batch, samples per step over all ranks (default 65536)")
-    parser.add_argument("--ids-per-sample", type=_positive_float, default=1.0,
+    parser.add_argument("--batch-size", type=_positive_int, default=None,
+                        help="global batch, samples per step over all ranks (default 65536; "
+                        "with --config its train.batch_size)")
+    parser.add_argument("--ids-per-sample", type=_positive_float, default=None,
                         help="mean ids per sample per table; tables may override it "
                         "(default 1: one-hot)")
-    parser.add_argument("--fabric", default="dgx-a100", metavar="NAME|FILE",
+    parser.add_argument("--fabric", default=None, metavar="NAME|FILE",
                         help="the machines planned for: a captured host (dgx-a100, dgx1-v100, "
                         "cpu-host), a fabric spec (zionex, dgx-h100, or a .toml file) or a "
                         "topology JSON file (default dgx-a100)")
@@ -125,6 +131,13 @@ def run(args: argparse.Namespace) -> int:
                                    baseline_plan, plan_sharding)
     from embedding.planner.hardware import hardware_for, load_target
 
+    if args.config is not None:
+        return _plan_config(args)
+    if args.tables is None:
+        return _err("tables: give a table set or file, or --config TRAIN.toml")
+    args.fabric = args.fabric or "dgx-a100"
+    args.batch_size = args.batch_size or 65536
+    args.ids_per_sample = args.ids_per_sample or 1.0
     try:
         tables, constraints = _load(args.tables, args.dim)
         target = load_target(args.fabric)
@@ -174,6 +187,67 @@ def run(args: argparse.Namespace) -> int:
             print(f"baseline (every table whole, plain greedy): {exc}", file=out)
     if args.json and args.json != "-":
         print(f"plan written to {args.json}", file=out)
+    return 0
+
+
+def _plan_config(args) -> int:
+    """``--config``: the plan ``neocomm train`` makes for that config on ``-n`` ranks."""
+    import dataclasses
+
+    from embedding.data.types import DataFormatError
+    from embedding.planner import PlanDoesNotFitError
+    from embedding.train import ConfigError, load_config
+    from embedding.train.data import open_data
+    from embedding.train.setup import build_tables, plan_for
+
+    given = [flag for flag, v in (("TABLES", args.tables), ("--dim", args.dim),
+                                  ("--ids-per-sample", args.ids_per_sample),
+                                  ("--device-bandwidth", args.device_bandwidth),
+                                  ("--check", args.check)) if v is not None]
+    if given:
+        return _err(f"{', '.join(given)}: not with --config (the config and its data give "
+                    f"the tables and their pooling)")
+    rpn = args.ranks_per_node or args.world_size
+    if args.world_size % rpn:
+        return _err(f"--ranks-per-node: {rpn} does not divide -n {args.world_size}")
+    try:
+        cfg = load_config(args.config)
+        plan_cfg = dataclasses.replace(cfg.plan, fabric=args.fabric or cfg.plan.fabric,
+                                       file="")
+        train = dataclasses.replace(cfg.train, batch_size=args.batch_size or
+                                    cfg.train.batch_size)
+        cfg = dataclasses.replace(cfg, plan=plan_cfg, train=train)
+        data = open_data(cfg)
+        tables = build_tables(cfg, data.table_sizes, data.feature_names, data.feature_tables,
+                              data.feature_pooling)
+        report, hardware, workload = plan_for(cfg, tables, args.world_size, rpn,
+                                              data.ids_per_sample, memory=args.memory)
+    except PlanDoesNotFitError as exc:
+        print(f"neocomm plan: {exc}", file=sys.stderr)
+        return 1
+    except DataFormatError as exc:
+        print(f"neocomm plan: {exc}", file=sys.stderr)
+        return 1
+    except (ConfigError, ValueError) as exc:
+        return _err(str(exc))
+    out = sys.stdout
+    if args.json == "-":
+        out = sys.stderr
+        sys.stdout.write(report.plan.to_json() + "\n")
+    elif args.json:
+        try:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                fh.write(report.plan.to_json() + "\n")
+        except OSError as exc:
+            return _err(f"--json {args.json}: cannot write: {exc.strerror}")
+    pooling = data.ids_per_sample or {}
+    if pooling:
+        print("pooling factors from the data (ids per sample): " + ", ".join(
+            f"{t} {v:.2f}" for t, v in pooling.items()), file=out)
+    _print(report, tables, hardware, workload, out, summary=args.summary)
+    if args.json and args.json != "-":
+        print(f"plan written to {args.json}; train with: neocomm run -n {args.world_size} -- "
+              f"neocomm train --config {args.config} --plan {args.json}", file=out)
     return 0
 
 

@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
                         help="resume from the latest checkpoint, or from CKPT (a checkpoint "
                         "directory); 'auto' resumes when there is one")
+    parser.add_argument("--plan", metavar="PLAN.json", default=None,
+                        help="train with this sharding plan (from neocomm plan --config ... "
+                        "--json PLAN.json) instead of planning (plan.file)")
     parser.add_argument("--seed", type=_count, default=None,
                         help="seed of the initial weights and the data (train.seed)")
     parser.add_argument("--plot", action="store_true", default=None,
@@ -66,7 +69,7 @@ def _config(args):
     cfg = load_config(args.config)
     return apply_overrides(cfg, steps=args.steps, batch_size=args.batch_size, out=args.out,
                            resume=args.resume, seed=args.seed, plot=args.plot,
-                           overlap=args.overlap, device=args.device)
+                           overlap=args.overlap, device=args.device, plan=args.plan)
 
 
 def run(args) -> int:

@@ -39,9 +39,12 @@ def validate_plan(plan: ShardingPlan, world_size: int, *, ranks_per_node: int | 
     names = [tp.table for tp in plan.tables]
     want = {t.name: t for t in tables}
     if sorted(names) != sorted(want):
-        raise PlanMismatchError(f"the plan's tables {sorted(names)} are not the tables "
-                                f"{sorted(want)}", field="tables", expected=sorted(want),
-                                got=sorted(names))
+        extra, missing = sorted(set(names) - set(want)), sorted(set(want) - set(names))
+        diff = "; ".join(part for part in (
+            f"it has {extra} that the model does not" if extra else "",
+            f"it lacks the model's {missing}" if missing else "") if part)
+        raise PlanMismatchError(f"the plan's tables are not the model's: {diff}",
+                                field="tables", expected=sorted(want), got=sorted(names))
     for tp in plan.tables:
         problem = _coverage(tp, want[tp.table], world_size)
         if problem:

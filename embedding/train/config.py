@@ -344,7 +344,7 @@ def apply_overrides(cfg: TrainConfig, *, steps: int | None = None,
                     batch_size: int | None = None, out: str | None = None,
                     resume: str | None = None, seed: int | None = None,
                     plot: bool | None = None, overlap: bool | None = None,
-                    device: str | None = None) -> TrainConfig:
+                    device: str | None = None, plan: str | None = None) -> TrainConfig:
     """``cfg`` with command-line overrides (None: keep); ConfigError names the option."""
     train = {}
     for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 1),
@@ -372,6 +372,10 @@ def apply_overrides(cfg: TrainConfig, *, steps: int | None = None,
     if resume is not None:
         cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint,
                                                                       resume=resume))
+    if plan is not None:
+        if not plan:
+            raise ConfigError("command line", "--plan", "expected a plan file, got ''")
+        cfg = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, file=plan))
     _cross_check(cfg, cfg.source)
     return cfg
 

@@ -160,6 +160,7 @@ class TrainData:
     feature_pooling: tuple[str, ...] = ()
     eval_sets: tuple = ()
     vocabularies: dict | None = None
+    ids_per_sample: dict | None = None  # table -> mean ids per record, where the data says
 
     @property
     def evaluation_sets(self) -> tuple[tuple[str, object], ...]:
@@ -242,9 +243,15 @@ def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None) -> TrainDat
     d = cfg.data
     schema = d.schema()
     train_src = ParquetSource(d.path, schema) if d.path else None
+    ids = None
     if vocabularies is None:
         stats = scan(train_src, schema)
         vocabularies, rows = stats.vocabularies, dict(stats.table_rows)
+        ids = {}
+        for f in schema.sparse:  # pooling factors: ids per record, summed over a table's
+            c = stats.columns[f.column]
+            per = c.mean_length if c.mean_length is not None else 1.0 - c.null_share
+            ids[f.table] = ids.get(f.table, 0.0) + per
     else:
         vocabularies = dict(vocabularies)
         rows = {}
@@ -276,7 +283,7 @@ def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None) -> TrainDat
     return TrainData(train, sets[0][1] if sets else None, sizes, schema.feature_names,
                      schema.num_dense, feature_tables=tuple(f.table for f in schema.sparse),
                      feature_pooling=tuple(f.pooling for f in schema.sparse),
-                     eval_sets=tuple(sets), vocabularies=vocabularies)
+                     eval_sets=tuple(sets), vocabularies=vocabularies, ids_per_sample=ids)
 
 
 def _binary_sizes(cfg: TrainConfig, train, held) -> tuple[int, ...]:

@@ -108,7 +108,7 @@ class Trainer:
         self._setup_threads()
         self.tables = build_tables(config, data.table_sizes, data.feature_names,
                                    data.feature_tables, data.feature_pooling)
-        self.plan = make_plan(config, self.tables, group)
+        self.plan = make_plan(config, self.tables, group, data.ids_per_sample)
         m = config.model
         self.dense_config = DenseConfig(num_dense=data.num_dense, num_sparse=len(data.feature_names),
                                         bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp,

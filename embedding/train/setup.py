@@ -15,7 +15,7 @@ from typing import Sequence
 from embedding.train.types import ConfigError, TrainConfig, TrainingError
 from embedding.types import IdPolicy, Pooling, ShardingPlan, TableConfig
 
-__all__ = ["fail_together", "problem_kind", "build_tables", "make_plan", "make_reader",
+__all__ = ["fail_together", "problem_kind", "build_tables", "make_plan", "plan_for", "make_reader",
            "host_memory", "check_disk_room"]
 
 _log = logging.getLogger(__name__)
@@ -120,11 +120,12 @@ def host_memory() -> int:
         return 16 << 30
 
 
-def make_plan(cfg: TrainConfig, tables: Sequence[TableConfig], group) -> ShardingPlan:
+def make_plan(cfg: TrainConfig, tables: Sequence[TableConfig], group,
+              ids_per_sample: dict | None = None) -> ShardingPlan:
     """The plan of ``cfg.plan.file``, else the planner's plan for this group (agreed)."""
     plan, exc = None, None
     try:
-        plan = _plan_locally(cfg, tables, group)
+        plan = _plan_locally(cfg, tables, group, ids_per_sample)
     except (ConfigError, TrainingError, ValueError, OSError) as e:
         exc = e
     digest = zlib.crc32(plan.to_json().encode()) & 0x7FFFFFFF if plan is not None else 0
@@ -138,7 +139,7 @@ def _ranks_per_node(group) -> int:
     return rpn if rpn and group.size % rpn == 0 else 1
 
 
-def _plan_locally(cfg: TrainConfig, tables, group) -> ShardingPlan:
+def _plan_locally(cfg: TrainConfig, tables, group, ids_per_sample=None) -> ShardingPlan:
     from embedding.planner import PlanError, validate_plan
 
     rpn = _ranks_per_node(group)
@@ -155,10 +156,29 @@ def _plan_locally(cfg: TrainConfig, tables, group) -> ShardingPlan:
         try:
             validate_plan(plan, group.size, ranks_per_node=rpn, tables=tables)
         except PlanError as exc:
-            raise ConfigError(cfg.source, "plan.file", f"{cfg.plan.file}: {exc}") from None
+            raise ConfigError(cfg.source, "plan.file", f"{cfg.plan.file} does not fit this job: "
+                              f"{exc}") from None
         return plan
-    from embedding.planner import (PlanDoesNotFitError, TableConstraints, Workload,
-                                   plan_sharding)
+    from embedding.planner import PlanDoesNotFitError
+
+    try:
+        report = plan_for(cfg, tables, group.size, rpn, ids_per_sample)[0]
+    except PlanDoesNotFitError as exc:
+        raise TrainingError(f"the planner found no plan: {exc}", tensor="plan") from None
+    return report.plan
+
+
+def plan_for(cfg: TrainConfig, tables, world_size: int, ranks_per_node: int,
+             ids_per_sample: dict | None = None, memory: int | None = None):
+    """The planner's ``(report, hardware, workload)`` for ``cfg``'s tables on ``world_size``
+    ranks: what ``neocomm train`` plans, and what ``neocomm plan --config`` prints.
+
+    The target is ``plan.fabric``; memory per rank ``memory``, else
+    ``plan.memory``, else the fabric's device memory on a multi-GPU host,
+    else this host's memory over its ranks. ``ids_per_sample`` is each
+    table's pooling factor as the data gives it (default 1).
+    """
+    from embedding.planner import TableConstraints, Workload, plan_sharding
     from embedding.planner.hardware import hardware_for, load_target
     from embedding.train.config import parse_size
 
@@ -166,25 +186,28 @@ def _plan_locally(cfg: TrainConfig, tables, group) -> ShardingPlan:
         target = load_target(cfg.plan.fabric)
     except ValueError as exc:
         raise ConfigError(cfg.source, "plan.fabric", str(exc)) from None
-    if cfg.plan.memory:
+    if memory is None and cfg.plan.memory:
         memory = parse_size(cfg.plan.memory)
-    elif target.device_memory and target.devices_per_host > 1:
+    elif memory is None and target.device_memory and target.devices_per_host > 1:
         memory = target.device_memory
-    else:
+    elif memory is None:
         from embedding.train.threads import ranks_on_host
 
-        memory = host_memory() // ranks_on_host(rpn)
-    hardware = hardware_for(target, group.size, ranks_per_node=rpn, device_memory=memory,
-                            reserve=0.1)
-    constraints = None
-    if cfg.plan.shardings:
-        constraints = {t.name: TableConstraints(shardings=cfg.plan.shardings) for t in tables}
-    try:
-        report = plan_sharding(tables, hardware, Workload(batch_size=cfg.train.batch_size),
-                               constraints=constraints)
-    except PlanDoesNotFitError as exc:
-        raise TrainingError(f"the planner found no plan: {exc}", tensor="plan") from None
-    return report.plan
+        memory = host_memory() // ranks_on_host(ranks_per_node)
+    hardware = hardware_for(target, world_size, ranks_per_node=ranks_per_node,
+                            device_memory=memory, reserve=0.1)
+    constraints = {}
+    for t in tables:
+        kw = {}
+        if cfg.plan.shardings:
+            kw["shardings"] = cfg.plan.shardings
+        if ids_per_sample and t.name in ids_per_sample:
+            kw["ids_per_sample"] = max(float(ids_per_sample[t.name]), 1e-3)
+        if kw:
+            constraints[t.name] = TableConstraints(**kw)
+    workload = Workload(batch_size=cfg.train.batch_size)
+    report = plan_sharding(tables, hardware, workload, constraints=constraints or None)
+    return report, hardware, workload
 
 
 #: bytes kept free beside a checkpoint for the metrics log, manifests and the plot

@@ -144,7 +144,7 @@ def test_validate_plan_against_the_world():
     assert (info.value.expected, info.value.got) == (4, 8)
     with pytest.raises(PlanMismatchError, match="nodes of 8 ranks, the world has nodes of 4"):
         validate_plan(plan, 8, ranks_per_node=4)
-    with pytest.raises(PlanMismatchError, match="are not the tables"):
+    with pytest.raises(PlanMismatchError, match="are not the model's"):
         validate_plan(plan, 8, tables=tables[:-1])
     bigger = [TableConfig(t.name, t.num_rows + 1, t.dim) for t in tables]
     with pytest.raises(PlanMismatchError, match="do not cover"):

@@ -62,7 +62,7 @@ def test_names_rows_and_dims_must_all_agree():
     with pytest.raises(PlanMismatchError, match="do not cover"):  # other rows
         check(plan, trainer_tables("criteo-1tb-100x"))
     renamed = [replace(t, name=t.name.lower()) for t in trainer_tables("criteo-1tb-1000x")]
-    with pytest.raises(PlanMismatchError, match="are not the tables"):  # other names
+    with pytest.raises(PlanMismatchError, match="are not the model's"):  # other names
         check(plan, renamed)
 
 

@@ -1,0 +1,79 @@
+"""Plan -> train: ``neocomm plan --config`` plans the tables a config implies, and
+``neocomm train --plan`` trains with that plan; a plan for another job is refused."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from embedding.data.example import write_example
+from embedding.train import ConfigError, Trainer, apply_overrides, load_config
+from embedding.train.data import open_data
+from embedding.train.setup import build_tables, plan_for
+from embedding.types import ShardingPlan
+from neocomm.cli import main
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    d = tmp_path_factory.mktemp("example")
+    paths = write_example(d, records=2000, eval_records=200, row_group_size=500)
+    cfg = load_config(paths["config"])
+    cfg = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, steps=3, batch_size=64, eval_every=0),
+        output=dataclasses.replace(cfg.output, dir=str(d / "out")))
+    return d, paths, cfg
+
+
+def test_the_plan_is_the_one_the_trainer_makes(example, tmp_path, capsys):
+    d, paths, cfg = example
+    out = tmp_path / "plan.json"
+    rc = main(["plan", "--config", paths["config"], "-n", "2", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    plan = ShardingPlan.from_json(out.read_text())
+    data = open_data(cfg)
+    tables = build_tables(cfg, data.table_sizes, data.feature_names, data.feature_tables,
+                          data.feature_pooling)
+    # the planner's tables are the trainer's: the feature names, the vocabulary sizes
+    assert sorted(t.table for t in plan.tables) == ["city", "genres", "item", "user"]
+    sizes = {t.name: t.num_rows for t in tables}
+    assert sizes["city"] == len(data.vocabularies["city"].values) + 1
+    # the data's pooling factor (genres holds 1-3 values) reaches the planner
+    assert data.ids_per_sample["genres"] > 1.5 and "genres 1." in text
+    full = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=1024))
+    report = plan_for(full, tables, 2, 2, data.ids_per_sample)[0]
+    assert json.loads(report.plan.to_json()) == json.loads(out.read_text())
+    assert "neocomm train --config" in text and "--plan" in text
+
+
+def test_train_with_the_plan_and_refuse_one_for_another_job(example, tmp_path, capsys):
+    d, paths, cfg = example
+    one = tmp_path / "one.json"
+    assert main(["plan", "--config", paths["config"], "-n", "1", "--json", str(one)]) == 0
+    t = Trainer(apply_overrides(cfg, plan=str(one)))
+    t.train()
+    t.close()
+    assert t.plan.to_json() == ShardingPlan.from_json(one.read_text()).to_json()
+    two = tmp_path / "two.json"
+    assert main(["plan", "--config", paths["config"], "-n", "2", "--json", str(two)]) == 0
+    with pytest.raises(ConfigError, match="the plan is for 2 ranks, the world has 1"):
+        Trainer(apply_overrides(cfg, plan=str(two)))
+    # another table set: the difference is named
+    renamed = json.loads(one.read_text())
+    renamed["tables"][0]["table"] = "cities"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(renamed))
+    gone = json.loads(one.read_text())["tables"][0]["table"]
+    with pytest.raises(ConfigError, match=rf"it has \['cities'\] that the model does not; it "
+                                          rf"lacks the model's \['{gone}'\]"):
+        Trainer(apply_overrides(cfg, plan=str(bad)))
+
+
+def test_config_mode_refuses_table_options(example, capsys):
+    _, paths, _ = example
+    assert main(["plan", "criteo-1tb", "--config", paths["config"], "-n", "2"]) == 2
+    assert "TABLES: not with --config" in capsys.readouterr().err
+    assert main(["plan", "-n", "2"]) == 2
+    assert "--config" in capsys.readouterr().err
