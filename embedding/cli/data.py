@@ -226,6 +226,8 @@ def _example(args) -> int:
     print(f"wrote {paths['train']} ({n:,} records), {paths['valid']} and {paths['test']} "
           f"({max(1, n // 10):,} each)")
     print(f"and the config that trains on them: {paths['config']}")
+    print(f"(the planted model behind the clicks scores AUC {paths['planted_auc']:.4f} on "
+          f"test: what a perfect model approaches)")
     print(f"next: neocomm data stats --config {paths['config']}")
     print(f"      neocomm run -n 2 -- neocomm train --config {paths['config']} --out runs/example")
     return 0
@@ -288,7 +290,7 @@ def _stats(args, paths, schema) -> int:
         distinct = f"{c.distinct:,}" if c.distinct is not None else ""
         lengths = (f"{c.min_length}/{c.mean_length:g}/{c.max_length}"
                    if c.min_length is not None else "")
-        span = f"{c.minimum:g} .. {c.maximum:g}" if c.minimum is not None else ""
+        span = f"{_num(c.minimum)} .. {_num(c.maximum)}" if c.minimum is not None else ""
         w(f"{c.column:<{name_w}}  {c.type:<{type_w}}  {c.null_share:>6.1%}  {distinct:>10}  "
           f"{lengths:>24}  {span}")
     if schema is not None:
@@ -308,6 +310,10 @@ def _stats(args, paths, schema) -> int:
             with open(args.json, "w", encoding="utf-8") as fh:
                 fh.write(text + "\n")
     return 0
+
+
+def _num(v: float) -> str:
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:g}"
 
 
 def _inspect(args, cfg, paths) -> int:

@@ -80,10 +80,11 @@ def _rows(rng, n: int, users: int, items: int, first_event: int):
     c_eff = eff.normal(0, 0.4, len(CITIES))
     logit = (u_eff[user] + i_eff[item] + c_eff[city] - 0.02 * (age - 38) - 0.4
              + np.array([g_eff[item_genres[i]].mean() for i in item]))
-    clicked = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int8)
+    prob = 1 / (1 + np.exp(-logit))
+    clicked = (rng.random(n) < prob).astype(np.int8)
     age_missing = rng.random(n) < 0.1
     hour_missing = rng.random(n) < 0.05
-    return {
+    return prob, {
         "event_id": np.arange(first_event, first_event + n, dtype=np.int64),
         "clicked": clicked,
         "user_id": (user * 7919 + 1_000_003).astype(np.int64),  # ids are not 0..N-1
@@ -99,7 +100,9 @@ def write_example(out_dir, *, records: int = 60_000, eval_records: int = 10_000,
                   seed: int = 0, users: int = 2_000, items: int = 1_000,
                   row_group_size: int = 8192) -> dict:
     """Write ``train.parquet``, ``valid.parquet``, ``test.parquet`` and ``train.toml`` into
-    ``out_dir``; returns their paths. ``valid`` and ``test`` hold ``eval_records`` each."""
+    ``out_dir``; returns their paths and ``planted_auc``: the AUC of the planted model's
+    probabilities on ``test`` (what a perfect model approaches). ``valid`` and ``test``
+    hold ``eval_records`` each."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -116,7 +119,12 @@ def write_example(out_dir, *, records: int = 60_000, eval_records: int = 10_000,
                         ("age", pa.float64()), ("hour", pa.float64())])
     paths, first = {}, 0
     for name, n in (("train", records), ("valid", eval_records), ("test", eval_records)):
-        table = pa.table(_rows(rng, n, users, items, first), schema=schema)
+        prob, cols = _rows(rng, n, users, items, first)
+        table = pa.table(cols, schema=schema)
+        if name == "test":
+            from embedding.dense.metrics import auc
+
+            planted = auc(np.asarray(cols["clicked"], np.float64), prob)
         path = out / f"{name}.parquet"
         tmp = path.with_suffix(".parquet.tmp")
         pq.write_table(table, tmp, row_group_size=row_group_size)
@@ -126,4 +134,5 @@ def write_example(out_dir, *, records: int = 60_000, eval_records: int = 10_000,
     config.write_text(EXAMPLE_CONFIG.format(train=f'"{paths["train"]}"',
                                             eval=f'"{paths["valid"]}", "{paths["test"]}"'))
     paths["config"] = str(config)
+    paths["planted_auc"] = float(planted)
     return paths
