@@ -164,16 +164,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except ValueError as exc:
         return _err(str(exc))
-    out = sys.stdout
-    if args.json == "-":
-        out = sys.stderr
-        sys.stdout.write(report.plan.to_json() + "\n")
-    elif args.json:
-        try:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                fh.write(report.plan.to_json() + "\n")
-        except OSError as exc:
-            return _err(f"--json {args.json}: cannot write: {exc.strerror}")
+    out = _write_json(report.plan, args.json)
+    if isinstance(out, int):
+        return out
     _print(report, tables, hardware, workload, out, summary=args.summary)
     if args.baseline:
         try:
@@ -188,6 +181,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json and args.json != "-":
         print(f"plan written to {args.json}", file=out)
     return 0
+
+
+def _write_json(plan, target):
+    """Write ``plan`` to ``--json`` (``-``: stdout); the stream the printout goes to, or the
+    exit status of a file that cannot be written."""
+    if target == "-":
+        sys.stdout.write(plan.to_json() + "\n")
+        return sys.stderr
+    if target:
+        try:
+            with open(target, "w", encoding="utf-8") as fh:
+                fh.write(plan.to_json() + "\n")
+        except OSError as exc:
+            return _err(f"--json {target}: cannot write: {exc.strerror}")
+    return sys.stdout
 
 
 def _plan_config(args) -> int:
@@ -230,16 +238,9 @@ def _plan_config(args) -> int:
         return 1
     except (ConfigError, ValueError) as exc:
         return _err(str(exc))
-    out = sys.stdout
-    if args.json == "-":
-        out = sys.stderr
-        sys.stdout.write(report.plan.to_json() + "\n")
-    elif args.json:
-        try:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                fh.write(report.plan.to_json() + "\n")
-        except OSError as exc:
-            return _err(f"--json {args.json}: cannot write: {exc.strerror}")
+    out = _write_json(report.plan, args.json)
+    if isinstance(out, int):
+        return out
     pooling = data.ids_per_sample or {}
     if pooling:
         print("pooling factors from the data (ids per sample): " + ", ".join(
