@@ -274,7 +274,7 @@ def _stats(args, paths, schema) -> int:
     from embedding.data.parquet import ParquetSource, scan
 
     src = ParquetSource(paths, schema)
-    stats = scan(src, schema)
+    stats = scan(src, schema, distinct=True)
     out = sys.stderr if args.json == "-" else sys.stdout
     w = lambda *a: print(*a, file=out)  # noqa: E731
     w(f"{src.describe()}: {stats.records:,} records in {len(src.row_groups)} row group(s)")

@@ -50,7 +50,8 @@ def _fraction(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("tables", nargs="?", default=None, help="a table set (criteo-1tb, criteo-1tb-uncapped, "
+    parser.add_argument("tables", nargs="?", default=None,
+                        help="a table set (criteo-1tb, criteo-1tb-uncapped, "
                         "criteo-1tb-100x, criteo-1tb-1000x, tiny: the trainer's [tables] "
                         "presets, tables C1..C26; synthetic-N) or a .toml/.json table file "
                         "(see docs/planner.md)")
@@ -206,7 +207,7 @@ def _plan_config(args) -> int:
     from embedding.planner import PlanDoesNotFitError
     from embedding.train import ConfigError, load_config
     from embedding.train.data import open_data
-    from embedding.train.setup import build_tables, plan_for
+    from embedding.train.setup import plan_for, tables_of
 
     given = [flag for flag, v in (("TABLES", args.tables), ("--dim", args.dim),
                                   ("--ids-per-sample", args.ids_per_sample),
@@ -226,14 +227,10 @@ def _plan_config(args) -> int:
                                     cfg.train.batch_size)
         cfg = dataclasses.replace(cfg, plan=plan_cfg, train=train)
         data = open_data(cfg)
-        tables = build_tables(cfg, data.table_sizes, data.feature_names, data.feature_tables,
-                              data.feature_pooling)
+        tables = tables_of(cfg, data)
         report, hardware, workload = plan_for(cfg, tables, args.world_size, rpn,
                                               data.ids_per_sample, memory=args.memory)
-    except PlanDoesNotFitError as exc:
-        print(f"neocomm plan: {exc}", file=sys.stderr)
-        return 1
-    except DataFormatError as exc:
+    except (PlanDoesNotFitError, DataFormatError) as exc:
         print(f"neocomm plan: {exc}", file=sys.stderr)
         return 1
     except (ConfigError, ValueError) as exc:

@@ -40,7 +40,8 @@ from embedding.data.synthetic import _mix64
 from embedding.data.types import DataFormatError
 
 __all__ = ["ParquetSource", "ParquetDataset", "Vocabulary", "ColumnStats", "DataStats", "scan",
-           "check_labels", "describe_rows", "stable_hash", "hash_strings", "hash_ints"]
+           "check_labels", "describe_rows", "table_rows", "stable_hash", "hash_strings",
+           "hash_ints"]
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -85,9 +86,9 @@ def hash_strings(values) -> np.ndarray:
     order = np.argsort(-lengths, kind="stable")  # longest first: the active set is a prefix
     sl, ss = lengths[order], starts[order]
     hs = h[order]
+    longer = np.searchsorted(-sl, -np.arange(int(sl[0])), side="left")  # strings longer than j
     with np.errstate(over="ignore"):
-        for j in range(int(sl[0]) if n else 0):
-            k = int(np.count_nonzero(sl > j))  # strings longer than j: the first k
+        for j, k in enumerate(longer.tolist()):  # the first k
             hs[:k] = (hs[:k] ^ data[ss[:k] + j].astype(np.uint64)) * _FNV_PRIME
         h[order] = hs
         return _mix64(h)
@@ -203,7 +204,7 @@ class ParquetSource:
                              if schema is not None else tuple(wanted))
         if schema is not None:
             self._check_types(schema)
-        self._starts = np.array([r[2] for r in self.row_groups] + [total], np.int64)
+        self.starts = np.array([r[2] for r in self.row_groups] + [total], np.int64)
 
     def kind(self, column: str) -> str:
         return _kind(self.types[column])
@@ -240,8 +241,9 @@ class ParquetSource:
             bases = {self.kind(f.column).removeprefix("list<").removesuffix(">")
                      for f in feats}
             if len(bases) > 1:
+                kinds = ", ".join(f"{f.column}: {self.kind(f.column)}" for f in feats)
                 raise DataFormatError(f"table {table!r} is read by columns of different "
-                                      f"value types ({', '.join(f'{f.column}: {self.kind(f.column)}' for f in feats)}); "
+                                      f"value types ({kinds}); "
                                       f"features of one table need one value type", path=where)
 
     def read_row_group(self, index: int, columns: Iterable[str]):
@@ -255,7 +257,7 @@ class ParquetSource:
 
     def locate(self, record: int) -> int:
         """Index (into :attr:`row_groups`) of the row group holding ``record``."""
-        return int(np.searchsorted(self._starts, record, side="right")) - 1
+        return int(np.searchsorted(self.starts, record, side="right")) - 1
 
     def where(self, index: int) -> str:
         """``FILE, row group G`` of row group ``index`` (for messages)."""
@@ -460,21 +462,24 @@ def _vocabulary(table: str, feature: SparseFeature, counter: _Counter) -> Vocabu
 
 
 def scan(source: ParquetSource, schema: DataSchema | None = None, *,
-         columns: Sequence[str] | None = None) -> DataStats:
+         columns: Sequence[str] | None = None, distinct: bool = False) -> DataStats:
     """Read the columns once: per column stats, the label's check, the vocabularies.
 
     With ``schema``: its columns, its label checked to be 0/1 (a DataFormatError
     names the file, the row and the value), its tables' rows (a vocabulary's
     size, or ``rows`` of a hashed one). Without: ``columns`` (default all).
+    Distinct values are counted for the sparse columns, and with ``distinct``
+    (or without a schema) for every integer or string column.
     """
     pa = _pa()
     import pyarrow.compute as pc
 
     cols = list(schema.columns() if schema is not None else (columns or source.types))
     stats = {c: ColumnStats(c, str(source.types[c])) for c in cols}
+    sparse = {f.column for f in schema.sparse} if schema is not None else set(cols)
     counters = {c: _Counter() for c in cols
                 if source.kind(c).removeprefix("list<").removesuffix(">") in ("int", "string")
-                and (schema is None or c != schema.label)}
+                and (c in sparse or (distinct and c != schema.label))}
     sums: dict[str, float] = {}
     positives = 0 if schema is not None else None
     for index in range(len(source.row_groups)):
@@ -503,11 +508,12 @@ def scan(source: ParquetSource, schema: DataSchema | None = None, *,
                 counters[c].add(_flat(col, pa)[0])
         if schema is not None:
             positives += _check_labels(t.column(schema.label), source, index)
+    totals = {c: counter.merged_struct() for c, counter in counters.items()}  # once each
     for c, s in stats.items():
         if s.min_length is not None:
             s.mean_length = round(sums.get(c, 0.0) / max(s.records, 1), 4)
-        if c in counters:
-            s.distinct = len(counters[c].merged())
+        if c in totals:
+            s.distinct = len(totals[c])
     vocabularies, table_rows = {}, {}
     if schema is not None:
         for table, feats in schema.tables().items():
@@ -515,9 +521,8 @@ def scan(source: ParquetSource, schema: DataSchema | None = None, *,
             if f.encoding == "hash":
                 table_rows[table] = f.rows
                 continue
-            merged = _Counter()
-            for g in {x.column for x in feats}:
-                merged.parts.extend(counters[g].parts)
+            merged = _Counter()  # the table's columns together (one: as it is)
+            merged.parts = [totals[g] for g in dict.fromkeys(x.column for x in feats)]
             vocab = _vocabulary(table, f, merged)
             vocabularies[table] = vocab
             table_rows[table] = vocab.num_rows
@@ -607,19 +612,17 @@ class ParquetDataset:
             return self._encode_empty()
         if records.min() < 0 or records.max() >= self.num_records:
             raise ValueError(f"records: expected indices in [0, {self.num_records})")
-        starts = self.source._starts
+        starts = self.source.starts
         group = np.searchsorted(starts, records, side="right") - 1
-        order = np.argsort(group, kind="stable")
-        needed = np.unique(group)
+        order = np.argsort(group, kind="stable")  # records row group by row group
+        needed, first = np.unique(group[order], return_index=True)
         self.cache_row_groups = max(self.cache_row_groups, needed.size)
-        parts, where = [], np.empty(records.size, np.int64)
-        pos = 0
-        for g in needed:
-            sel = order[group[order] == g]
-            parts.append(self._row_group(int(g)).take(records[sel] - starts[g]))
-            where[sel] = pos + np.arange(sel.size)
-            pos += sel.size
+        ends = np.append(first[1:], order.size)
+        parts = [self._row_group(int(g)).take(records[order[a:b]] - starts[g])
+                 for g, a, b in zip(needed, first, ends)]
         whole = parts[0] if len(parts) == 1 else Batch.concat(parts)
+        where = np.empty(records.size, np.int64)  # where each asked record lies in whole
+        where[order] = np.arange(records.size)
         return whole.take(where)
 
     def _row_group(self, index: int) -> Batch:
@@ -643,7 +646,6 @@ class ParquetDataset:
     def encode(self, table, *, index: int = -1) -> Batch:
         """A pyarrow Table with the schema's columns as a :class:`Batch`."""
         pa = _pa()
-        import pyarrow.compute as pc
 
         s = self.schema
         n = table.num_rows
@@ -679,6 +681,22 @@ class ParquetDataset:
         if f.encoding == "hash":
             return (stable_hash(vals) % np.uint64(self.table_rows[f.table])).astype(np.int64)
         return self.vocabularies[f.table].lookup(vals)
+
+
+def table_rows(schema: DataSchema, vocabularies: dict) -> dict[str, int]:
+    """Rows of each table: its vocabulary's (values + the reserved row) or a hash's ``rows``.
+
+    KeyError names a vocabulary table that ``vocabularies`` lacks.
+    """
+    rows = {}
+    for table, feats in schema.tables().items():
+        if feats[0].encoding == "hash":
+            rows[table] = feats[0].rows
+        elif table in vocabularies:
+            rows[table] = vocabularies[table].num_rows
+        else:
+            raise KeyError(f"no vocabulary for table {table!r}")
+    return rows
 
 
 def describe_rows(dataset: ParquetDataset, start: int, stop: int) -> list[str]:

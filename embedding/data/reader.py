@@ -61,7 +61,8 @@ class RecordShuffle:
     """An epoch's order of the records: blocks shuffled, then records within windows.
 
     The records fall into blocks (``dataset.blocks()``, a Parquet file's row
-    groups, when it has them; else runs of ``block`` records). An epoch
+    groups, when it has them and they are not None; else runs of ``block``
+    records). An epoch
     permutes the blocks, cuts the permuted sequence into windows of about
     ``window`` records, and permutes the records within each window, each
     permutation drawn from ``(seed, epoch, ...)``. Every record comes once
@@ -74,8 +75,9 @@ class RecordShuffle:
     def __init__(self, dataset, window: int, seed: int, block: int = 8192):
         n = int(dataset.num_records)
         blocks = getattr(dataset, "blocks", None)
-        spans = list(blocks()) if blocks is not None else [
-            (a, min(block, n - a)) for a in range(0, n, block)]
+        spans = blocks() if blocks is not None else None
+        if spans is None:
+            spans = [(a, min(block, n - a)) for a in range(0, n, block)]
         self.starts = np.array([a for a, _ in spans], np.int64)
         self.sizes = np.array([m for _, m in spans], np.int64)
         self.window = max(1, int(window))

@@ -156,10 +156,11 @@ class DataSchema:
         if not feats:
             raise SchemaError("data.sparse", "expected at least one [[data.sparse]] feature")
         schema = cls(label, dense_columns(dense), feats)
-        schema._cross_check()
+        schema.check()
         return schema
 
-    def _cross_check(self) -> None:
+    def check(self) -> None:
+        """SchemaError for entries that contradict each other (names, columns, shared tables)."""
         names: dict[str, int] = {}
         for i, f in enumerate(self.sparse):
             if f.name in names:

@@ -161,7 +161,8 @@ _DENSE_KINDS = [k.value for k in DenseOptimizerKind]
 SCHEMA: dict[str, dict[str, Check]] = {
     "data": {"source": _source, "path": _paths,
              "eval_path": _paths, "records": _int(1), "eval_records": _int(1),
-             "shuffle": _bool, "shuffle_window": _int(-1), "broadcast": _bool, "verify": _str(["none", "lazy", "full"]),
+             "shuffle": _bool, "shuffle_window": _int(-1), "broadcast": _bool,
+             "verify": _str(["none", "lazy", "full"]),
              "missing": _str(["zero", "empty"]), "zipf_alpha": _float(positive=True),
              "logit_std": _float(minimum=0.0), "dense_share": _float(0.0, 1.0),
              "label": _str(), "dense": dense_columns,
@@ -308,7 +309,7 @@ def _cross_check(cfg: TrainConfig, path: str) -> None:
                               "one [[data.sparse]] table per categorical feature (name, "
                               "column, table, pooling)")
         try:
-            d.schema()._cross_check()
+            d.schema().check()
         except SchemaError as exc:
             raise ConfigError(path, exc.key, exc.reason) from None
     else:

@@ -122,10 +122,9 @@ class GuardedDataset:
             return filler_batch(len(records), self.num_dense, self.feature_names)
 
     def blocks(self):
+        """The data set's blocks, or None (then a shuffle cuts its own)."""
         blocks = getattr(self.dataset, "blocks", None)
-        n = self.num_records
-        return blocks() if blocks is not None else [(a, min(8192, n - a))
-                                                    for a in range(0, n, 8192)]
+        return blocks() if blocks is not None else None
 
     def take(self) -> Exception | None:
         """The first problem since the last call (None when there was none)."""
@@ -238,7 +237,8 @@ def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None) -> TrainDat
     checkpoint's, for scoring). Every ``eval_path`` entry is one evaluation
     set, its labels checked before anything is trained.
     """
-    from embedding.data.parquet import ParquetDataset, ParquetSource, check_labels, scan
+    from embedding.data.parquet import (ParquetDataset, ParquetSource, check_labels, scan,
+                                        table_rows)
 
     d = cfg.data
     schema = d.schema()
@@ -254,22 +254,19 @@ def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None) -> TrainDat
             ids[f.table] = ids.get(f.table, 0.0) + per
     else:
         vocabularies = dict(vocabularies)
-        rows = {}
-        for table, feats in schema.tables().items():
-            if feats[0].encoding == "hash":
-                rows[table] = feats[0].rows
-            elif table in vocabularies:
-                rows[table] = vocabularies[table].num_rows
-            else:
-                raise ConfigError(cfg.source, "data.sparse", f"no vocabulary for table "
-                                  f"{table!r}")
-    train = (ParquetDataset(train_src, schema, vocabularies, rows)
+        try:
+            rows = table_rows(schema, vocabularies)
+        except KeyError as exc:
+            raise ConfigError(cfg.source, "data.sparse", exc.args[0]) from None
+    # every label was checked here, before training: the reads need not check them again
+    train = (ParquetDataset(train_src, schema, vocabularies, rows, check_labels=False)
              if train_src is not None else None)
     sets = []
     for name, p in zip(_set_names(d.eval_path), d.eval_path):
         src = ParquetSource(p, schema)
         check_labels(src, schema.label)
-        sets.append((name, ParquetDataset(src, schema, vocabularies, rows)))
+        sets.append((name, ParquetDataset(src, schema, vocabularies, rows,
+                                          check_labels=False)))
     if not sets and train is not None:
         n = train.num_records
         if d.eval_records >= n:
@@ -279,11 +276,18 @@ def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None) -> TrainDat
                               f"data.eval_path")
         sets.append(("held-out", WindowDataset(train, n - d.eval_records, n)))
         train = WindowDataset(train, 0, n - d.eval_records)
-    sizes = tuple(int(rows[f.table]) for f in schema.sparse)
-    return TrainData(train, sets[0][1] if sets else None, sizes, schema.feature_names,
+    return parquet_data(schema, train, sets, vocabularies, rows, ids)
+
+
+def parquet_data(schema, train, sets, vocabularies: dict, rows: dict,
+                 ids_per_sample: dict | None = None) -> TrainData:
+    """The :class:`TrainData` of a Parquet schema's data sets (``sets``: name, data set)."""
+    return TrainData(train, sets[0][1] if sets else None,
+                     tuple(int(rows[f.table]) for f in schema.sparse), schema.feature_names,
                      schema.num_dense, feature_tables=tuple(f.table for f in schema.sparse),
                      feature_pooling=tuple(f.pooling for f in schema.sparse),
-                     eval_sets=tuple(sets), vocabularies=vocabularies, ids_per_sample=ids)
+                     eval_sets=tuple(sets), vocabularies=vocabularies,
+                     ids_per_sample=ids_per_sample)
 
 
 def _binary_sizes(cfg: TrainConfig, train, held) -> tuple[int, ...]:

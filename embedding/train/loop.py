@@ -33,8 +33,8 @@ from embedding.dense.metrics import bce_with_logits
 from embedding.train.data import GuardedDataset, TrainData, filler_batch, open_data
 from embedding.train.metrics import MetricsLog
 from embedding.train.progress import ProgressBar
-from embedding.train.setup import (build_tables, check_disk_room, fail_together, id_policy_of,
-                                   make_plan, make_reader)
+from embedding.train.setup import (check_disk_room, fail_together, id_policy_of,
+                                   make_plan, make_reader, tables_of)
 from embedding.train.state import checkpoint_bytes
 from embedding.train.step import (EmbeddingStages, GradSync, PhaseTimer, finite,
                                   symmetric_grads)
@@ -106,11 +106,11 @@ class Trainer:
         fail_together(group, "opening the data", exc)
         self.data = data
         self._setup_threads()
-        self.tables = build_tables(config, data.table_sizes, data.feature_names,
-                                   data.feature_tables, data.feature_pooling)
+        self.tables = tables_of(config, data)
         self.plan = make_plan(config, self.tables, group, data.ids_per_sample)
         m = config.model
-        self.dense_config = DenseConfig(num_dense=data.num_dense, num_sparse=len(data.feature_names),
+        self.dense_config = DenseConfig(num_dense=data.num_dense,
+                                        num_sparse=len(data.feature_names),
                                         bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp,
                                         dtype=m.dtype)
         out = Path(config.output.dir)

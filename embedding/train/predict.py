@@ -76,9 +76,9 @@ def predict(checkpoint, data, out, *, keep=None, group=None, batch_size: int | N
     when the input has labels, ``"auc"``, ``"log_loss"``, ``"accuracy"``.
     """
     from embedding.checkpoint import Checkpoint, CheckpointError
-    from embedding.data.parquet import ParquetDataset, ParquetSource
+    from embedding.data.parquet import ParquetDataset, ParquetSource, check_labels, table_rows
     from embedding.data.types import DataFormatError
-    from embedding.train.data import TrainData
+    from embedding.train.data import parquet_data
     from embedding.train.evaluate import metrics_of, score
     from embedding.train.loop import Trainer
     from embedding.train.save import resume
@@ -97,18 +97,13 @@ def predict(checkpoint, data, out, *, keep=None, group=None, batch_size: int | N
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device=device))
         schema = cfg.data.schema()
         vocab = read_vocabularies(ckpt)
-        rows = {}
-        for table, feats in schema.tables().items():
-            rows[table] = feats[0].rows if feats[0].encoding == "hash" else \
-                vocab[table].num_rows
+        rows = table_rows(schema, vocab)
         src = ParquetSource(cfg.data.eval_path, schema, label_optional=True)
-        dataset = ParquetDataset(src, schema, vocab, rows)
+        if src.has_label:
+            check_labels(src, schema.label)
+        dataset = ParquetDataset(src, schema, vocab, rows, check_labels=False)
         kept = _kept_columns(src, schema, keep)
-        tdata = TrainData(None, dataset, tuple(rows[f.table] for f in schema.sparse),
-                          schema.feature_names, schema.num_dense,
-                          feature_tables=tuple(f.table for f in schema.sparse),
-                          feature_pooling=tuple(f.pooling for f in schema.sparse),
-                          eval_sets=(("input", dataset),), vocabularies=vocab)
+        tdata = parquet_data(schema, None, [("input", dataset)], vocab, rows)
     except (ConfigError, CheckpointError, DataFormatError, ValueError, OSError, KeyError) as e:
         exc = e
     fail_together(group, "loading the model for predictions", exc)
@@ -160,8 +155,7 @@ def _write(src, kept, logits, out) -> None:
     import pyarrow.parquet as pq
 
     out = Path(out)
-    if out.parent and not out.parent.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     prob = (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
     writer = None

@@ -15,7 +15,8 @@ from typing import Sequence
 from embedding.train.types import ConfigError, TrainConfig, TrainingError
 from embedding.types import IdPolicy, Pooling, ShardingPlan, TableConfig
 
-__all__ = ["fail_together", "problem_kind", "build_tables", "make_plan", "plan_for", "make_reader",
+__all__ = ["fail_together", "problem_kind", "build_tables", "tables_of", "make_plan", "plan_for",
+           "make_reader",
            "host_memory", "check_disk_room"]
 
 _log = logging.getLogger(__name__)
@@ -106,6 +107,12 @@ def build_tables(cfg: TrainConfig, table_sizes, feature_names, feature_tables=()
                                features=tuple(f for f, _, _ in feats), dtype=cfg.model.dtype,
                                optimizer=cfg.sparse_optimizer))
     return out
+
+
+def tables_of(cfg: TrainConfig, data) -> list[TableConfig]:
+    """:func:`build_tables` for a :class:`~embedding.train.data.TrainData`'s features."""
+    return build_tables(cfg, data.table_sizes, data.feature_names, data.feature_tables,
+                        data.feature_pooling)
 
 
 def id_policy_of(cfg: TrainConfig) -> IdPolicy:
