@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 from neocomm.errors import NeocommError
 
 __all__ = ["Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig", "ShardingType",
-           "Shard", "TablePlan", "ShardingPlan", "IdPolicy", "BatchError", "enum_arg"]
+           "Shard", "TablePlan", "ShardingPlan", "IdPolicy", "BatchError", "enum_arg",
+           "check_pooling"]
 
 
 def enum_arg(cls: type[enum.Enum], value, name: str):
@@ -33,6 +34,7 @@ class Pooling(enum.Enum):
 
     SUM = "sum"
     MEAN = "mean"
+    MAX = "max"      # per column; the gradient goes to the first row holding the maximum
 
 
 class OptimizerKind(enum.Enum):
@@ -123,6 +125,21 @@ class ShardingType(enum.Enum):
     DATA_PARALLEL = "data_parallel"      # replicated on every rank
     TABLE_ROW_WISE = "table_row_wise"    # one node, row-wise within the node
     TABLE_COLUMN_WISE = "table_column_wise"  # column slices on the ranks of one node
+
+
+#: Shardings that split a bag's ids across ranks and add the ranks' partial pools: they
+#: pool by sum or mean only (a maximum would need every rank's partial maximum and its
+#: position in the bag for the gradient).
+_PARTIAL_POOLS = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+
+
+def check_pooling(table: str, pooling: Pooling, sharding: ShardingType) -> None:
+    """ValueError, naming the table, when ``sharding`` cannot pool by ``pooling``."""
+    if pooling is Pooling.MAX and sharding in _PARTIAL_POOLS:
+        ok = [s.value for s in ShardingType if s not in _PARTIAL_POOLS]
+        raise ValueError(f"sharding of table {table!r}: {sharding.value} adds partial pools "
+                         f"across ranks and cannot pool by max; a max-pooled table is sharded "
+                         f"{', '.join(ok)}")
 
 
 @dataclass(frozen=True)

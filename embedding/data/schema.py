@@ -13,7 +13,7 @@ This is what ``[data]`` of a training config says about a Parquet source::
     name = "genres"          # the feature's name in logs, plans and checkpoints
     column = "genres"        # default: the name
     table = "genres"         # default: the name; features naming one table share it
-    pooling = "mean"         # sum (default) or mean
+    pooling = "mean"         # sum (default), mean or max
 
 A sparse feature's values (integers of any width or strings, one per row or
 a list per row) become table rows by ``encoding``:
@@ -40,7 +40,7 @@ __all__ = ["DenseColumn", "SparseFeature", "DataSchema", "SchemaError", "ENCODIN
            "POOLINGS", "dense_columns", "sparse_features"]
 
 ENCODINGS = ("vocabulary", "hash")
-POOLINGS = ("sum", "mean")
+POOLINGS = ("sum", "mean", "max")
 
 
 class SchemaError(ValueError):
@@ -256,9 +256,7 @@ def _sparse(i: int, s) -> SparseFeature:
     for k, choices in (("pooling", POOLINGS), ("encoding", ENCODINGS)):
         v = s.get(k, choices[0])
         if v not in choices:
-            extra = (" (max pooling is not available: the fused kernels pool by sum or "
-                     "mean)" if k == "pooling" and v == "max" else "")
-            raise SchemaError(f"{key}.{k}", f"expected one of {list(choices)}, got {v!r}{extra}")
+            raise SchemaError(f"{key}.{k}", f"expected one of {list(choices)}, got {v!r}")
         out[k] = v
     for k, least in (("rows", 0), ("min_count", 1)):
         v = s.get(k, least if k == "min_count" else 0)

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from embedding.kernels.layout import Bags, TableLayout, per_table_configs
-from embedding.kernels.segments import (jagged_sum, jagged_sum_permuted, segments_of_sorted,
-                                        stable_argsort)
+from embedding.kernels.segments import (jagged_max, jagged_sum, jagged_sum_permuted,
+                                        segments_of_sorted, stable_argsort)
 from embedding.optim import sparse_update
 
 __all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update",
@@ -40,7 +40,8 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
     """Pool every bag of every slot into ``out`` (``[G * B, out_dim]``, see layout doc).
 
     Sum pooling adds the (weighted) rows in bag order; mean pooling then
-    multiplies by ``1 / length`` (empty bags give zeros). Columns of ``out``
+    multiplies by ``1 / length``; max pooling keeps each column's largest
+    (weighted) value (empty bags give zeros). Columns of ``out``
     that no slot covers are set to zero. ``threads > 1`` runs blocks of bags
     on a thread pool (NumPy releases the GIL in the gathers and adds).
     """
@@ -65,6 +66,10 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
         first = gs * b
         dst = out[g * b:(g + 1) * b, bags.slot_col[s]:bags.slot_col[s] + d]
         ln = lengths[first:first + b]
+        if bags.slot_max[s]:
+            jagged_max(table_view(layout, weights, t), idx, offsets[first:first + b], ln, w,
+                       out=dst)
+            return
         jagged_sum(table_view(layout, weights, t), idx, offsets[first:first + b], ln, w,
                    out=dst)
         if bags.slot_mean[s]:
@@ -75,7 +80,8 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
 
 
 def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
-                    threads: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+                    threads: int = 1, weights: np.ndarray | None = None
+                    ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per table, ``(rows, grads)``: the unique rows the bags read and their summed gradients.
 
     ``grad_out`` is the gradient of :func:`pooled_lookup`'s output. Each id
@@ -84,6 +90,10 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
     contributions of one row are summed in occurrence order (stable sort by
     row). ``rows`` are unique, in no particular order (the device twin
     returns them sorted).
+
+    Max slots need the table ``weights`` the lookup read: an occurrence
+    contributes to a column only where it is the bag's first maximum
+    (``grad_out * w`` there, zero elsewhere).
     """
     bags.check(layout)
     dtype = grad_out.dtype
@@ -92,6 +102,9 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
     lengths = np.diff(offsets)
     idx = np.asarray(bags.indices, np.int64)
     w = _weights_of(bags, dtype)
+    if bags.any_max and weights is None:
+        raise ValueError("weights: the gradient of max pooling needs the table weights the "
+                         "lookup read")
 
     def one(t: int):
         d = layout.dims[t]
@@ -99,21 +112,31 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
                   if bags.slot_table[s] == t]
         if not blocks or b == 0:
             return np.zeros(0, np.int64), np.zeros((0, d), dtype)
-        gsrc = np.empty((len(blocks) * b, d), dtype)
+        gsrc = [np.empty((len(blocks) * b, d), dtype)]
         ids_parts, row_parts, w_parts = [], [], []
+        at = len(blocks) * b  # rows of gsrc so far (max slots append one per occurrence)
         for k, (g, s) in enumerate(blocks):
             first = (g * s_count + s) * b
             col = bags.slot_col[s]
             ln = lengths[first:first + b]
-            dst = gsrc[k * b:(k + 1) * b]
-            dst[...] = grad_out[g * b:(g + 1) * b, col:col + d]
-            if bags.slot_mean[s]:
-                dst *= _inverse_lengths(ln, dtype)[:, None]
             lo, hi = offsets[first], offsets[first + b]
+            grad = grad_out[g * b:(g + 1) * b, col:col + d]
             ids_parts.append(idx[lo:hi])
-            row_parts.append(np.repeat(np.arange(k * b, (k + 1) * b, dtype=np.int64), ln))
             if w is not None:
                 w_parts.append(w[lo:hi])
+            if bags.slot_max[s]:
+                gsrc.append(_max_occurrence_grads(table_view(layout, weights, t), idx,
+                                                  offsets[first:first + b], ln, w, grad, lo,
+                                                  hi))
+                row_parts.append(np.arange(at, at + hi - lo, dtype=np.int64))
+                at += hi - lo
+                continue
+            dst = gsrc[0][k * b:(k + 1) * b]
+            dst[...] = grad
+            if bags.slot_mean[s]:
+                dst *= _inverse_lengths(ln, dtype)[:, None]
+            row_parts.append(np.repeat(np.arange(k * b, (k + 1) * b, dtype=np.int64), ln))
+        gsrc = _cat(gsrc)
         ids = _cat(ids_parts)
         if ids.size == 0:
             return np.zeros(0, np.int64), np.zeros((0, d), dtype)
@@ -125,6 +148,22 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
         return (uniq if perm is None else uniq[perm]), grads
 
     return _map(one, range(layout.num_tables), threads)
+
+
+def _max_occurrence_grads(table, idx, starts, lengths, w, grad, lo: int, hi: int):
+    """``[hi - lo, d]``: each occurrence's share of its bag's gradient under max pooling.
+
+    The occurrence that holds a column's maximum (the first, on ties) gets
+    the bag's gradient there; every other occurrence gets zero. The per-id
+    weight is applied later, with the other slots' weights.
+    """
+    d = table.shape[1]
+    arg = np.empty((len(starts), d), np.int64)
+    jagged_max(table, idx, starts, lengths, w, arg_out=arg)
+    out = np.zeros((hi - lo, d), grad.dtype)
+    bag, col = np.nonzero(arg >= 0)
+    out[arg[bag, col] - lo, col] = grad[bag, col]
+    return out
 
 
 def aggregate_rows(rows: np.ndarray, grads: np.ndarray, num_rows: int
@@ -176,7 +215,7 @@ def backward_update(layout: TableLayout, config, weights: np.ndarray,
                     state: dict, bags: Bags, grad_out: np.ndarray, threads: int = 1) -> None:
     """Fused backward + optimizer: aggregate per row, then update the touched rows."""
     apply_updates(layout, config, weights, state,
-                  aggregate_grads(layout, bags, grad_out, threads), threads=threads)
+                  aggregate_grads(layout, bags, grad_out, threads, weights), threads=threads)
 
 
 def _cat(parts):

@@ -74,7 +74,8 @@ def _slot_arrays(bags: Bags):
     cp = _cp()
     return (cp.asarray(np.asarray(bags.slot_table, np.int32)),
             cp.asarray(np.asarray(bags.slot_col, np.int64)),
-            cp.asarray(np.asarray(bags.slot_mean, np.int32)))
+            cp.asarray(np.asarray(bags.slot_mean, np.int32)),
+            cp.asarray(np.asarray(bags.slot_max, np.int32)))
 
 
 def _per_id(bags: Bags, dtype):
@@ -84,8 +85,13 @@ def _per_id(bags: Bags, dtype):
     return cp.ascontiguousarray(cp.asarray(bags.weights, dtype)), np.int32(1)
 
 
-def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None):
-    """Device twin of :func:`embedding.kernels.cpu.pooled_lookup` (one launch)."""
+def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None, arg_out=None):
+    """Device twin of :func:`embedding.kernels.cpu.pooled_lookup` (one launch).
+
+    ``arg_out`` (int64, shaped like ``out``), when given, receives for the
+    columns of max slots the index (into ``bags.indices``) of each column's
+    first maximum, -1 for empty bags; its other columns are left as they are.
+    """
     cp = _cp()
     bags.check(layout)
     dtype = weights.dtype
@@ -100,14 +106,18 @@ def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None):
     if n == 0:
         return out
     woff, dims, _ = _layout_arrays(layout)
-    st, sc, sm = _slot_arrays(bags)
+    st, sc, sm, sx = _slot_arrays(bags)
     idx = cp.ascontiguousarray(cp.asarray(bags.indices, cp.int64))
     off = cp.ascontiguousarray(cp.asarray(bags.offsets, cp.int64))
     pw, has_w = _per_id(bags, dtype)
+    has_arg = np.int32(arg_out is not None)
+    if arg_out is None:
+        arg_out = cp.zeros(1, cp.int64)
     _function(dtype, "pooled_lookup")(
         _blocks(n), (_THREADS,),
-        (weights, woff, dims, st, sc, sm, idx, off, pw, has_w, np.int64(n),
-         np.int32(bags.num_slots), np.int32(bags.batch_size), np.int64(bags.out_dim), out))
+        (weights, woff, dims, st, sc, sm, sx, idx, off, pw, has_w, np.int64(n),
+         np.int32(bags.num_slots), np.int32(bags.batch_size), np.int64(bags.out_dim), out,
+         arg_out, has_arg))
     return out
 
 
@@ -177,12 +187,17 @@ def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, configs=No
     return sk, seg_start, seg_table, agg, agg_off
 
 
-def _bag_source(layout, bags: Bags, grad_out):
-    """Occurrence keys and the ``from_bags`` gradient-source arguments."""
+def _bag_source(layout, bags: Bags, grad_out, weights=None):
+    """Occurrence keys and the ``from_bags`` gradient-source arguments.
+
+    Max slots need the table ``weights`` the lookup read: the lookup runs
+    again to find each column's first maximum (the lookup's result is
+    discarded; the weights have not changed since it ran).
+    """
     cp = _cp()
     dtype = grad_out.dtype
     _, _, row_base = _layout_arrays(layout)
-    st, sc, sm = _slot_arrays(bags)
+    st, sc, sm, sx = _slot_arrays(bags)
     idx = cp.ascontiguousarray(cp.asarray(bags.indices, cp.int64))
     off = cp.ascontiguousarray(cp.asarray(bags.offsets, cp.int64))
     n_occ = int(idx.size)
@@ -196,9 +211,17 @@ def _bag_source(layout, bags: Bags, grad_out):
              np.int32(bags.batch_size), keys, occ_bag))
     pw, has_w = _per_id(bags, dtype)
     grad_out = cp.ascontiguousarray(grad_out)
-    source = (np.int32(1), grad_out, occ_bag, off, sc, sm, pw, has_w, np.int32(bags.num_slots),
-              np.int32(bags.batch_size), np.int64(bags.out_dim), cp.zeros(1, dtype),
-              cp.zeros(1, cp.int64))
+    max_arg = cp.zeros(1, cp.int64)
+    if bags.any_max and n_occ:
+        if weights is None:
+            raise ValueError("weights: the gradient of max pooling needs the table weights the "
+                             "lookup read")
+        max_arg = cp.empty((bags.out_rows, bags.out_dim), cp.int64)
+        pooled_lookup(layout, weights, bags, cp.empty((bags.out_rows, bags.out_dim),
+                                                      weights.dtype), max_arg)
+    source = (np.int32(1), grad_out, occ_bag, off, sc, sm, sx, max_arg, pw, has_w,
+              np.int32(bags.num_slots), np.int32(bags.batch_size), np.int64(bags.out_dim),
+              cp.zeros(1, dtype), cp.zeros(1, cp.int64))
     return keys, source
 
 
@@ -218,13 +241,13 @@ def _split_tables(layout, sk, seg_start, seg_table, agg, agg_off):
     return out
 
 
-def aggregate_grads(layout: TableLayout, bags: Bags, grad_out):
+def aggregate_grads(layout: TableLayout, bags: Bags, grad_out, weights=None):
     """Device twin of :func:`embedding.kernels.cpu.aggregate_grads`."""
     cp = _cp()
     bags.check(layout)
     _check_dims(layout)
     dtype = grad_out.dtype
-    keys, source = _bag_source(layout, bags, grad_out)
+    keys, source = _bag_source(layout, bags, grad_out, weights)
     if keys.size == 0:
         return [(cp.zeros(0, cp.int64), cp.zeros((0, d), dtype)) for d in layout.dims]
     return _split_tables(layout, *_run_segments(layout, keys, dtype, source, 0))
@@ -235,7 +258,7 @@ def backward_update(layout: TableLayout, config, weights, state: dict, bags: Bag
     """Device twin of :func:`embedding.kernels.cpu.backward_update` (fused: sort + one launch)."""
     bags.check(layout)
     _check_dims(layout)
-    keys, source = _bag_source(layout, bags, grad_out.astype(weights.dtype, copy=False))
+    keys, source = _bag_source(layout, bags, grad_out.astype(weights.dtype, copy=False), weights)
     if keys.size == 0:
         return
     _run_segments(layout, keys, weights.dtype, source, 1,
@@ -271,13 +294,19 @@ def apply_updates(layout: TableLayout, config, weights, state: dict, sparse,
     keys = cp.concatenate(keys)
     grad_rows = cp.concatenate(flats)
     grad_row_offsets = cp.concatenate(row_offs)
-    zi = cp.zeros(1, cp.int64)
-    zt = cp.zeros(1, dtype)
-    source = (np.int32(0), zt, zi, zi, zi, cp.zeros(1, cp.int32), zt, np.int32(0), np.int32(1),
-              np.int32(1), np.int64(0), grad_rows, grad_row_offsets)
+    source = _row_source(dtype, grad_rows, grad_row_offsets)
     terms_arg = (cp.concatenate(terms), cp.asarray(given)) if given.any() else None
     _run_segments(layout, keys, dtype, source, 1, per_table_configs(config, layout.num_tables),
                   weights, state, terms_arg)
+
+
+def _row_source(dtype, grad_rows, grad_row_offsets):
+    """``segment_update``'s gradient source from flat gradient rows (``from_bags`` 0; the bag
+    arguments are unused)."""
+    cp = _cp()
+    zi, zs, zt = cp.zeros(1, cp.int64), cp.zeros(1, cp.int32), cp.zeros(1, dtype)
+    return (np.int32(0), zt, zi, zi, zi, zs, zs, zi, zt, np.int32(0), np.int32(1), np.int32(1),
+            np.int64(0), grad_rows, grad_row_offsets)
 
 
 def aggregate_rows(rows, grads, num_rows: int):
@@ -291,9 +320,5 @@ def aggregate_rows(rows, grads, num_rows: int):
     if d > MAX_DIM:
         raise ValueError(f"grads: the device kernels support dims up to {MAX_DIM}, got {d}")
     layout = TableLayout((int(num_rows),), (d,))
-    zi = cp.zeros(1, cp.int64)
-    zt = cp.zeros(1, grads.dtype)
-    source = (np.int32(0), zt, zi, zi, zi, cp.zeros(1, cp.int32), zt, np.int32(0), np.int32(1),
-              np.int32(1), np.int64(0), grads.reshape(-1),
-              cp.arange(rows.size, dtype=cp.int64) * d)
+    source = _row_source(grads.dtype, grads.reshape(-1), cp.arange(rows.size, dtype=cp.int64) * d)
     return _split_tables(layout, *_run_segments(layout, rows, grads.dtype, source, 0))[0]

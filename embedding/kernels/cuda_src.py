@@ -11,7 +11,9 @@ across a row is involved (row-wise AdaGrad's mean of squares) or ``pow``
 
 Kernels (one warp per bag or per unique row, 32 lanes over the columns):
 
-- ``pooled_lookup``: every bag of every slot of every local table, one launch;
+- ``pooled_lookup``: every bag of every slot of every local table, one launch
+  (sum, mean or max per slot; for max slots optionally the position of each
+  column's first maximum, which the backward reads);
 - ``occurrence_keys``: global row key and bag of each id occurrence;
 - ``segment_update``: per unique global row (after a stable sort by key),
   sum the occurrences' gradients and either write the sum (``mode`` 0) or
@@ -56,10 +58,13 @@ extern "C" __global__ void pooled_lookup(
         const T* __restrict__ weights, const i64* __restrict__ weight_offsets,
         const int* __restrict__ dims, const int* __restrict__ slot_table,
         const i64* __restrict__ slot_col, const int* __restrict__ slot_mean,
+        const int* __restrict__ slot_max,
         const i64* __restrict__ indices, const i64* __restrict__ offsets,
         const T* __restrict__ per_id, const int has_per_id,
         const i64 num_bags, const int num_slots, const int batch_size, const i64 out_dim,
-        T* __restrict__ out) {
+        T* __restrict__ out, i64* __restrict__ arg_out, const int has_arg) {
+    // arg_out (has_arg != 0), laid out like out: for the columns of max slots, the index into
+    // indices of the bag's first id holding the column's maximum (-1 for an empty bag)
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
     for (i64 bag = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); bag < num_bags;
@@ -72,17 +77,28 @@ extern "C" __global__ void pooled_lookup(
         const int d = dims[t];
         const T* w = weights + weight_offsets[t];
         const i64 start = offsets[bag], end = offsets[bag + 1];
-        T* o = out + (g * batch_size + b) * out_dim + slot_col[s];
+        const i64 at = (g * batch_size + b) * out_dim + slot_col[s];
+        T* o = out + at;
         const bool mean = slot_mean[s] != 0;
+        const bool mx = slot_max[s] != 0;
         const T scale = (mean && end > start) ? DIV((T)1, (T)(end - start)) : (T)1;
         for (int c = lane; c < d; c += 32) {
             T acc = (T)0;
+            i64 arg = -1;
             for (i64 i = start; i < end; ++i) {
                 T x = w[indices[i] * d + c];
                 if (has_per_id) x = MUL(x, per_id[i]);
-                acc = (i == start) ? x : ADD(acc, x);
+                if (mx) {
+                    if (i == start || x > acc) {
+                        acc = x;
+                        arg = i;
+                    }
+                } else {
+                    acc = (i == start) ? x : ADD(acc, x);
+                }
             }
             o[c] = mean ? MUL(acc, scale) : acc;
+            if (mx && has_arg) arg_out[at + c] = arg;
         }
     }
 }
@@ -108,7 +124,8 @@ __device__ __forceinline__ T occurrence_grad(
         const int from_bags, const i64 occ, const int c,
         const T* __restrict__ grad_out, const i64* __restrict__ occ_bag,
         const i64* __restrict__ offsets, const i64* __restrict__ slot_col,
-        const int* __restrict__ slot_mean, const T* __restrict__ per_id, const int has_per_id,
+        const int* __restrict__ slot_mean, const int* __restrict__ slot_max,
+        const i64* __restrict__ max_arg, const T* __restrict__ per_id, const int has_per_id,
         const int num_slots, const int batch_size, const i64 out_dim,
         const T* __restrict__ grad_rows, const i64* __restrict__ grad_row_offsets) {
     if (!from_bags) return grad_rows[grad_row_offsets[occ] + c];
@@ -117,7 +134,10 @@ __device__ __forceinline__ T occurrence_grad(
     const i64 b = bag - gs * batch_size;
     const int s = (int)(gs % num_slots);
     const i64 g = gs / num_slots;
-    T x = grad_out[(g * batch_size + b) * out_dim + slot_col[s] + c];
+    const i64 at = (g * batch_size + b) * out_dim + slot_col[s] + c;
+    // max pooling: only the bag's first maximum of column c receives its gradient
+    if (slot_max[s] && max_arg[at] != occ) return (T)0;
+    T x = grad_out[at];
     if (slot_mean[s]) {
         const i64 len = offsets[bag + 1] - offsets[bag];
         x = MUL(x, DIV((T)1, (T)(len > 0 ? len : 1)));
@@ -136,7 +156,8 @@ extern "C" __global__ void segment_update(
         // gradient source: bags (from_bags = 1) or flat rows (from_bags = 0)
         const int from_bags, const T* __restrict__ grad_out, const i64* __restrict__ occ_bag,
         const i64* __restrict__ offsets, const i64* __restrict__ slot_col,
-        const int* __restrict__ slot_mean, const T* __restrict__ per_id, const int has_per_id,
+        const int* __restrict__ slot_mean, const int* __restrict__ slot_max,
+        const i64* __restrict__ max_arg, const T* __restrict__ per_id, const int has_per_id,
         const int num_slots, const int batch_size, const i64 out_dim,
         const T* __restrict__ grad_rows, const i64* __restrict__ grad_row_offsets,
         // row-wise AdaGrad's mean(g*g) given per occurrence for the tables t with
@@ -165,8 +186,9 @@ extern "C" __global__ void segment_update(
             T acc = (T)0;
             for (i64 p = lo; p < hi; ++p) {
                 const T x = occurrence_grad(from_bags, order[p], c, grad_out, occ_bag, offsets,
-                                            slot_col, slot_mean, per_id, has_per_id, num_slots,
-                                            batch_size, out_dim, grad_rows, grad_row_offsets);
+                                            slot_col, slot_mean, slot_max, max_arg, per_id,
+                                            has_per_id, num_slots, batch_size, out_dim,
+                                            grad_rows, grad_row_offsets);
                 acc = (p == lo) ? x : ADD(acc, x);
             }
             g[k] = acc;

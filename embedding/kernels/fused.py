@@ -106,7 +106,8 @@ class FusedTables:
 
     def aggregate(self, bags: Bags, grad_out):
         """Per table ``(rows, grads)`` of the bags' summed gradients (no update)."""
-        return self._impl.aggregate_grads(self.layout, bags, self._cast(grad_out), **self._kw())
+        return self._impl.aggregate_grads(self.layout, bags, self._cast(grad_out),
+                                          weights=self.weights, **self._kw())
 
     def update(self, sparse, unique: bool = True, row_terms=None) -> None:
         """Optimizer step on per-table ``(rows, grads)``; ``unique=False`` sums duplicates first.

@@ -90,8 +90,12 @@ class Bags:
     """Bags of ids to pool over a :class:`TableLayout` (see module doc).
 
     ``weights`` are optional per-id weights (one per index). ``slot_mean[s]``
-    divides slot ``s``'s pooled rows by their bag length (empty bags give
-    zeros). Arrays are NumPy or CuPy, matching the kernels that read them.
+    divides slot ``s``'s pooled rows by their bag length; ``slot_max[s]``
+    pools slot ``s`` by the maximum of each column instead of the sum (of the
+    weighted rows; the gradient of a column goes to the bag's first id
+    holding its maximum). Empty bags give zeros. ``slot_max`` may be left
+    empty (no max slot). Arrays are NumPy or CuPy, matching the kernels that
+    read them.
     """
 
     indices: object
@@ -103,15 +107,23 @@ class Bags:
     out_dim: int
     num_groups: int = 1
     weights: object = None
+    slot_max: tuple[bool, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "slot_table", tuple(int(t) for t in self.slot_table))
         object.__setattr__(self, "slot_col", tuple(int(c) for c in self.slot_col))
         object.__setattr__(self, "slot_mean", tuple(bool(m) for m in self.slot_mean))
         s = len(self.slot_table)
-        if len(self.slot_col) != s or len(self.slot_mean) != s:
-            raise ValueError(f"slot_col/slot_mean: expected {s} entries each, got "
-                             f"{len(self.slot_col)} and {len(self.slot_mean)}")
+        object.__setattr__(self, "slot_max", tuple(bool(m) for m in self.slot_max)
+                           or (False,) * s)
+        if len(self.slot_col) != s or len(self.slot_mean) != s or len(self.slot_max) != s:
+            raise ValueError(f"slot_col/slot_mean/slot_max: expected {s} entries each, got "
+                             f"{len(self.slot_col)}, {len(self.slot_mean)} and "
+                             f"{len(self.slot_max)}")
+        both = [i for i in range(s) if self.slot_mean[i] and self.slot_max[i]]
+        if both:
+            raise ValueError(f"slot_mean/slot_max: slot {both[0]} cannot pool by both mean and "
+                             f"max")
         if int(self.batch_size) < 0 or int(self.num_groups) < 0:
             raise ValueError(f"batch_size/num_groups: expected >= 0, got {self.batch_size} and "
                              f"{self.num_groups}")
@@ -122,6 +134,19 @@ class Bags:
         if self.weights is not None and len(self.weights) != len(self.indices):
             raise ValueError(f"weights: expected one per index ({len(self.indices)}), got "
                              f"{len(self.weights)}")
+
+    @classmethod
+    def pooling_flags(cls, poolings) -> dict:
+        """``slot_mean`` and ``slot_max`` (as keyword arguments) of one pooling per slot."""
+        from embedding.types import Pooling
+
+        poolings = tuple(poolings)
+        return {"slot_mean": tuple(p is Pooling.MEAN for p in poolings),
+                "slot_max": tuple(p is Pooling.MAX for p in poolings)}
+
+    @property
+    def any_max(self) -> bool:
+        return any(self.slot_max)
 
     @property
     def num_slots(self) -> int:

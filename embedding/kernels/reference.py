@@ -15,25 +15,41 @@ __all__ = ["pool_bags", "bag_grads", "reference_step"]
 
 def pool_bags(table: np.ndarray, bags: list[list[int]], pooling: Pooling = Pooling.SUM,
               weights: list[list[float]] | None = None) -> np.ndarray:
-    """``[len(bags), dim]``: each bag's (weighted) sum, or mean, of ``table`` rows."""
+    """``[len(bags), dim]``: each bag's (weighted) sum, mean or per-column max of ``table`` rows.
+
+    Empty bags give zeros."""
     out = np.zeros((len(bags), table.shape[1]), table.dtype)
     for b, ids in enumerate(bags):
         for j, i in enumerate(ids):
             w = 1.0 if weights is None else weights[b][j]
-            out[b] += w * table[i]
+            if pooling is Pooling.MAX:
+                out[b] = w * table[i] if j == 0 else np.maximum(out[b], w * table[i])
+            else:
+                out[b] += w * table[i]
         if pooling is Pooling.MEAN and ids:
             out[b] /= len(ids)
     return out
 
 
 def bag_grads(num_rows: int, bags: list[list[int]], grad: np.ndarray,
-              pooling: Pooling = Pooling.SUM, weights: list[list[float]] | None = None
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """Dense ``[num_rows, dim]`` gradient of :func:`pool_bags` and the touched-row mask."""
+              pooling: Pooling = Pooling.SUM, weights: list[list[float]] | None = None,
+              table: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Dense ``[num_rows, dim]`` gradient of :func:`pool_bags` and the touched-row mask.
+
+    Max pooling needs the ``table`` that was pooled: a column's gradient goes
+    to the first id of the bag holding its maximum."""
     dense = np.zeros((num_rows, grad.shape[1]), grad.dtype)
     touched = np.zeros(num_rows, bool)
     for b, ids in enumerate(bags):
         scale = 1.0 / len(ids) if pooling is Pooling.MEAN and ids else 1.0
+        if pooling is Pooling.MAX and ids:
+            ws = [1.0 if weights is None else weights[b][j] for j in range(len(ids))]
+            vals = np.stack([w * table[i] for w, i in zip(ws, ids)])
+            first = np.argmax(vals, axis=0)  # the first maximum of each column
+            for j, i in enumerate(ids):
+                dense[i] += np.where(first == j, ws[j] * grad[b], 0)
+                touched[i] = True
+            continue
         for j, i in enumerate(ids):
             w = 1.0 if weights is None else weights[b][j]
             dense[i] += w * scale * grad[b]
@@ -45,5 +61,5 @@ def reference_step(config: OptimizerConfig, table: np.ndarray, state: dict,
                    bags: list[list[int]], grad: np.ndarray, pooling: Pooling = Pooling.SUM,
                    weights: list[list[float]] | None = None) -> None:
     """One dense-reference training step of one table, in place."""
-    dense, touched = bag_grads(table.shape[0], bags, grad, pooling, weights)
+    dense, touched = bag_grads(table.shape[0], bags, grad, pooling, weights, table)
     dense_reference_update(config, table, state, dense, touched)

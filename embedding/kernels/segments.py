@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["stable_argsort", "segments_of_sorted", "jagged_sum", "jagged_sum_permuted",
-           "positions_of_segments"]
+           "jagged_max", "positions_of_segments"]
 
 #: Below this many keys a comparison sort is as fast as radix passes.
 _RADIX_MIN = 2048
@@ -150,6 +150,50 @@ def jagged_sum_permuted(source: np.ndarray, index: np.ndarray, starts: np.ndarra
             rows[0] += res[r]
             res[r] = np.add.accumulate(rows, axis=0)[-1]
     return res, perm
+
+
+def jagged_max(source: np.ndarray, index: np.ndarray, starts: np.ndarray,
+               lengths: np.ndarray, weights: np.ndarray | None = None,
+               out: np.ndarray | None = None, arg_out: np.ndarray | None = None) -> np.ndarray:
+    """``out[k, c] = max_j source[index[starts[k] + j], c] * weights[starts[k] + j]``.
+
+    The maximum per column over the segment's (weighted) rows; empty
+    segments give zeros. ``arg_out`` (int64, ``[K, d]``), when given,
+    receives the position ``starts[k] + j`` of the first ``j`` attaining each
+    column's maximum (-1 for empty segments), as the device kernel picks it:
+    a later row replaces the running maximum only when strictly greater.
+    """
+    k = len(starts)
+    d = source.shape[1]
+    if out is None:
+        out = np.empty((k, d), source.dtype)
+    if k == 0:
+        return out
+    lengths = np.asarray(lengths, np.int64)
+    starts = np.asarray(starts, np.int64)
+    lmax = int(lengths.max())
+    perm = stable_argsort(lmax - lengths, lmax)  # longest first: running ones are a prefix
+    sl, st = lengths[perm], starts[perm]
+    neg = -sl
+    best = np.zeros((k, d), source.dtype)
+    arg = np.full((k, d), -1, np.int64)
+    for j in range(lmax):
+        n = int(np.searchsorted(neg, -j, side="left"))
+        pos = st[:n] + j
+        rows = np.take(source, index[pos], axis=0)
+        if weights is not None:
+            rows *= weights[pos][:, None]
+        if j == 0:
+            best[:n] = rows
+            arg[:n] = pos[:, None]
+            continue
+        better = rows > best[:n]
+        np.copyto(best[:n], rows, where=better)
+        np.copyto(arg[:n], np.broadcast_to(pos[:, None], better.shape), where=better)
+    out[perm] = best
+    if arg_out is not None:
+        arg_out[perm] = arg
+    return out
 
 
 def _gather_into(source, idx, weights, wpos, dst, add: bool) -> None:

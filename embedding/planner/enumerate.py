@@ -27,7 +27,7 @@ from embedding.planner.estimate import CostModel, Scope, shard_memory, touch_byt
 from embedding.planner.estimate import itemsize as _itemsize
 from embedding.planner.types import (Candidate, Hardware, PlacementKind, PlanDoesNotFitError,
                                      ShardEstimate, TableConstraints, Workload)
-from embedding.types import ShardingType, TableConfig
+from embedding.types import Pooling, ShardingType, TableConfig, check_pooling
 
 __all__ = ["enumerate_candidates", "row_blocks", "column_splits"]
 
@@ -146,6 +146,11 @@ def enumerate_candidates(table: TableConfig, hardware: Hardware, workload: Workl
     hw, dim, name = hardware, table.dim, table.name
     allowed = set(c.shardings) or set(ShardingType)
     explicit = bool(c.shardings)
+    if table.pooling is Pooling.MAX:
+        for s in sorted(allowed & set(_SPLIT), key=lambda s: s.value):
+            if allowed <= set(_SPLIT):
+                check_pooling(name, table.pooling, s)  # raises: nothing else was allowed
+            allowed.discard(s)
     multi_node = hw.num_nodes > 1
     b = _Builder(table, hw, workload, cost, c.ids_per_sample or workload.ids_per_sample)
 
@@ -189,7 +194,8 @@ def enumerate_candidates(table: TableConfig, hardware: Hardware, workload: Workl
                                   table=name)
     usable = hw.usable_memory
     whole = b.columns(1, ShardingType.TABLE_WISE).max_shard_memory
-    too_large = whole > usable
+    # a table too large for one device is split by rows, unless it cannot be (max pooling)
+    too_large = whole > usable and bool(allowed & set(_SPLIT))
     fits = [x for x in out if x.max_shard_memory <= usable
             and (not too_large or x.sharding in _SPLIT)]
     if not fits:

@@ -7,7 +7,7 @@ The file holds one list, ``tables``, of entries with these keys (TOML)::
     num_rows = 40000000       # required, > 0
     dim = 128                 # required, > 0
     dtype = "float32"         # float32 | float16 | bfloat16 | float64 | int8 | uint8
-    pooling = "sum"           # sum | mean
+    pooling = "sum"           # sum | mean | max (max: not row-wise)
     features = ["user_id"]    # features that read the table (default: its name)
     ids_per_sample = 1.0      # mean ids per sample (default: the workload's)
     sharding = ["row_wise"]   # allowed shardings, one string or a list (default: any)

@@ -26,7 +26,8 @@ import numpy as np
 from embedding.jagged import KeyedJagged
 from embedding.kernels import FusedTables
 from embedding.kernels.segments import positions_of_segments
-from embedding.types import Pooling, Shard, ShardingType, TableConfig, TablePlan
+from embedding.types import (Pooling, Shard, ShardingType, TableConfig, TablePlan,
+                             check_pooling)
 
 __all__ = ["ShardingEnv", "ShardingStrategy", "Pending", "FeatureSpec", "LocalShard",
            "collectives_api", "pack_jagged", "unpack_jagged"]
@@ -190,7 +191,8 @@ class ShardingStrategy(abc.ABC):
         self.plans = tuple(plans)
         self.env = env
         feats, col = [], 0
-        for t in self.tables:
+        for t, p in zip(self.tables, self.plans):
+            check_pooling(t.name, t.pooling, p.sharding)
             for f in t.features:
                 feats.append(FeatureSpec(f, t.name, t.dim, t.pooling, col))
                 col += t.dim

@@ -16,7 +16,7 @@ from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags
 from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingStrategy,
                                      collectives_api)
-from embedding.types import Pooling, Shard, ShardingType, TableConfig, TablePlan
+from embedding.types import Shard, ShardingType, TableConfig, TablePlan
 
 __all__ = ["DataParallelSharding"]
 
@@ -51,9 +51,9 @@ class DataParallelSharding(ShardingStrategy):
     def input_dist(self, kjt: KeyedJagged) -> Pending:
         sub = kjt.select(self.feature_names)
         bags = Bags(sub.values, sub.offsets, self._slot_table,
-                    tuple(f.col for f in self.features),
-                    tuple(f.pooling is Pooling.MEAN for f in self.features),
-                    sub.batch_size, self.out_dim, 1, sub.weights)
+                    tuple(f.col for f in self.features), batch_size=sub.batch_size,
+                    out_dim=self.out_dim, weights=sub.weights,
+                    **Bags.pooling_flags(f.pooling for f in self.features))
         return Pending.done(bags)
 
     def forward(self, batch) -> Pending:

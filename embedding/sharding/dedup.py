@@ -24,7 +24,6 @@ from embedding.kernels import Bags, TableLayout, kernel_module
 from embedding.kernels.segments import stable_argsort
 from embedding.sharding.base import (Pending, ShardingStrategy, collectives_api, pack_jagged,
                                      unpack_jagged)
-from embedding.types import Pooling
 
 __all__ = ["unique_inverse", "DedupPlan"]
 
@@ -170,10 +169,10 @@ class DedupPlan:
                         offsets, tuple(range(len(order))),
                         tuple(s.features[s.slots[i].feature].col + s.slots[i].shard.col_offset
                               for i in order),
-                        tuple(s.features[s.slots[i].feature].pooling is Pooling.MEAN
-                              for i in order),
-                        req.batch, s.out_dim, 1,
-                        None if req.weights is None else np.concatenate(req.weights))
+                        batch_size=req.batch, out_dim=s.out_dim,
+                        weights=None if req.weights is None else np.concatenate(req.weights),
+                        **Bags.pooling_flags(s.features[s.slots[i].feature].pooling
+                                             for i in order))
             req.bags, req.layout = bags, layout
             ops = kernel_module(env.device)
             if not order:
@@ -193,7 +192,8 @@ class DedupPlan:
         layout = req.layout
         if layout.num_tables:
             ops = kernel_module(env.device)
-            sparse = ops.aggregate_grads(layout, req.bags, xp.asarray(grad, env.dtype))
+            sparse = ops.aggregate_grads(layout, req.bags, xp.asarray(grad, env.dtype),
+                                         weights=rows)
         else:
             sparse = []
         gbuf = xp.zeros(layout.total_elements, env.dtype)

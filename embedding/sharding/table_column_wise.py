@@ -33,7 +33,7 @@ from embedding.kernels import Bags
 from embedding.sharding.base import (Pending, ShardingEnv, collectives_api, displacements,
                                      pack_jagged)
 from embedding.sharding.table_wise import SlotWiseSharding, check_column_partition
-from embedding.types import Pooling, ShardingType, TableConfig, TablePlan
+from embedding.types import ShardingType, TableConfig, TablePlan
 
 __all__ = ["TableColumnWiseSharding"]
 
@@ -145,9 +145,10 @@ class TableColumnWiseSharding(SlotWiseSharding):
             return Bags(np.zeros(0, np.int64), np.zeros(1, np.int64), (), (), (), b, 0,
                         env.size)
         return Bags(indices, offsets, tuple(self.slots[i].local_table for i in mine),
-                    self._local_cols,
-                    tuple(self.features[self.slots[i].feature].pooling is Pooling.MEAN
-                          for i in mine), b, self._local_dim, env.size, weights)
+                    self._local_cols, batch_size=b, out_dim=self._local_dim,
+                    num_groups=env.size, weights=weights,
+                    **Bags.pooling_flags(self.features[self.slots[i].feature].pooling
+                                         for i in mine))
 
     # -- forward -------------------------------------------------------------------------
     def forward(self, batch) -> Pending:

@@ -33,8 +33,7 @@ from embedding.kernels import Bags
 from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingStrategy,
                                      collectives_api, pack_jagged, unpack_jagged)
 from embedding.sharding.dedup import DedupPlan
-from embedding.types import (OptimizerKind, Pooling, Shard, ShardingType, TableConfig,
-                             TablePlan)
+from embedding.types import OptimizerKind, Shard, ShardingType, TableConfig, TablePlan
 
 __all__ = ["TableWiseSharding", "SlotWiseSharding", "check_column_partition"]
 
@@ -173,10 +172,10 @@ class SlotWiseSharding(ShardingStrategy):
             return Bags(np.zeros(0, np.int64), np.zeros(1, np.int64), (), (), (), batch, 0,
                         groups)
         return Bags(values, offsets, tuple(self.slots[i].local_table for i in mine),
-                    self._local_cols,
-                    tuple(self.features[self.slots[i].feature].pooling is Pooling.MEAN
-                          for i in mine),
-                    batch, self._local_dim, groups, weights)
+                    self._local_cols, batch_size=batch, out_dim=self._local_dim,
+                    num_groups=groups, weights=weights,
+                    **Bags.pooling_flags(self.features[self.slots[i].feature].pooling
+                                         for i in mine))
 
     # -- forward ------------------------------------------------------------------
     def forward(self, batch) -> Pending:

@@ -25,10 +25,16 @@ def load_mpi_tests(name: str):
 def bag_case(dtype, seed=0, weighted=True, groups=2, batch=6,
              rows=(500, 37, 1000, 1, 5, 9), dims=(16, 64, 130, 33, MAX_DIM, 1),
              slot_table=(0, 2, 0, 1, 3, 4, 5),
-             slot_mean=(False, True, False, True, False, True, False)):
+             slot_mean=(False, True, False, True, False, True, False), slot_max=None):
     """Random bags plus adversarial ones: per slot, bag 0 is empty, bag 1 repeats the table's
     last row, bag 2 mixes rows 0 and last; hot rows repeat across bags and slots. The
-    tables include one of one row, one of dim MAX_DIM, dims that are not multiples of 32."""
+    tables include one of one row, one of dim MAX_DIM, dims that are not multiples of 32.
+    ``slot_max`` defaults to max pooling on slots 2, 6, ... (table 0 is then read by a sum
+    and a max slot). Rows 0 and 1 of every table are equal and bag 3 is ``[1, 0, 1, 0]`` with
+    weights 1: every column ties between two rows, and the first (row 1) takes the gradient
+    of a max slot."""
+    if slot_max is None:
+        slot_max = tuple(i % 4 == 2 and not m for i, m in enumerate(slot_mean))
     rng = np.random.default_rng(seed)
     layout = TableLayout(rows, dims)
     sdims = [layout.dims[t] for t in slot_table]
@@ -45,6 +51,8 @@ def bag_case(dtype, seed=0, weighted=True, groups=2, batch=6,
                     ids = np.full(3, last)
                 elif b == 2:
                     ids = np.array([0, last, 0, last])
+                elif b == 3:
+                    ids = np.array([1, 0, 1, 0]).clip(0, last)
                 else:
                     n = int(rng.integers(1, 7))
                     hot = rng.choice([0, last, min(1, last)], n)
@@ -54,7 +62,14 @@ def bag_case(dtype, seed=0, weighted=True, groups=2, batch=6,
     ids = np.concatenate(bags)
     offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     w = rng.uniform(0.5, 2, ids.size) if weighted else None
-    bags = Bags(ids, offsets, slot_table, cols, slot_mean, batch, out_dim, groups, w)
+    if w is not None and batch > 3:
+        for bag in range(3, len(lens), batch):
+            w[offsets[bag]:offsets[bag + 1]] = 1
+    bags = Bags(ids, offsets, slot_table, cols, slot_mean, batch, out_dim, groups, w, slot_max)
     weights = rng.standard_normal(layout.total_elements).astype(dtype)
+    for t, off in enumerate(layout.weight_offsets):
+        if layout.rows[t] > 1:
+            d = layout.dims[t]
+            weights[off + d:off + 2 * d] = weights[off:off + d]
     grad = rng.standard_normal((groups * batch, out_dim)).astype(dtype)
     return layout, bags, weights, grad

@@ -39,9 +39,9 @@ def _close(got, want) -> float:
     return float(np.max(np.abs(got - want) / (1 + np.abs(want)), initial=0))
 
 
-def _run(world, all_ranks, mix, kind, *, dedup=False, pipelined=False, steps=2):
+def _run(world, all_ranks, mix, kind, *, dedup=False, pipelined=False, steps=2, pools=S.POOLS):
     group = world.world
-    tables = S.make_tables(kind)
+    tables = S.make_tables(kind, pools)
     plan = S.make_plan(tables, mix, group)
     host = ShardedEmbeddingCollection(tables, plan, group, dedup=dedup)
     dev = ShardedEmbeddingCollection(tables, plan, group, dedup=dedup, device="cuda")
@@ -89,6 +89,13 @@ def test_device_collection_matches_numpy(world, all_ranks, backend, mix, kind):
 @pytest.mark.parametrize("mix", ["tw", "cw", "twcw", "mixed"])
 def test_device_dedup_matches_numpy(world, all_ranks, mix):
     _run(world, all_ranks, mix, OptimizerKind.ROWWISE_ADAGRAD, dedup=True)
+
+
+@pytest.mark.parametrize("mix, dedup", [("tw", False), ("cw", False), ("dp", False),
+                                        ("twcw", False), ("mixed", True)])
+def test_device_max_pooling_matches_numpy(world, all_ranks, mix, dedup):
+    """The device kernels route a max column's gradient to the same row as NumPy."""
+    _run(world, all_ranks, mix, OptimizerKind.ADAM, dedup=dedup, pools=S.MAX_POOLS, steps=3)
 
 
 @pytest.mark.parametrize("mix", ["mixed", "mixed_hier"])

@@ -40,9 +40,10 @@ def test_lookup_matches_numpy_bitwise(dtype, weighted):
 def test_aggregate_matches_numpy(dtype):
     from embedding.kernels import cuda
 
-    layout, bags, _, grad = _case(dtype, seed=1)
-    host = cpu.aggregate_grads(layout, bags, grad)
-    dev = cuda.aggregate_grads(layout, bags, cp.asarray(grad))
+    layout, bags, weights, grad = _case(dtype, seed=1)
+    assert bags.any_max
+    host = cpu.aggregate_grads(layout, bags, grad, weights=weights)
+    dev = cuda.aggregate_grads(layout, bags, cp.asarray(grad), cp.asarray(weights))
     for (hr, hg), (dr, dg) in zip(host, dev):
         order = np.argsort(hr)
         np.testing.assert_array_equal(cp.asnumpy(dr), hr[order])

@@ -143,14 +143,16 @@ class _DeviceTwin:
             out[...] = res
         return res
 
-    def aggregate_grads(self, layout, bags, grad_out):
-        return self._host(self._call(cuda.aggregate_grads, layout, bags, cp.asarray(grad_out)))
+    def aggregate_grads(self, layout, bags, grad_out, weights=None):
+        return self._host(self._call(cuda.aggregate_grads, layout, bags, cp.asarray(grad_out),
+                                     None if weights is None else cp.asarray(weights)))
 
     def aggregate_rows(self, rows, grads, num_rows):
         return self._host(self._call(cuda.aggregate_rows, rows, cp.asarray(grads), num_rows))
 
-    def _bag_source(self, layout, bags, grad_out):
-        return self._host(self._call(cuda._bag_source, layout, bags, cp.asarray(grad_out)))
+    def _bag_source(self, layout, bags, grad_out, weights=None):
+        return self._host(self._call(cuda._bag_source, layout, bags, cp.asarray(grad_out),
+                                     None if weights is None else cp.asarray(weights)))
 
     def backward_update(self, layout, config, weights, state, bags, grad_out):
         self._with_tables(cuda.backward_update, layout, config, weights, state, bags,
@@ -225,18 +227,20 @@ def test_lookup_zeroes_columns_no_slot_covers(device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_aggregate_from_bags_matches_numpy_bitwise(device, dtype):
-    """segment_update mode 0 (write sums), gradients from the bags (from_bags 1)."""
-    layout, bags, _, grad = bag_case(dtype, seed=3)
-    host = cpu.aggregate_grads(layout, bags, grad)
-    _assert_sparse_equal(_DeviceTwin(device).aggregate_grads(layout, bags, grad), host)
-    _assert_sparse_equal(_DeviceTwin(device, max_blocks=1).aggregate_grads(layout, bags, grad),
-                         host)
+    """segment_update mode 0 (write sums), gradients from the bags (from_bags 1); max slots
+    route each column's gradient to the bag's first maximum as NumPy does."""
+    layout, bags, weights, grad = bag_case(dtype, seed=3)
+    assert bags.any_max
+    host = cpu.aggregate_grads(layout, bags, grad, weights=weights)
+    _assert_sparse_equal(_DeviceTwin(device).aggregate_grads(layout, bags, grad, weights), host)
+    _assert_sparse_equal(_DeviceTwin(device, max_blocks=1).aggregate_grads(layout, bags, grad,
+                                                                           weights), host)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_occurrence_keys_are_global_rows_and_bags(device, dtype):
-    layout, bags, _, grad = bag_case(dtype, seed=4)
-    keys, source = _DeviceTwin(device, max_blocks=1)._bag_source(layout, bags, grad)
+    layout, bags, weights, grad = bag_case(dtype, seed=4)
+    keys, source = _DeviceTwin(device, max_blocks=1)._bag_source(layout, bags, grad, weights)
     lengths = np.diff(bags.offsets)
     bag_of = np.repeat(np.arange(bags.num_bags), lengths)
     slot = (bag_of // bags.batch_size) % bags.num_slots
@@ -346,7 +350,7 @@ def test_oclgrind_finds_no_error_in_lookup_and_keys(oclgrind, dtype):
     twin = _DeviceTwin(oclgrind, max_blocks=2)
     np.testing.assert_array_equal(twin.pooled_lookup(layout, weights, bags),
                                   cpu.pooled_lookup(layout, weights, bags))
-    keys, source = twin._bag_source(layout, bags, grad)
+    keys, source = twin._bag_source(layout, bags, grad, weights)
     assert keys.size == source[2].size == bags.indices.size
 
 
@@ -356,8 +360,8 @@ def test_oclgrind_finds_no_error_in_segment_update(oclgrind, dtype):
     __syncwarp), Adam (__syncwarp, pow), row terms; the tables use all three optimizers."""
     layout, bags, weights, grad = bag_case(dtype, seed=10, batch=4)
     twin = _DeviceTwin(oclgrind, max_blocks=2)
-    _assert_sparse_equal(twin.aggregate_grads(layout, bags, grad),
-                         cpu.aggregate_grads(layout, bags, grad))
+    _assert_sparse_equal(twin.aggregate_grads(layout, bags, grad, weights),
+                         cpu.aggregate_grads(layout, bags, grad, weights=weights))
     config = [OptimizerConfig(KINDS[t % 3], lr=0.05) for t in range(layout.num_tables)]
     host = FusedTables(layout.rows, layout.dims, config, dtype=dtype)
     host.weights[:] = weights

@@ -26,13 +26,18 @@ BATCH = 5
 RTOL = 1e-10
 
 
-def make_tables(kind: OptimizerKind) -> list[TableConfig]:
+POOLS = (Pooling.SUM, Pooling.MEAN, Pooling.SUM, Pooling.MEAN)
+#: Max pooling on every table whose sharding can pool by max (t1 is row-wise in "mixed").
+MAX_POOLS = (Pooling.MAX, Pooling.MEAN, Pooling.MAX, Pooling.MAX)
+
+
+def make_tables(kind: OptimizerKind, pools=POOLS) -> list[TableConfig]:
     opt = OptimizerConfig(kind, lr=0.05 if kind is not OptimizerKind.SGD else 0.1)
     return [
-        TableConfig("t0", 37, 4, Pooling.SUM, ("f0", "f0b"), "float64", opt),
-        TableConfig("t1", 23, 6, Pooling.MEAN, ("f1",), "float64", opt),
-        TableConfig("t2", 41, 8, Pooling.SUM, ("f2",), "float64", opt),
-        TableConfig("t3", 11, 5, Pooling.MEAN, ("f3", "f3b"), "float64", opt),
+        TableConfig("t0", 37, 4, pools[0], ("f0", "f0b"), "float64", opt),
+        TableConfig("t1", 23, 6, pools[1], ("f1",), "float64", opt),
+        TableConfig("t2", 41, 8, pools[2], ("f2",), "float64", opt),
+        TableConfig("t3", 11, 5, pools[3], ("f3", "f3b"), "float64", opt),
     ]
 
 
@@ -153,7 +158,7 @@ class Reference:
             touched = np.zeros(t.num_rows, bool)
             for f in t.features:
                 d, tt = bag_grads(t.num_rows, bags[f], grad[:, col:col + t.dim], t.pooling,
-                                  None if weights is None else weights[f])
+                                  None if weights is None else weights[f], self.w[t.name])
                 dense += d
                 touched |= tt
                 col += t.dim
@@ -181,9 +186,9 @@ def compare_shards(coll, ref, all_ranks, what: str, rtol: float = RTOL):
 
 
 def run_steps(world, all_ranks, mix, kind, *, weighted=False, dedup=False, steps=2,
-              pipelined=False, dtype=None, rtol=RTOL):
+              pipelined=False, dtype=None, rtol=RTOL, pools=POOLS):
     group = world.world
-    tables = make_tables(kind)
+    tables = make_tables(kind, pools)
     plan = make_plan(tables, mix, group)
     coll = ShardedEmbeddingCollection(tables, plan, group, dedup=dedup, dtype=dtype)
     rng = np.random.default_rng(1234)
@@ -237,6 +242,30 @@ def test_per_id_weights(world, all_ranks, mix):
 @pytest.mark.parametrize("mix", ["tw", "cw", "twcw", "mixed"])
 def test_dedup_matches_reference(world, all_ranks, mix, kind):
     run_steps(world, all_ranks, mix, kind, dedup=True, weighted=mix == "mixed")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind", list(OptimizerKind), ids=lambda k: k.value)
+@pytest.mark.parametrize("mix, dedup", [("tw", False), ("cw", False), ("dp", False),
+                                        ("twcw", False), ("mixed", False), ("tw", True),
+                                        ("mixed", True)])
+def test_max_pooling_matches_reference(world, all_ranks, mix, dedup, kind):
+    """Max pooling (weighted: the maximum of weight x row) beside sum and mean features."""
+    run_steps(world, all_ranks, mix, kind, weighted=True, dedup=dedup, pools=MAX_POOLS,
+              steps=3, pipelined=mix == "mixed")
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mix", ["rw", "twrw"])
+def test_row_wise_refuses_max_pooling(world, all_ranks, mix):
+    if _needs_uniform(mix, world) and not world.uniform:
+        pytest.skip("table_row_wise needs the same number of ranks on every node")
+    tables = make_tables(OptimizerKind.SGD, MAX_POOLS)
+    plan = make_plan(tables, mix, world.world)
+    with pytest.raises(ValueError) as info:
+        ShardedEmbeddingCollection(tables, plan, world.world)
+    all_ranks(f"sharding of table 't0': {MIXES[mix][0].value} adds partial pools across ranks "
+              "and cannot pool by max" in str(info.value), str(info.value))
 
 
 @pytest.mark.mpi(min_size=1)

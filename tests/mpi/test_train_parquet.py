@@ -80,10 +80,15 @@ def test_trains_evaluates_every_set_and_predicts_in_row_order(world, example, al
               f"predict {r} vs evaluation {want}")
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_the_loss_curve_is_the_one_of_one_rank(world, example, all_ranks, shuffle):
-    """Records shuffled across files and row groups: the same order at every world size."""
-    opts = {"shuffle": shuffle, "shuffle_window": 1000}
+@pytest.mark.parametrize("shuffle, pooling", [(False, "mean"), (True, "mean"),
+                                             (False, "max")])
+def test_the_loss_curve_is_the_one_of_one_rank(world, example, all_ranks, shuffle, pooling):
+    """Records shuffled across files and row groups: the same order at every world size.
+    The list-valued feature pooled by mean or by max."""
+    sparse = load_config(f"{example}/train.toml").data.sparse
+    sparse = tuple(dataclasses.replace(f, pooling=pooling) if f.name == "genres" else f
+                   for f in sparse)
+    opts = {"shuffle": shuffle, "shuffle_window": 1000, "sparse": sparse}
     many = Trainer(config(example, f"{example}/many", **opts), world.world)
     many.train()
     many.close()

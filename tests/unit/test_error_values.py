@@ -30,8 +30,8 @@ def test_table_pooling_names_the_table_and_value():
     from embedding.types import TableConfig
 
     with pytest.raises(ValueError, match=r"pooling of table 'user': expected one of "
-                                         r"\['sum', 'mean'\], got 'max'"):
-        TableConfig(name="user", num_rows=4, dim=2, pooling="max")
+                                         r"\['sum', 'mean', 'max'\], got 'min'"):
+        TableConfig(name="user", num_rows=4, dim=2, pooling="min")
 
 
 def test_plan_sharding_names_the_table_and_value():

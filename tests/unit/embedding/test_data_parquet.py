@@ -220,7 +220,7 @@ def test_boolean_labels_and_features_sharing_a_table(tmp_path):
 
 
 @pytest.mark.parametrize("sparse, key", [
-    ([{"name": "a", "pooling": "max"}], "data.sparse[0].pooling"),
+    ([{"name": "a", "pooling": "min"}], "data.sparse[0].pooling"),
     ([{"name": "a", "encoding": "hash"}], "data.sparse[0].rows"),
     ([{"name": "a"}, {"name": "a", "column": "b"}], "data.sparse[1].name"),
     ([{"name": "a", "table": "t"}, {"name": "b", "table": "t", "pooling": "mean"}],

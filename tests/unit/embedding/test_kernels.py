@@ -21,7 +21,9 @@ class Case:
         rng = np.random.default_rng(seed)
         self.layout = TableLayout((7, 5, 9, 3), (3, 4, 3, 2))
         self.slot_table = (0, 2, 0, 1, 3)
-        self.slot_mean = (False, True, False, True, False)
+        # table 0 is read by a sum slot and a max slot: one backward mixes both
+        self.pools = (Pooling.SUM, Pooling.MEAN, Pooling.MAX, Pooling.MEAN, Pooling.MAX)
+        self.slot_mean = tuple(p is Pooling.MEAN for p in self.pools)
         dims = [self.layout.dims[t] for t in self.slot_table]
         self.slot_col = tuple(int(x) for x in np.concatenate([[0], np.cumsum(dims)[:-1]]))
         self.out_dim = int(sum(dims))
@@ -47,8 +49,9 @@ class Case:
         offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         self.weighted = weighted
         self.bags = Bags(np.asarray(vals, np.int64), offsets, self.slot_table, self.slot_col,
-                         self.slot_mean, batch, self.out_dim, groups,
-                         np.asarray(wts) if weighted else None)
+                         batch_size=batch, out_dim=self.out_dim, num_groups=groups,
+                         weights=np.asarray(wts) if weighted else None,
+                         **Bags.pooling_flags(self.pools))
         self.weights = rng.standard_normal(self.layout.total_elements).astype(dtype)
         self.dtype = dtype
 
@@ -64,23 +67,24 @@ class Case:
         for g in range(self.groups):
             for s, t in enumerate(self.slot_table):
                 bags, w = self.block(g, s)
-                pooling = Pooling.MEAN if self.slot_mean[s] else Pooling.SUM
                 c = self.slot_col[s]
                 out[g * self.batch:(g + 1) * self.batch, c:c + self.layout.dims[t]] = pool_bags(
-                    self.table(flat, t).astype(np.float64), bags, pooling, w)
+                    self.table(flat, t).astype(np.float64), bags, self.pools[s], w)
         return out
 
-    def reference_grads(self, grad):
+    def reference_grads(self, grad, flat=None):
+        """Dense gradients; max slots read the ``flat`` weights (default: the initial ones)."""
+        flat = self.weights if flat is None else flat
         dense = [np.zeros((r, d)) for r, d in zip(self.layout.rows, self.layout.dims)]
         touched = [np.zeros(r, bool) for r in self.layout.rows]
         for g in range(self.groups):
             for s, t in enumerate(self.slot_table):
                 bags, w = self.block(g, s)
-                pooling = Pooling.MEAN if self.slot_mean[s] else Pooling.SUM
                 c = self.slot_col[s]
                 d, tt = bag_grads(self.layout.rows[t], bags,
                                   grad[g * self.batch:(g + 1) * self.batch,
-                                       c:c + self.layout.dims[t]], pooling, w)
+                                       c:c + self.layout.dims[t]], self.pools[s], w,
+                                  self.table(flat, t))
                 dense[t] += d
                 touched[t] |= tt
         return dense, touched
@@ -108,6 +112,24 @@ def test_pooled_lookup_long_tail_bags():
     np.testing.assert_allclose(out, pool_bags(w.reshape(50, 3), lists), rtol=1e-12, atol=1e-12)
 
 
+def test_max_pooling_ties_and_negative_rows():
+    """Each column's maximum; on a tie the first id gets the gradient; empty bags give zeros."""
+    layout = TableLayout((4,), (3,))
+    table = np.array([[1.0, -5.0, 2.0], [1.0, -7.0, 3.0], [0.5, -6.0, 3.0], [9.0, 9.0, 9.0]])
+    bags = Bags(np.array([1, 0, 2, 2]), np.array([0, 3, 3, 4]), (0,), (0,), (False,), 3, 3,
+                slot_max=(True,))
+    out = cpu.pooled_lookup(layout, table.reshape(-1), bags)
+    np.testing.assert_array_equal(out, [[1.0, -5.0, 3.0], [0, 0, 0], [0.5, -6.0, 3.0]])
+    grad = np.array([[1.0, 2.0, 4.0], [8.0, 8.0, 8.0], [16.0, 32.0, 64.0]])
+    (rows, grads), = cpu.aggregate_grads(layout, bags, grad, weights=table.reshape(-1))
+    sparse = dict(zip(rows.tolist(), grads.tolist()))
+    # bag 0 [1, 0, 2]: column 0 ties rows 1 and 0 (row 1 first), column 1 is row 0's, column 2
+    # ties rows 1 and 2 (row 1 first); bag 2 [2] takes all of its gradient
+    assert sparse == {1: [1.0, 0.0, 4.0], 0: [0.0, 2.0, 0.0], 2: [16.0, 32.0, 64.0]}
+    with pytest.raises(ValueError, match="max pooling needs the table weights"):
+        cpu.aggregate_grads(layout, bags, grad)
+
+
 def test_uncovered_columns_are_zero():
     case = Case(weighted=False)
     bags = Bags(case.bags.indices, case.bags.offsets, case.slot_table, case.slot_col,
@@ -121,7 +143,7 @@ def test_aggregate_grads_match_loops(weighted):
     case = Case(seed=2, weighted=weighted)
     grad = np.random.default_rng(9).standard_normal((case.groups * case.batch, case.out_dim))
     dense, touched = case.reference_grads(grad)
-    sparse = cpu.aggregate_grads(case.layout, case.bags, grad)
+    sparse = cpu.aggregate_grads(case.layout, case.bags, grad, weights=case.weights)
     for t, (rows, g) in enumerate(sparse):
         assert len(set(rows.tolist())) == len(rows)
         assert sorted(rows.tolist()) == np.flatnonzero(touched[t]).tolist()
@@ -143,8 +165,9 @@ def test_backward_update_matches_dense_reference(kind, threads):
     rng = np.random.default_rng(5)
     for _ in range(3):
         grad = rng.standard_normal((case.groups * case.batch, case.out_dim))
+        dense, touched = case.reference_grads(grad, np.concatenate(
+            [w.reshape(-1) for w in ref_w]))
         ft.backward_update(case.bags, grad)
-        dense, touched = case.reference_grads(grad)
         for t in range(case.layout.num_tables):
             dense_reference_update(config, ref_w[t], ref_state[t], dense[t], touched[t])
     for t in range(case.layout.num_tables):
@@ -211,7 +234,9 @@ def test_update_sums_duplicate_rows_when_asked():
     (lambda: Bags(np.zeros(2, np.int64), np.zeros(3, np.int64), (0,), (0,), (False,), 1, 2),
      "expected num_groups"),
     (lambda: Bags(np.zeros(2, np.int64), np.array([0, 2]), (0,), (0, 1), (False,), 1, 2),
-     "slot_col/slot_mean"),
+     "slot_col/slot_mean/slot_max"),
+    (lambda: Bags(np.zeros(2, np.int64), np.array([0, 2]), (0,), (0,), (True,), 1, 2,
+                  slot_max=(True,)), "slot 0 cannot pool by both mean and max"),
     (lambda: Bags(np.zeros(2, np.int64), np.array([0, 2]), (0,), (0,), (False,), 1, 2,
                   weights=np.ones(3)), "one per index"),
     (lambda: FusedTables((3,), (2,), OptimizerConfig(), dtype="int32"), "dtype"),

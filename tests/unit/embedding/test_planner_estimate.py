@@ -139,6 +139,20 @@ def test_constraints_limit_the_shardings_and_pooling():
     assert heavy.memory.buffers - light.memory.buffers == 1024 * 18 * 8
 
 
+def test_max_pooled_tables_are_never_split_by_rows():
+    hw = Hardware(16, 8, 200 << 20)
+    maxed = TableConfig("m", 1 << 20, 64, pooling="max")
+    big = cands(maxed, hw)  # too large for one device: column slices instead of row blocks
+    assert big and all(k.startswith(("column_wise", "table_column_wise")) for k in big)
+    assert all(c.max_shard_memory <= hw.usable_memory for c in big.values())
+    small = cands(TableConfig("m", 1000, 64, pooling="max"), hw)
+    assert "table_wise" in small and not any("row_wise" in k for k in small)
+    with pytest.raises(ValueError, match=r"sharding of table 'm': row_wise adds partial pools "
+                                         r"across ranks and cannot pool by max; a max-pooled "
+                                         r"table is sharded table_wise, column_wise"):
+        cands(maxed, hw, shardings=(ShardingType.ROW_WISE,))
+
+
 def test_bad_hardware_and_workload():
     with pytest.raises(ValueError, match="world_size"):
         Hardware(0, 1, GIB)

@@ -99,7 +99,7 @@ def test_printed_config_reads_back_the_same(tmp_path):
     ("[data]\nsource = \"parquet\"\n", "data.path", "required when data.source is"),
     ("[data]\nsource = \"criteo\"\npath = \"a.parquet\"\n", "data.path", "is a Parquet file; set source"),
     ("[data]\nsource = \"parquet\"\npath = \"a.parquet\"\n", "data.label", "required with source"),
-    ("[data]\nsource = \"parquet\"\npath = \"a.parquet\"\nlabel = \"y\"\n[[data.sparse]]\nname = \"g\"\npooling = \"max\"\n", "data.sparse[0].pooling", "expected one of"),
+    ("[data]\nsource = \"parquet\"\npath = \"a.parquet\"\nlabel = \"y\"\n[[data.sparse]]\nname = \"g\"\npooling = \"maximum\"\n", "data.sparse[0].pooling", "expected one of"),
     ("[data]\nsource = \"binary\"\npath = \"a.bin\"\nlabel = \"y\"\n", "data.label", "names Parquet columns"),
     ("[data]\nsource = \"binary\"\n", "data.path", "required"),
     ("[data]\npath = \"x.bin\"\n", "data.path", "synthetic"),
