@@ -30,7 +30,6 @@ import pytest
 
 from embedding.kernels import Bags, FusedTables, TableLayout, cpu, cuda
 from embedding.kernels.cuda_src import MAX_DIM, source_for
-from embedding.kernels.layout import per_table_configs
 from embedding.types import OptimizerConfig, OptimizerKind
 from gpu_cases import bag_case
 

@@ -5,7 +5,6 @@ communicator, so a failure (which aborts a communicator) stays in its test.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import cupy as cp
