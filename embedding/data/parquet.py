@@ -462,7 +462,8 @@ def _vocabulary(table: str, feature: SparseFeature, counter: _Counter) -> Vocabu
 
 
 def scan(source: ParquetSource, schema: DataSchema | None = None, *,
-         columns: Sequence[str] | None = None, distinct: bool = False) -> DataStats:
+         columns: Sequence[str] | None = None, distinct: bool = False,
+         comm=None) -> DataStats:
     """Read the columns once: per column stats, the label's check, the vocabularies.
 
     With ``schema``: its columns, its label checked to be 0/1 (a DataFormatError
@@ -470,50 +471,45 @@ def scan(source: ParquetSource, schema: DataSchema | None = None, *,
     size, or ``rows`` of a hashed one). Without: ``columns`` (default all).
     Distinct values are counted for the sparse columns, and with ``distinct``
     (or without a schema) for every integer or string column.
-    """
-    pa = _pa()
-    import pyarrow.compute as pc
 
+    ``comm`` (an mpi4py communicator) shares the work: rank ``r`` of ``n``
+    reads row groups ``r, r + n, ...`` and the ranks exchange their counts,
+    so each reads ``1/n`` of the data and every rank gets what one rank's
+    scan gives (a vocabulary orders by count, then value). An error in any
+    rank's share (the first in file order) is raised on every rank.
+    """
     cols = list(schema.columns() if schema is not None else (columns or source.types))
-    stats = {c: ColumnStats(c, str(source.types[c])) for c in cols}
     sparse = {f.column for f in schema.sparse} if schema is not None else set(cols)
-    counters = {c: _Counter() for c in cols
-                if source.kind(c).removeprefix("list<").removesuffix(">") in ("int", "string")
-                and (c in sparse or (distinct and c != schema.label))}
-    sums: dict[str, float] = {}
-    positives = 0 if schema is not None else None
-    for index in range(len(source.row_groups)):
-        t = source.read_row_group(index, cols)
-        for c in cols:
-            col = t.column(c)
-            s = stats[c]
-            n = len(col)
-            s.records += n
-            s.nulls += col.null_count
-            kind = source.kind(c)
-            if kind.startswith("list<"):
-                lens = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False)
-                s.min_length = int(lens.min()) if s.min_length is None else min(
-                    s.min_length, int(lens.min()))
-                s.max_length = int(lens.max()) if s.max_length is None else max(
-                    s.max_length, int(lens.max()))
-                sums[c] = sums.get(c, 0.0) + float(lens.sum())
-            elif kind in ("int", "float", "bool") and col.null_count < n:
-                mm = pc.min_max(col.cast(pa.float64()) if kind == "bool" else col)
-                lo, hi = mm["min"].as_py(), mm["max"].as_py()
-                if lo is not None:
-                    s.minimum = float(lo) if s.minimum is None else min(s.minimum, float(lo))
-                    s.maximum = float(hi) if s.maximum is None else max(s.maximum, float(hi))
-            if c in counters:
-                counters[c].add(_flat(col, pa)[0])
-        if schema is not None:
-            positives += _check_labels(t.column(schema.label), source, index)
-    totals = {c: counter.merged_struct() for c, counter in counters.items()}  # once each
+    counted = [c for c in cols
+               if source.kind(c).removeprefix("list<").removesuffix(">") in ("int", "string")
+               and (c in sparse or (distinct and c != schema.label))]
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    part = _ScanPart(source, schema, cols, counted)
+    try:
+        for index in range(rank, len(source.row_groups), size):
+            part.add(index)
+    except (DataFormatError, OSError, ValueError) as exc:
+        part.error = (index, exc)
+    parts = comm.allgather(part.shareable()) if size > 1 else [part.shareable()]
+    errors = [p["error"] for p in parts if p["error"] is not None]
+    if errors:
+        raise min(errors, key=lambda e: e[0])[1]
+    stats = {c: ColumnStats(c, str(source.types[c])) for c in cols}
+    for p in parts:
+        for c, s in stats.items():
+            _merge_stats(s, p["stats"][c])
+    totals = {}
+    for c in counted:  # every share's counts of a column merged once
+        merged = _Counter()
+        merged.parts = [p["counts"][c] for p in parts if p["counts"][c] is not None]
+        totals[c] = merged.merged_struct()
     for c, s in stats.items():
         if s.min_length is not None:
-            s.mean_length = round(sums.get(c, 0.0) / max(s.records, 1), 4)
+            s.mean_length = round(sum(p["sums"].get(c, 0.0) for p in parts) / max(s.records, 1),
+                                  4)
         if c in totals:
             s.distinct = len(totals[c])
+    positives = sum(p["positives"] for p in parts) if schema is not None else None
     vocabularies, table_rows = {}, {}
     if schema is not None:
         for table, feats in schema.tables().items():
@@ -527,6 +523,75 @@ def scan(source: ParquetSource, schema: DataSchema | None = None, *,
             vocabularies[table] = vocab
             table_rows[table] = vocab.num_rows
     return DataStats(source.num_records, stats, positives, vocabularies, table_rows)
+
+
+class _ScanPart:
+    """One rank's share of a :func:`scan`: stats and value counts of the row groups it read."""
+
+    def __init__(self, source: ParquetSource, schema, cols, counted):
+        self.source, self.schema, self.cols = source, schema, cols
+        self.stats = {c: ColumnStats(c, str(source.types[c])) for c in cols}
+        self.counters = {c: _Counter() for c in counted}
+        self.sums: dict[str, float] = {}
+        self.positives = 0
+        self.error = None
+
+    def add(self, index: int) -> None:
+        pa = _pa()
+        import pyarrow.compute as pc
+
+        source = self.source
+        t = source.read_row_group(index, self.cols)
+        for c in self.cols:
+            col = t.column(c)
+            s = self.stats[c]
+            n = len(col)
+            s.records += n
+            s.nulls += col.null_count
+            kind = source.kind(c)
+            if kind.startswith("list<"):
+                lens = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False)
+                _merge_stats(s, ColumnStats(c, s.type, min_length=int(lens.min()),
+                                            max_length=int(lens.max())))
+                self.sums[c] = self.sums.get(c, 0.0) + float(lens.sum())
+            elif kind in ("int", "float", "bool") and col.null_count < n:
+                mm = pc.min_max(col.cast(pa.float64()) if kind == "bool" else col)
+                lo, hi = mm["min"].as_py(), mm["max"].as_py()
+                if lo is not None:
+                    _merge_stats(s, ColumnStats(c, s.type, minimum=float(lo),
+                                                maximum=float(hi)))
+            if c in self.counters:
+                self.counters[c].add(_flat(col, pa)[0])
+        if self.schema is not None:
+            self.positives += _check_labels(t.column(self.schema.label), source, index)
+
+    def shareable(self) -> dict:
+        """What the other ranks need (plain data and Arrow arrays: it pickles)."""
+        import pickle
+
+        error = self.error
+        if error is not None:
+            try:
+                pickle.loads(pickle.dumps(error[1]))
+            except Exception:  # an error that does not travel: its message does
+                error = (error[0], DataFormatError(str(error[1])))
+        return {"stats": self.stats, "sums": self.sums, "positives": self.positives,
+                "error": error,
+                "counts": {c: (k.merged_struct() if k.parts else None)
+                           for c, k in self.counters.items()}}
+
+
+def _merge_stats(into: ColumnStats, other: ColumnStats) -> None:
+    """Fold ``other``'s lengths and range into ``into`` (records and nulls: when given)."""
+    if other is not into and other.records:
+        into.records += other.records
+        into.nulls += other.nulls
+    for key, pick in (("min_length", min), ("max_length", max), ("minimum", min),
+                      ("maximum", max)):
+        v = getattr(other, key)
+        if v is not None:
+            cur = getattr(into, key)
+            setattr(into, key, v if cur is None else pick(cur, v))
 
 
 def check_labels(source: ParquetSource, label: str) -> int:

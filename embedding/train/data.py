@@ -176,12 +176,15 @@ def table_sizes_of(cfg: TrainConfig) -> tuple[int, ...]:
     return sizes
 
 
-def open_data(cfg: TrainConfig) -> TrainData:
-    """The data sets of ``cfg`` (ConfigError for a misfit config, DataFormatError for bad files)."""
+def open_data(cfg: TrainConfig, group=None) -> TrainData:
+    """The data sets of ``cfg`` (ConfigError for a misfit config, DataFormatError for bad files).
+
+    With ``group`` (every rank calls it) the ranks share the work of a Parquet
+    source's scan (:func:`open_parquet`)."""
     d = cfg.data
     path = cfg.source
     if d.source is DataSource.PARQUET:
-        return open_parquet(cfg)
+        return open_parquet(cfg, group=group)
     if d.source is DataSource.SYNTHETIC:
         sizes = table_sizes_of(cfg)
         syn = SyntheticConfig(table_sizes=sizes, seed=cfg.train.seed, zipf_alpha=d.zipf_alpha,
@@ -229,23 +232,36 @@ def _set_names(paths) -> list[str]:
     return out
 
 
-def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None) -> TrainData:
+def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None,
+                 group=None) -> TrainData:
     """The Parquet sets of ``cfg``: every file and column checked, the vocabularies built.
 
     The vocabularies come from the training files (``path``, held-out
     records included when there is no ``eval_path``) unless given (a
     checkpoint's, for scoring). Every ``eval_path`` entry is one evaluation
-    set, its labels checked before anything is trained.
+    set, its labels checked before anything is trained. With ``group``
+    (every rank calls it), the ranks share the scan of the training files,
+    each reading a part of the row groups; errors are agreed.
     """
     from embedding.data.parquet import (ParquetDataset, ParquetSource, check_labels, scan,
                                         table_rows)
+    from embedding.train.setup import fail_together
 
     d = cfg.data
     schema = d.schema()
-    train_src = ParquetSource(d.path, schema) if d.path else None
+    train_src, exc = None, None
+    try:
+        train_src = ParquetSource(d.path, schema) if d.path else None
+    except (OSError, ValueError) as e:
+        exc = e
+    if group is not None and group.size > 1 and vocabularies is None and d.path:
+        fail_together(group, "opening the data", exc)  # before the shared scan: all or none
+    elif exc is not None:
+        raise exc
     ids = None
     if vocabularies is None:
-        stats = scan(train_src, schema)
+        stats = scan(train_src, schema, comm=group.comm if group is not None and
+                     group.size > 1 else None)
         vocabularies, rows = stats.vocabularies, dict(stats.table_rows)
         ids = {}
         for f in schema.sparse:  # pooling factors: ids per record, summed over a table's

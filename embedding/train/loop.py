@@ -100,7 +100,7 @@ class Trainer:
                     raise ConfigError(config.source, name, f"{value} does not split over "
                                       f"{self.size} ranks; use a multiple of {self.size}")
             if data is None:
-                data = open_data(config)
+                data = open_data(config, group)
         except (ConfigError, ValueError, OSError) as e:
             exc = e
         fail_together(group, "opening the data", exc)

@@ -43,6 +43,8 @@ def fail_together(group, what: str, exc: BaseException | None = None, *, step: i
     from neocomm.agree import Problem, agree
     from neocomm.errors import CollectiveArgumentError
 
+    if exc is not None and getattr(exc, "agreed", False):
+        raise exc  # agreed already: every rank holds it, none is waiting for this agreement
     problem = None
     if exc is not None:
         message = str(exc)

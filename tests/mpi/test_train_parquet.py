@@ -118,6 +118,61 @@ def test_a_bad_label_stops_every_rank_before_training(world, example, all_ranks)
     all_ranks("bad.parquet" in msg and "3 at row 7" in msg, msg)
 
 
+def test_the_shared_scan_equals_one_ranks_scan(world, example, all_ranks):
+    """Each rank scans a part of the row groups; every rank gets the whole scan's result."""
+    from embedding.data.parquet import ParquetSource, scan
+
+    schema = load_config(f"{example}/train.toml").data.schema()
+    src = ParquetSource(f"{example}/train.parquet", schema)
+    shared = scan(src, schema, comm=world.comm)
+    alone = scan(src, schema)
+    all_ranks(shared.to_dict() == alone.to_dict(), f"{shared.to_dict()} vs {alone.to_dict()}")
+    for table, v in alone.vocabularies.items():
+        w = shared.vocabularies[table]
+        all_ranks(w.values.equals(v.values) and np.array_equal(w.counts, v.counts), table)
+
+
+def test_the_scan_benchmark_reports_the_same_result(world, example, all_ranks, capsys,
+                                                     monkeypatch):
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_scan.py"
+    monkeypatch.setattr("sys.argv", [str(script), example, "--repeat", "1"])
+    runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out
+    all_ranks(world.rank != 0 or ("3,000 records" in out and "same result: True" in out), out)
+
+
+def test_bad_training_labels_in_two_shares_name_the_first(world, example, all_ranks):
+    """Row groups 1 and 4 hold bad labels (read by different ranks): every rank names row
+    group 1's, as one rank scanning in file order would."""
+    bad = f"{example}/bad-train.parquet"
+    if world.rank == 0:
+        t = pq.read_table(f"{example}/train.parquet")
+        labels = t.column("clicked").to_numpy().astype(np.int8)
+        labels[700 + 5], labels[4 * 700 + 9] = 2, 7
+        pq.write_table(t.set_column(t.column_names.index("clicked"), "clicked",
+                                    pa.array(labels)), bad, row_group_size=700)
+    world.comm.barrier()
+    cfg = config(example, f"{example}/bad-train-run", path=(bad,))
+    with pytest.raises((ConfigError, TrainingError)) as info:
+        Trainer(cfg, world.world)
+    msg = str(info.value)
+    all_ranks("bad-train.parquet" in msg and "2 at row 5" in msg and "7 at" not in msg, msg)
+
+
+def test_a_file_one_rank_cannot_see_fails_every_rank(world, example, all_ranks):
+    """Opening fails on one rank only: the others do not wait for it in the shared scan."""
+    path = f"{example}/train.parquet" if world.rank != world.size - 1 else \
+        f"{example}/missing-on-this-node.parquet"
+    cfg = config(example, f"{example}/missing-run", path=(path,))
+    with pytest.raises((ConfigError, TrainingError)) as info:
+        Trainer(cfg, world.world)
+    msg = str(info.value)
+    all_ranks("missing-on-this-node.parquet" in msg and f"rank {world.size - 1}" in msg, msg)
+
+
 def test_resume_refuses_a_changed_vocabulary(world, example, all_ranks):
     cfg = config(example, f"{example}/v1")
     t = Trainer(cfg, world.world)
