@@ -191,6 +191,31 @@ class ShardedEmbeddingCollection:
                     weights[sh.row_offset:sh.row_offset + sh.num_rows,
                             sh.col_offset:sh.col_offset + sh.num_cols], dtype=self.env.dtype)
 
+    def gather_table(self, name: str) -> np.ndarray:
+        """Table ``name``'s whole ``[num_rows, dim]`` weights, on every rank (collective).
+
+        Each rank contributes the shards it holds (one copy of a replicated
+        table); the result is a host (NumPy) array of the collection's dtype.
+        """
+        table = next((t for t in self.tables if t.name == name), None)
+        if table is None:
+            raise KeyError(f"table {name!r} is not in this collection")
+        mine = []
+        for s in self.local_shards():
+            if s.table == name:
+                w = s.weight
+                mine.append((s.shard, np.asarray(w) if isinstance(w, np.ndarray) else w.get()))
+        replicated = any(p.table == name and p.sharding is ShardingType.DATA_PARALLEL
+                         for p in self.plan.tables)
+        if replicated:  # every rank holds it whole: no traffic
+            return mine[0][1].copy()
+        out = np.empty((table.num_rows, table.dim), self.env.dtype)
+        for part in self.env.group.comm.allgather(mine):
+            for sh, w in part:
+                out[sh.row_offset:sh.row_offset + sh.num_rows,
+                    sh.col_offset:sh.col_offset + sh.num_cols] = w
+        return out
+
     # -- the step --------------------------------------------------------------------
     def check_input(self, kjt: KeyedJagged) -> KeyedJagged:
         """Validate ``kjt`` and apply id policies, agreeing the verdict across the group."""
