@@ -81,8 +81,7 @@ def _run(world, all_ranks, mix, kind, *, dedup=False, pipelined=False, steps=2, 
 @pytest.mark.parametrize("kind", list(OptimizerKind), ids=lambda k: k.value)
 @pytest.mark.parametrize("mix", list(S.MIXES))
 def test_device_collection_matches_numpy(world, all_ranks, backend, mix, kind):
-    if S._needs_uniform(mix, world) and not world.uniform:
-        pytest.skip("table_row_wise needs the same number of ranks on every node")
+    S.skip_if_uneven(mix, world)
     _run(world, all_ranks, mix, kind)
 
 
@@ -100,6 +99,5 @@ def test_device_max_pooling_matches_numpy(world, all_ranks, mix, dedup):
 
 @pytest.mark.parametrize("mix", ["mixed", "mixed_hier"])
 def test_device_pipelined_input_dist_matches_numpy(world, all_ranks, mix):
-    if S._needs_uniform(mix, world) and not world.uniform:
-        pytest.skip("table_row_wise needs the same number of ranks on every node")
+    S.skip_if_uneven(mix, world)
     _run(world, all_ranks, mix, OptimizerKind.ADAM, pipelined=True, steps=3)

@@ -218,16 +218,17 @@ def run_steps(world, all_ranks, mix, kind, *, weighted=False, dedup=False, steps
     compare_shards(coll, ref, all_ranks, f"{mix}/{kind.value}", rtol)
 
 
-def _needs_uniform(mix: str, world) -> bool:
-    return "twrw" in mix or mix == "mixed_hier"
+def skip_if_uneven(mix: str, world) -> None:
+    """Skip a table-row-wise mix on nodes of different sizes (it needs equal nodes)."""
+    if ("twrw" in mix or mix == "mixed_hier") and not world.uniform:
+        pytest.skip("table_row_wise needs the same number of ranks on every node")
 
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("kind", list(OptimizerKind), ids=lambda k: k.value)
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_matches_dense_reference(world, all_ranks, mix, kind):
-    if _needs_uniform(mix, world) and not world.uniform:
-        pytest.skip("table_row_wise needs the same number of ranks on every node")
+    skip_if_uneven(mix, world)
     run_steps(world, all_ranks, mix, kind)
 
 
@@ -258,8 +259,7 @@ def test_max_pooling_matches_reference(world, all_ranks, mix, dedup, kind):
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("mix", ["rw", "twrw"])
 def test_row_wise_refuses_max_pooling(world, all_ranks, mix):
-    if _needs_uniform(mix, world) and not world.uniform:
-        pytest.skip("table_row_wise needs the same number of ranks on every node")
+    skip_if_uneven(mix, world)
     tables = make_tables(OptimizerKind.SGD, MAX_POOLS)
     plan = make_plan(tables, mix, world.world)
     with pytest.raises(ValueError) as info:
@@ -272,8 +272,7 @@ def test_row_wise_refuses_max_pooling(world, all_ranks, mix):
 @pytest.mark.parametrize("mix", ["mixed", "mixed_hier"])
 def test_pipelined_input_dist(world, all_ranks, mix):
     """input_dist of batch i+1 started before the backward of batch i gives the same result."""
-    if _needs_uniform(mix, world) and not world.uniform:
-        pytest.skip("table_row_wise needs the same number of ranks on every node")
+    skip_if_uneven(mix, world)
     run_steps(world, all_ranks, mix, OptimizerKind.ADAM, steps=3, pipelined=True)
 
 

@@ -14,8 +14,8 @@ import torch
 from embedding.torch import ShardedEmbeddingBagCollection
 from embedding.types import OptimizerKind
 
-from test_sharding import (BATCH, MAX_POOLS, MIXES, POOLS, Reference, _needs_uniform,
-                           global_batch, local_kjt, make_plan, make_tables)
+from test_sharding import (BATCH, MAX_POOLS, MIXES, POOLS, Reference, global_batch,
+                           local_kjt, make_plan, make_tables, skip_if_uneven)
 from test_train import own_group
 
 
@@ -50,8 +50,7 @@ def _train(world, all_ranks, mix, kind, pools=POOLS, steps=2):
 @pytest.mark.parametrize("kind", list(OptimizerKind), ids=lambda k: k.value)
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_every_sharding_trains_through_autograd(world, all_ranks, mix, kind):
-    if _needs_uniform(mix, world) and not world.uniform:
-        pytest.skip("table_row_wise needs the same number of ranks on every node")
+    skip_if_uneven(mix, world)
     # float64 tables: the module's tensors are float64 too
     _train(world, all_ranks, mix, kind)
 
