@@ -24,6 +24,7 @@ from neocomm.agree import Problem
 from neocomm.types import REDUCE_CODES, ReduceOp
 from collectives import symmetric
 from collectives.algorithms import displs
+from collectives.arrays import foreign_arrays
 from collectives.plan import MISS, OP_CODES, build, context, remember
 from collectives.state import state_of
 from collectives.types import CollectiveOp, Request
@@ -136,6 +137,7 @@ def _replay(state, key, a, b, async_op: bool):
     return MISS if plan is None else plan.replay(a, b, async_op)
 
 
+@foreign_arrays("sendbuf", "recvbuf")
 def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
                algo: str | None = None, chunk_bytes: int | None = None):
     """Block ``j`` of ``sendbuf`` goes to rank ``j``; block ``i`` of the result came from rank ``i``.
@@ -200,6 +202,7 @@ def _like_send(xp):
     return xp.empty_like
 
 
+@foreign_arrays("sendbuf", "recvbuf")
 def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None = None,
                    op: ReduceOp | str = ReduceOp.SUM, group=None, async_op: bool = False,
                    algo: str | None = None, chunk_bytes: int | None = None):
@@ -274,6 +277,7 @@ def _plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, async_op, alg
     return plan, (sendbuf, recvbuf)
 
 
+@foreign_arrays("sendbuf", "recvbuf")
 def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, group=None,
                async_op: bool = False, algo: str | None = None,
                chunk_bytes: int | None = None):
@@ -333,6 +337,7 @@ def _plan_all_reduce(state, sendbuf, recvbuf, op, async_op, algo, chunk_bytes):
     return plan, bufs
 
 
+@foreign_arrays("sendbuf", "recvbuf")
 def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
                algo: str | None = None, chunk_bytes: int | None = None):
     """Block ``i`` of the result is rank ``i``'s ``sendbuf``.
@@ -383,6 +388,7 @@ def _plan_all_gather(state, sendbuf, recvbuf, async_op, algo, chunk_bytes):
     return plan, (sendbuf, recvbuf)
 
 
+@foreign_arrays("buf")
 def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
               algo: str | None = None, chunk_bytes: int | None = None):
     """Every rank's ``buf`` becomes the root's (same size and dtype everywhere).

@@ -17,6 +17,7 @@ from neocomm.types import bfloat16, dtype_from_code
 from neocomm import watchdog
 
 from collectives.algorithms import displs
+from collectives.arrays import foreign_arrays
 from collectives.api import _dcode, _flat, _replay, _request, _shown
 from collectives.api_v import _counts_key
 from collectives.fabric import fabric_for
@@ -65,6 +66,7 @@ def _counts(name: str, counts, n: int) -> tuple[Problem | None, np.ndarray]:
     return None, arr
 
 
+@foreign_arrays("sendbuf", "recvbuf")
 def one_to_many(sendbuf=None, recvbuf=None, *, root: int, ranks: Sequence[int],
                 counts: Sequence[int] | None = None, group=None, async_op: bool = False,
                 algo: str | None = None, chunk_bytes: int | None = None):
@@ -227,6 +229,7 @@ def _o2m_resume(ctx, agreements, role, sendbuf, recvbuf, root, members, cnt, out
     return plan.first(bufs, async_op)
 
 
+@foreign_arrays("sendbuf", "recvbuf")
 def many_to_many(sendbuf, send_peers: Sequence[int], send_counts: Sequence[int] | None = None,
                  *, recv_peers: Sequence[int] | None = None,
                  recv_counts: Sequence[int] | None = None, recvbuf=None, group=None,

@@ -15,6 +15,7 @@ import numpy as np
 from neocomm import watchdog
 from neocomm.agree import Problem
 from collectives.algorithms import displs
+from collectives.arrays import foreign_arrays
 from collectives.api import (_apart, _call, _check_out, _flat, _replay, _request, _shown,
                              _total)
 from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _raise_here, allocator, build,
@@ -27,6 +28,7 @@ from collectives.validate import dtype_code_of as _dcode
 __all__ = ["all_to_all_v"]
 
 
+@foreign_arrays("sendbuf", "recvbuf")
 def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
                  recv_counts: Sequence[int] | None = None, *, group=None,
                  async_op: bool = False, algo: str | None = None,

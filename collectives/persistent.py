@@ -41,6 +41,7 @@ import numpy as np
 from neocomm.agree import Problem
 from neocomm.errors import GroupGoneError
 
+from collectives.arrays import foreign_arrays
 from collectives import api, api_v, progress
 from collectives.plan import LAST_CHOSEN, OP_CODES, array_module, context, fail
 from collectives.progress import MpiRequest
@@ -216,6 +217,7 @@ def _require(state, kind: CollectiveOp, buf, missing: Problem | None) -> None:
     fail(context(None, buf, kind.value, state), kind, missing, [("op", OP_CODES[kind])])
 
 
+@foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_all_to_all(sendbuf, recvbuf=None, *, group=None, algo: str | None = None,
                        chunk_bytes: int | None = None) -> Prepared:
     """Prepare :func:`collectives.all_to_all` on these buffers (``recvbuf=None``:
@@ -238,6 +240,7 @@ def _same_memory(sendbuf, recvbuf) -> Problem | None:
     return None
 
 
+@foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_all_to_all_v(sendbuf, send_counts, recvbuf, recv_counts, *, group=None,
                          algo: str | None = None,
                          chunk_bytes: int | None = None) -> Prepared:
@@ -256,6 +259,7 @@ def prepare_all_to_all_v(sendbuf, send_counts, recvbuf, recv_counts, *, group=No
     return _prepare(plan, bufs, (bufs[1],) + plan._extra, CollectiveOp.ALL_TO_ALL_V)
 
 
+@foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_all_reduce(sendbuf, recvbuf=None, *, op="sum", group=None,
                        algo: str | None = None, chunk_bytes: int | None = None) -> Prepared:
     """Prepare :func:`collectives.all_reduce` (``recvbuf=None``: in place). Runs
@@ -269,6 +273,7 @@ def prepare_all_reduce(sendbuf, recvbuf=None, *, op="sum", group=None,
     return _prepare(plan, bufs, bufs[-1], CollectiveOp.ALL_REDUCE)
 
 
+@foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_reduce_scatter(sendbuf, recvbuf=None, *, recv_counts=None, op="sum", group=None,
                            algo: str | None = None,
                            chunk_bytes: int | None = None) -> Prepared:
@@ -293,6 +298,7 @@ def _rs_count(sendbuf, recv_counts, group) -> int:
     return int(getattr(sendbuf, "size", 0)) // group.size
 
 
+@foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_all_gather(sendbuf, recvbuf=None, *, group=None, algo: str | None = None,
                        chunk_bytes: int | None = None) -> Prepared:
     """Prepare :func:`collectives.all_gather` (``recvbuf=None``: allocated once with
@@ -305,6 +311,7 @@ def prepare_all_gather(sendbuf, recvbuf=None, *, group=None, algo: str | None = 
     return _prepare(plan, bufs, bufs[1], CollectiveOp.ALL_GATHER)
 
 
+@foreign_arrays("buf", prepared=True)
 def prepare_broadcast(buf, *, root: int = 0, group=None, algo: str | None = None,
                       chunk_bytes: int | None = None) -> Prepared:
     """Prepare :func:`collectives.broadcast` of ``buf`` from ``root``. Runs return ``buf``."""

@@ -61,6 +61,10 @@ def check_buffer(name: str, buf, *, device: bool, writable: bool = False,
 
 
 def _explain(name: str, buf, device: bool, writable: bool, reducible: bool) -> Problem | None:
+    from collectives.arrays import Refused
+
+    if isinstance(buf, Refused):  # a caller's array with no view (collectives.arrays)
+        return Problem(name, buf.message)
     is_device = hasattr(buf, "__cuda_array_interface__")
     if device and not is_device:
         return Problem(name, f"{name}: expected a CuPy (device) array for this backend, "

@@ -11,7 +11,8 @@ def _has_torch() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-_TORCH_TESTS = ["unit/test_torch_module.py", "mpi/test_torch_module.py"]
+_TORCH_TESTS = ["unit/test_torch_module.py", "mpi/test_torch_module.py",
+                "mpi/test_torch_collectives.py"]
 collect_ignore = [] if _has_torch() else _TORCH_TESTS
 
 
