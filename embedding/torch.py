@@ -42,7 +42,8 @@ from embedding.collection import ShardedEmbeddingCollection
 from embedding.jagged import KeyedJagged
 from embedding.types import IdPolicy, ShardingPlan, TableConfig
 
-__all__ = ["ShardedEmbeddingBagCollection", "as_keyed_jagged"]
+__all__ = ["ShardedEmbeddingBagCollection", "as_keyed_jagged", "init_process_group",
+           "plan_for_group"]
 
 _PREFIX = "embedding_bags."
 
@@ -220,3 +221,36 @@ def plan_for_group(tables: Sequence[TableConfig], group, batch_size: int = 1024
         group.size % group.ranks_per_node == 0 else 1
     hw = Hardware(group.size, rpn, max(1, host_memory() // rpn))
     return plan_sharding(tables, hw, Workload(batch_size=batch_size)).plan
+
+
+def init_process_group(backend: str = "gloo", world=None, **kw):
+    """Start ``torch.distributed`` on the ranks of a neocomm world (every rank calls it).
+
+    For the dense, data-parallel part of a model (DDP) beside neocomm's
+    embeddings in the same processes, launched by ``neocomm run``: rank and
+    world size are the world's, and rank 0's host and a free port on it,
+    sent to every rank over MPI, are the rendezvous (``MASTER_ADDR``,
+    ``MASTER_PORT`` as given in the environment win). ``backend`` is
+    ``"gloo"`` (CPU) or ``"nccl"`` (GPU); ``kw`` goes to
+    ``torch.distributed.init_process_group``. Returns the world.
+    """
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    from neocomm.world import current_world
+
+    world = world if world is not None else current_world()
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    mine = None
+    if world.rank == 0 and (addr is None or port is None):
+        with socket.socket() as sock:  # a port free now; torch binds it right after
+            sock.bind(("", 0))
+            mine = (addr or socket.gethostname(), port or str(sock.getsockname()[1]))
+    chosen = world.world.comm.bcast(mine, root=0)
+    if chosen is not None:
+        addr, port = chosen
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=world.rank,
+                            world_size=world.size, **kw)
+    return world

@@ -147,6 +147,8 @@ def init(comm=None, *, ranks_per_node: int | None = None) -> World:
     from mpi4py import MPI
 
     settings = config.settings()
+    if comm is None:
+        _refuse_a_foreign_launcher(MPI.COMM_WORLD.Get_size())
     base = (comm or MPI.COMM_WORLD).Dup()
     k = settings["RANKS_PER_NODE"] if ranks_per_node is None else int(ranks_per_node)
     from neocomm.agree import Problem, agree
@@ -165,6 +167,29 @@ def init(comm=None, *, ranks_per_node: int | None = None) -> World:
     _log.debug("initialised %r", world)
     _WORLD = world
     return world
+
+
+def _refuse_a_foreign_launcher(mpi_size: int) -> None:
+    """NeocommError when torchrun started more processes than MPI sees: each would
+    otherwise go on as a world of its own, training apart without a word."""
+    import os
+
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    try:
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return
+    if launched > mpi_size:
+        from neocomm.errors import NeocommError
+
+        raise NeocommError(
+            f"neocomm.init: torchrun started this process as rank "
+            f"{os.environ.get('RANK', '?')} of {launched} (WORLD_SIZE={launched}), but MPI "
+            f"sees {mpi_size} rank(s): MPI cannot join processes it did not start. Launch "
+            f"with `neocomm run -n {launched} -- python ...` (or mpirun/srun) and start "
+            f"torch.distributed from neocomm's world (embedding.torch.init_process_group); "
+            f"pass comm=MPI.COMM_SELF to run a one-rank world in each process on purpose")
 
 
 def current_world() -> World:

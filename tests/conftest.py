@@ -12,7 +12,7 @@ def _has_torch() -> bool:
 
 
 _TORCH_TESTS = ["unit/test_torch_module.py", "mpi/test_torch_module.py",
-                "mpi/test_torch_collectives.py"]
+                "mpi/test_torch_collectives.py", "faults/test_torch_jobs.py"]
 collect_ignore = [] if _has_torch() else _TORCH_TESTS
 
 

@@ -55,3 +55,21 @@ def test_a_job_launched_from_neocomm_keeps_shared_memory():
                          capture_output=True, text=True, env=env, timeout=120)
     assert job.returncode == 0, job.stderr
     assert job.stdout.split() == ["btl=None", "btl=None"], job.stdout
+
+
+def test_processes_torchrun_started_are_refused_not_run_apart():
+    """Under torchrun each process would be an MPI singleton and train on its own: init says
+    so, naming the launcher, the ranks and the command to use instead. Passing a
+    communicator (e.g. MPI.COMM_SELF) keeps a one-rank world possible on purpose."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY
+           and not k.startswith("OMPI_MCA_")}
+    env.update(TORCHELASTIC_RUN_ID="abc", WORLD_SIZE="2", RANK="1")
+    out = subprocess.run([sys.executable, "-c", "import neocomm; neocomm.init()"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode != 0
+    assert ("torchrun started this process as rank 1 of 2 (WORLD_SIZE=2), but MPI sees 1 "
+            "rank(s)" in out.stderr and "neocomm run -n 2 -- python" in out.stderr), out.stderr
+    ok = subprocess.run([sys.executable, "-c", "import neocomm; from mpi4py import MPI; "
+                         "print(neocomm.init(comm=MPI.COMM_SELF).size)"],
+                        capture_output=True, text=True, env=env, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.strip() == "1", ok.stderr

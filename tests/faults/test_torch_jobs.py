@@ -1,0 +1,65 @@
+"""neocomm's embeddings and torch.distributed's DDP in the same processes of one job.
+
+Collected only where torch is installed (tests/conftest.py says so when it is not).
+"""
+from __future__ import annotations
+
+import re
+
+from _jobs import python_job
+
+JOB_TIMEOUT = 180
+
+
+def test_ddp_over_gloo_beside_neocomm_embeddings(tmp_path):
+    """`neocomm run` starts the job; embedding.torch.init_process_group starts gloo on the
+    same ranks; a DLRM-like step: neocomm's sharded tables, a DDP MLP, one loss."""
+    out = python_job(tmp_path, """
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import collectives as C
+import neocomm
+from embedding.torch import ShardedEmbeddingBagCollection, init_process_group
+from embedding.types import OptimizerConfig, TableConfig
+
+w = neocomm.init()
+init_process_group("gloo")
+assert (dist.get_rank(), dist.get_world_size()) == (w.rank, w.size)
+torch.manual_seed(0)
+opt = OptimizerConfig("rowwise_adagrad", lr=0.2)
+tables = [TableConfig("item", 1000, 8, "sum", ("item",), optimizer=opt),
+          TableConfig("user", 500, 8, "mean", ("user",), optimizer=opt)]
+ebc = ShardedEmbeddingBagCollection(tables)
+mlp = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+dense = torch.nn.parallel.DistributedDataParallel(mlp)
+sgd = torch.optim.SGD(dense.parameters(), lr=0.2)
+rng = np.random.default_rng(100 + w.rank)
+losses = []
+for step in range(40):
+    item, user = rng.integers(0, 1000, 64), rng.integers(0, 500, 64)
+    label = torch.from_numpy((item % 2).astype(np.float32))   # learnable from the item alone
+    pooled = ebc({"item": (item, np.ones(64, np.int64)), "user": (user, np.ones(64, np.int64))})
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(dense(pooled).squeeze(1), label)
+    sgd.zero_grad()
+    loss.backward()           # DDP's gloo AllReduce and neocomm's embedding backward
+    sgd.step()
+    losses.append(loss.item())
+flat = torch.cat([p.detach().reshape(-1) for p in dense.parameters()])
+every = C.all_gather(flat)    # neocomm's collective on a torch tensor
+same = all(torch.equal(every[0], every[r]) for r in range(w.size))
+gathered = [torch.zeros_like(flat) for _ in range(w.size)]
+dist.all_gather(gathered, flat)
+agree = all(torch.equal(g, every[r]) for r, g in enumerate(gathered))
+print(f"OK rank {w.rank} same {same} agree {agree} first {np.mean(losses[:5]):.4f} "
+      f"last {np.mean(losses[-5:]):.4f}", flush=True)
+dist.destroy_process_group()
+""", n=2, timeout=JOB_TIMEOUT).check_clean()
+    assert out.returncode == 0, out.output
+    found = re.findall(r"OK rank (\d) same (\w+) agree (\w+) first ([\d.]+) last ([\d.]+)",
+                       out.stdout)
+    assert sorted(r for r, *_ in found) == ["0", "1"], out.output
+    for rank, same, agree, first, last in found:
+        assert same == "True" and agree == "True", out.stdout
+        assert float(last) < float(first) - 0.05, out.stdout
