@@ -78,7 +78,8 @@ class Trainer:
     sources); without training records (``data.train`` None) it can only
     evaluate and score. ``stream`` receives rank 0's progress and messages
     (default stdout). ``outputs=False`` writes nothing (no metrics log, no
-    output directory checks): for scoring with a trained model. Construction
+    checkpoints, no output directory checks): for scoring with a trained model, or
+    training to compare. Construction
     agrees every fallible step across the group.
     """
 
@@ -118,6 +119,7 @@ class Trainer:
         self.checkpoint_dir = Path(config.checkpoint.dir) if config.checkpoint.dir else \
             out / "checkpoints"
         dense_params = sum(i * o + o for _, i, o in self.dense_config.layer_shapes())
+        self.outputs = outputs
         if outputs:
             check_disk_room(group, [out, self.checkpoint_dir],
                             checkpoint_bytes(self.plan, self.tables, self.rank, dense_params))
@@ -312,7 +314,7 @@ class Trainer:
             if cfg.eval_every and step % cfg.eval_every == 0 and step < total:
                 self._evaluate_and_log()
                 t_log = time.perf_counter()
-            every = self.cfg.checkpoint.every
+            every = self.cfg.checkpoint.every if self.outputs else 0
             if every and step % every == 0 and step < total:
                 self.save()
                 t_log = time.perf_counter()
@@ -320,7 +322,7 @@ class Trainer:
         self.progress.close()
         if self.step > start_step or self.last_eval is None:
             self._evaluate_and_log()
-        if self.step > start_step or self.last_checkpoint is None:
+        if self.outputs and (self.step > start_step or self.last_checkpoint is None):
             self.save()
         samples = (self.step - start_step) * cfg.batch_size
         ev = self.last_eval or {}

@@ -63,3 +63,23 @@ dist.destroy_process_group()
     for rank, same, agree, first, last in found:
         assert same == "True" and agree == "True", out.stdout
         assert float(last) < float(first) - 0.05, out.stdout
+
+
+def test_the_torch_dlrm_example_matches_neocomms_trainer(tmp_path):
+    """scripts/torch_dlrm.py: plain PyTorch DLRM with the sharded module, on the built-in
+    data for the default 500 steps, against neocomm's trainer on the same: AUC within 0.003."""
+    import sys
+    from pathlib import Path
+
+    from _jobs import run_job
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "torch_dlrm.py"
+    out = run_job([sys.executable, str(script), "--compare"], n=2, cwd=tmp_path,
+                  timeout=JOB_TIMEOUT).check_clean()
+    assert out.returncode == 0, out.output
+    mine = re.search(r"neocomm embeddings: 500 steps .* held-out AUC (0\.\d+)", out.stdout)
+    theirs = re.search(r"neocomm's trainer: held-out AUC (0\.\d+)", out.stdout)
+    assert mine and theirs, out.output
+    assert float(mine[1]) > 0.74 and abs(float(mine[1]) - float(theirs[1])) <= 0.003, \
+        out.stdout
+    assert not (tmp_path / "neocomm-out").exists()  # the comparison writes nothing

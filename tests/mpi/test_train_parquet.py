@@ -203,3 +203,14 @@ def test_the_documented_config_shape_parses_as_is(tmp_path):
     schema = cfg.data.schema()
     assert schema.feature_names == ("genres",) and schema.num_dense == 4
     assert schema.sparse[0].pooling == "mean" and schema.sparse[0].encoding == "vocabulary"
+
+
+def test_a_trainer_without_outputs_writes_nothing(world, example, all_ranks):
+    """outputs=False (scoring, or training to compare): no log, no checkpoint, no directory."""
+    import os
+
+    out = f"{example}/nothing-here"
+    t = Trainer(config(example, out), world.world, outputs=False)
+    t.train()
+    t.close()
+    all_ranks(t.last_eval is not None and not os.path.exists(out), f"{out} exists")
