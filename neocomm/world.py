@@ -224,9 +224,20 @@ def install_abort_hook(rank: int) -> None:
     """
     def hook(etype, value, tb):
         text = "".join(traceback.format_exception(etype, value, tb))
-        sys.stderr.write(f"neocomm: rank {rank} failed with an unhandled exception; "
-                         f"aborting the job.\n{text}")
-        sys.stderr.flush()
+        try:
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - a closed or odd stream: the message goes anyway
+            pass
+        # straight to file descriptor 2: a hook chained in front of this one (torch.distributed
+        # installs one) may have pointed sys.stderr at a buffer it prints after we return,
+        # and we do not return
+        message = (f"neocomm: rank {rank} failed with an unhandled exception; aborting the "
+                   f"job.\n{text}").encode("utf-8", "replace")
+        while message:
+            try:
+                message = message[os.write(2, message):]
+            except OSError:
+                break
         try:
             from mpi4py import MPI
 

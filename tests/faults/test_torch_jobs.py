@@ -83,3 +83,22 @@ def test_the_torch_dlrm_example_matches_neocomms_trainer(tmp_path):
     assert float(mine[1]) > 0.74 and abs(float(mine[1]) - float(theirs[1])) <= 0.003, \
         out.stdout
     assert not (tmp_path / "neocomm-out").exists()  # the comparison writes nothing
+
+
+def test_an_exception_after_torch_distributed_starts_is_still_shown(tmp_path):
+    """torch.distributed puts its own excepthook in front of neocomm's and points stderr at a
+    buffer while ours runs; ours aborts the job, so it writes to the file descriptor itself."""
+    out = python_job(tmp_path, """
+import neocomm
+from embedding.torch import init_process_group
+
+w = neocomm.init()
+init_process_group("gloo")
+if w.rank == 1:
+    raise RuntimeError("rank one is broken")
+import collectives, numpy as np
+collectives.all_reduce(np.ones(4))
+""", n=2, timeout=JOB_TIMEOUT).check_clean()
+    assert out.returncode not in (0, 124), out.output
+    assert "rank 1 failed with an unhandled exception" in out.stderr, out.output
+    assert "RuntimeError: rank one is broken" in out.stderr, out.output

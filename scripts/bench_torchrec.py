@@ -1,0 +1,165 @@
+"""Sharded embedding training steps: neocomm's torch module beside TorchRec's, in one run.
+
+    neocomm run -n 2 -- python scripts/bench_torchrec.py
+    neocomm run -n 2 -- python scripts/bench_torchrec.py --tables 26 --rows 100000 --dim 16 \\
+        --batch 2048 --steps 40 --shardings table_wise row_wise
+
+The same tables, ids and world size on both sides, CPU, torch.distributed over
+gloo for TorchRec (started on neocomm's ranks by
+``embedding.torch.init_process_group``): neocomm's
+``ShardedEmbeddingBagCollection`` and TorchRec's ``DistributedModelParallel``
+over an ``EmbeddingBagCollection`` built on the meta device, both with fused
+SGD applied in the backward, each table placed by the sharding asked for.
+A step is the pooled lookup of a local batch (one id per feature, Zipf ids,
+as Criteo's categorical features), a loss on the pooled output and its
+backward with the fused update. Prints samples/s of both (the slowest rank's
+time, best of ``--repeat`` timings of ``--steps`` steps, the two interleaved)
+and neocomm's over TorchRec's. A sharding TorchRec cannot run here (row-wise
+on CPU) is reported as such, with neocomm's figure alone. Needs torchrec
+(with fbgemm-gpu's CPU build); without it, only neocomm's figures.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+import neocomm
+from collectives import all_reduce
+from embedding.planner import Hardware, TableConstraints, Workload, plan_sharding
+from embedding.torch import ShardedEmbeddingBagCollection, init_process_group
+from embedding.types import OptimizerConfig, ShardingType, TableConfig
+
+LR = 0.01
+
+
+def batches(args, rank: int, count: int):
+    """``count`` local batches: per feature ``args.batch`` Zipf ids (one per sample)."""
+    rng = np.random.default_rng(1000 + rank)
+    out = []
+    for _ in range(count):
+        ids = (rng.zipf(1.1, (args.tables, args.batch)) - 1) % args.rows
+        out.append(ids.astype(np.int64))
+    return out
+
+
+def neocomm_steps(args, world, sharding: str, data):
+    tables = [TableConfig(f"t{i}", args.rows, args.dim, "sum", (f"f{i}",),
+                          optimizer=OptimizerConfig("sgd", lr=LR)) for i in range(args.tables)]
+    only = {t.name: TableConstraints(shardings=(ShardingType(sharding),)) for t in tables}
+    plan = plan_sharding(tables, Hardware(world.size, 1, 64 << 30),
+                         Workload(batch_size=args.batch), constraints=only).plan
+    ebc = ShardedEmbeddingBagCollection(tables, plan, world.world)
+    keys = [f"f{i}" for i in range(args.tables)]
+    ones = np.ones(args.tables * args.batch, np.int64)
+    from embedding.jagged import KeyedJagged
+
+    kjts = [KeyedJagged(keys, ids.reshape(-1), ones) for ids in data]
+    w = torch.randn(args.batch, args.tables * args.dim, generator=torch.Generator().manual_seed(1))
+
+    def run(n: int) -> None:
+        for k in range(n):
+            pooled = ebc(kjts[k % len(kjts)])
+            (pooled * w).sum().backward()
+    return run
+
+
+def torchrec_steps(args, world, sharding: str, data):
+    import torch.distributed as dist
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import (EmbeddingShardingPlanner, ParameterConstraints,
+                                              Topology)
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    configs = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=args.dim, num_embeddings=args.rows,
+                                  feature_names=[f"f{i}"]) for i in range(args.tables)]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": LR})
+    sharder = EmbeddingBagCollectionSharder()
+    if sharding not in sharder.sharding_types("cpu"):
+        return None
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=world.size, compute_device="cpu"),
+        constraints={c.name: ParameterConstraints(sharding_types=[sharding]) for c in configs})
+    plan = planner.collective_plan(ebc, [sharder], dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+    keys = [f"f{i}" for i in range(args.tables)]
+    lengths = torch.ones(args.tables * args.batch, dtype=torch.int32)
+    kjts = [KeyedJaggedTensor(keys=keys, values=torch.from_numpy(ids.reshape(-1)),
+                              lengths=lengths) for ids in data]
+    w = torch.randn(args.batch, args.tables * args.dim, generator=torch.Generator().manual_seed(1))
+
+    def run(n: int) -> None:
+        for k in range(n):
+            out = dmp(kjts[k % len(kjts)]).to_dict()  # keys come grouped by rank: use names
+            pooled = torch.cat([out[f] for f in keys], dim=1)
+            (pooled * w).sum().backward()
+    return run
+
+
+def timed(world, run, steps: int) -> float:
+    """Seconds of ``steps`` steps on the slowest rank."""
+    world.world.comm.Barrier()
+    t0 = time.perf_counter()
+    run(steps)
+    return float(all_reduce(np.array([time.perf_counter() - t0]), op="max")[0])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tables", type=int, default=26)
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=2048, help="samples per rank and step")
+    ap.add_argument("--steps", type=int, default=40, help="steps per timing")
+    ap.add_argument("--repeat", type=int, default=3, help="timings (best reported)")
+    ap.add_argument("--shardings", nargs="+", default=["table_wise", "row_wise"],
+                    choices=[s.value for s in ShardingType])
+    args = ap.parse_args(argv)
+    world = neocomm.init()
+    try:
+        import torchrec  # noqa: F401
+        have_torchrec = True
+    except ImportError:
+        have_torchrec = False
+    if have_torchrec:
+        init_process_group("gloo")
+    torch.set_num_threads(1)
+    data = batches(args, world.rank, 8)
+    rows = []
+    for sharding in args.shardings:
+        ours = neocomm_steps(args, world, sharding, data)
+        theirs = torchrec_steps(args, world, sharding, data) if have_torchrec else None
+        ours(2)
+        if theirs is not None:
+            theirs(2)
+        best = {"neocomm": float("inf"), "torchrec": float("inf")}
+        for _ in range(args.repeat):
+            best["neocomm"] = min(best["neocomm"], timed(world, ours, args.steps))
+            if theirs is not None:
+                best["torchrec"] = min(best["torchrec"], timed(world, theirs, args.steps))
+        samples = args.steps * args.batch * world.size
+        rate = {k: samples / v for k, v in best.items() if v != float("inf")}
+        rows.append((sharding, rate.get("neocomm"), rate.get("torchrec")))
+    if world.rank == 0:
+        print(f"# {args.tables} tables x {args.rows:,} rows x dim {args.dim}, {args.batch} "
+              f"samples per rank, {world.size} ranks, fused SGD; samples/s (best of "
+              f"{args.repeat} x {args.steps} steps)")
+        print(f"{'sharding':<20} {'neocomm':>12} {'torchrec':>12} {'ratio':>7}")
+        for sharding, ours, theirs in rows:
+            if theirs is None:
+                why = "not available on CPU" if have_torchrec else "torchrec not installed"
+                print(f"{sharding:<20} {ours:>12,.0f} {why:>20}")
+            else:
+                print(f"{sharding:<20} {ours:>12,.0f} {theirs:>12,.0f} {ours / theirs:>6.2f}x")
+    if have_torchrec:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
