@@ -49,8 +49,8 @@ def neocomm_steps(args, world, sharding: str, data):
     tables = [TableConfig(f"t{i}", args.rows, args.dim, "sum", (f"f{i}",),
                           optimizer=OptimizerConfig("sgd", lr=LR)) for i in range(args.tables)]
     only = {t.name: TableConstraints(shardings=(ShardingType(sharding),)) for t in tables}
-    plan = plan_sharding(tables, Hardware(world.size, 1, 64 << 30),
-                         Workload(batch_size=args.batch), constraints=only).plan
+    hw = Hardware(world.size, 1, 64 << 30, min_column_dim=max(1, args.dim // world.size))
+    plan = plan_sharding(tables, hw, Workload(batch_size=args.batch), constraints=only).plan
     ebc = ShardedEmbeddingBagCollection(tables, plan, world.world)
     keys = [f"f{i}" for i in range(args.tables)]
     ones = np.ones(args.tables * args.batch, np.int64)
@@ -117,7 +117,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=2048, help="samples per rank and step")
     ap.add_argument("--steps", type=int, default=40, help="steps per timing")
     ap.add_argument("--repeat", type=int, default=3, help="timings (best reported)")
-    ap.add_argument("--shardings", nargs="+", default=["table_wise", "row_wise"],
+    ap.add_argument("--shardings", nargs="+",
+                    default=["table_wise", "row_wise", "column_wise", "data_parallel"],
                     choices=[s.value for s in ShardingType])
     args = ap.parse_args(argv)
     world = neocomm.init()

@@ -141,14 +141,19 @@ def jagged_sum_permuted(source: np.ndarray, index: np.ndarray, starts: np.ndarra
         _gather_into(source, index[st[:n] + j], weights, st[:n] + j, res[:n], add=True)
         j += 1
     if j < lmax:
+        # the few long segments still running (hot ids): their remaining rows in one gather,
+        # then one running sum per segment (in order, like the device kernel: res[r] +
+        # rows[0] + rows[1] + ...; reduce and reduceat may sum pairwise)
+        rem = sl[:n] - j
+        pos = positions_of_segments(st[:n] + j, rem)
+        rows = np.take(source, index[pos], axis=0)
+        if weights is not None:
+            rows *= weights[pos][:, None]
+        ends = np.cumsum(rem)
+        heads = ends - rem
+        rows[heads] += res[:n]
         for r in range(n):
-            pos = np.arange(st[r] + j, st[r] + sl[r])
-            rows = np.take(source, index[pos], axis=0)
-            if weights is not None:
-                rows *= weights[pos][:, None]
-            # sequential like the device kernel: res[r] + rows[0] + rows[1] + ...
-            rows[0] += res[r]
-            res[r] = np.add.accumulate(rows, axis=0)[-1]
+            res[r] = np.add.accumulate(rows[heads[r]:ends[r]], axis=0)[-1]
     return res, perm
 
 

@@ -102,3 +102,22 @@ collectives.all_reduce(np.ones(4))
     assert out.returncode not in (0, 124), out.output
     assert "rank 1 failed with an unhandled exception" in out.stderr, out.output
     assert "RuntimeError: rank one is broken" in out.stderr, out.output
+
+
+def test_the_torchrec_benchmark_runs_and_says_what_it_compared(tmp_path):
+    """scripts/bench_torchrec.py on a small model; TorchRec's column says why it is empty
+    where torchrec is not installed (CI) or cannot run the sharding (row-wise on CPU)."""
+    import sys
+    from pathlib import Path
+
+    from _jobs import run_job
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_torchrec.py"
+    out = run_job([sys.executable, str(script), "--tables", "3", "--rows", "1000", "--batch",
+                   "64", "--steps", "2", "--repeat", "1"], n=2, cwd=tmp_path,
+                  timeout=JOB_TIMEOUT).check_clean()
+    assert out.returncode == 0, out.output
+    rows = {m[1]: m[2] for m in re.finditer(r"^(\w+)\s+([\d,]+) ", out.stdout, re.M)}
+    assert set(rows) == {"table_wise", "row_wise", "column_wise", "data_parallel"}, out.stdout
+    assert all(int(v.replace(",", "")) > 0 for v in rows.values()), out.stdout
+    assert re.search(r"row_wise .*(not available on CPU|torchrec not installed)", out.stdout)
