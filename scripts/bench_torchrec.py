@@ -21,6 +21,7 @@ on CPU) is reported as such, with neocomm's figure alone. Needs torchrec
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 
 import numpy as np
@@ -122,11 +123,7 @@ def main(argv=None) -> int:
                     choices=[s.value for s in ShardingType])
     args = ap.parse_args(argv)
     world = neocomm.init()
-    try:
-        import torchrec  # noqa: F401
-        have_torchrec = True
-    except ImportError:
-        have_torchrec = False
+    have_torchrec = importlib.util.find_spec("torchrec") is not None
     if have_torchrec:
         init_process_group("gloo")
     torch.set_num_threads(1)
