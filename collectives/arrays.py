@@ -28,7 +28,7 @@ import inspect
 
 import numpy as np
 
-__all__ = ["Refused", "native", "foreign_arrays"]
+__all__ = ["Refused", "native", "to_torch", "foreign_arrays"]
 
 _NDARRAY = np.ndarray
 
@@ -110,8 +110,7 @@ def native(x, name: str):
             import cupy
 
             return cupy.from_dlpack(x), "other"
-        if isinstance(x, (bytes, bytearray, memoryview)) or hasattr(x, "__buffer__") or \
-                _has_buffer(x):
+        if _has_buffer(x):
             return np.asarray(memoryview(x)), "other"
     except (TypeError, ValueError, BufferError, RuntimeError) as exc:
         return Refused(f"{name}: {_describe(x)} has no view the collectives can take "
@@ -136,18 +135,23 @@ def _back(result, views: dict, kind: str | None):
     if own is not None and own[0] is result:
         return own[1]
     if kind == "torch" and hasattr(result, "dtype") and hasattr(result, "shape"):
-        import torch
-
-        if type(result) is np.ndarray:
-            if result.dtype.name == "bfloat16":
-                return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
-            return torch.from_numpy(result)
-        if result.dtype.name == "bfloat16":
-            import cupy
-
-            return torch.from_dlpack(result.view(cupy.int16)).view(torch.bfloat16)
-        return torch.from_dlpack(result)
+        return to_torch(result)
     return result
+
+
+def to_torch(arr):
+    """A tensor sharing the memory of a NumPy (CPU) or CuPy (CUDA) array, bfloat16 included."""
+    import torch
+
+    bf16 = arr.dtype.name == "bfloat16"
+    if type(arr) is np.ndarray:
+        return (torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16) if bf16
+                else torch.from_numpy(arr))
+    if bf16:
+        import cupy
+
+        return torch.from_dlpack(arr.view(cupy.int16)).view(torch.bfloat16)
+    return torch.from_dlpack(arr)
 
 
 class _Converted:

@@ -38,6 +38,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from collectives.arrays import Refused, native, to_torch
 from embedding.collection import ShardedEmbeddingCollection
 from embedding.jagged import KeyedJagged
 from embedding.types import IdPolicy, ShardingPlan, TableConfig
@@ -82,13 +83,6 @@ def as_keyed_jagged(features) -> KeyedJagged:
                     f"(values, lengths[, weights])}}, got {type(features).__name__}")
 
 
-def _to_torch(arr) -> torch.Tensor:
-    """The collection's output as a tensor sharing its memory."""
-    if isinstance(arr, np.ndarray):
-        return torch.from_numpy(arr)
-    return torch.from_dlpack(arr)  # CuPy
-
-
 class _Pool(torch.autograd.Function):
     """Forward: lookup + output dist. Backward: reverse dists + fused optimizer."""
 
@@ -96,7 +90,7 @@ class _Pool(torch.autograd.Function):
     def forward(ctx, anchor, module, batch):
         pooled, state = module.collection.forward_with_context(batch)
         ctx.module, ctx.state = module, state
-        return _to_torch(pooled)
+        return to_torch(pooled)
 
     @staticmethod
     def backward(ctx, grad):
@@ -157,7 +151,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         """Pooled embeddings of this rank's batch, ``[B, out_dim]`` (collective)."""
         batch = features if hasattr(features, "pending") else as_keyed_jagged(features)
         if not torch.is_grad_enabled():
-            return _to_torch(self.collection.forward_with_context(batch)[0])
+            return to_torch(self.collection.forward_with_context(batch)[0])
         return _Pool.apply(self._anchor, self, batch)
 
     def split(self, pooled: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -176,13 +170,10 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         want = getattr(torch, self.collection.env.dtype.name)
         if t.dtype != want:
             t = t.to(want)
-        if not t.is_contiguous():
-            t = t.contiguous()
-        if self._device.type == "cpu":
-            return t.numpy()
-        import cupy
-
-        return cupy.from_dlpack(t)
+        view, _ = native(t.contiguous(), what)
+        if isinstance(view, Refused):  # another GPU than this rank's
+            raise ValueError(view.message)
+        return view
 
     # -- whole tables in the state dict ---------------------------------------------------
     def full_table(self, name: str) -> torch.Tensor:
@@ -215,10 +206,9 @@ def plan_for_group(tables: Sequence[TableConfig], group, batch_size: int = 1024
     """The planner's plan of ``tables`` for ``group``: its size and node layout, this
     host's memory over its ranks, ``batch_size`` samples per rank."""
     from embedding.planner import Hardware, Workload, plan_sharding
-    from embedding.train.setup import host_memory
+    from embedding.train.setup import host_memory, ranks_per_node_of
 
-    rpn = group.ranks_per_node if group.ranks_per_node and \
-        group.size % group.ranks_per_node == 0 else 1
+    rpn = ranks_per_node_of(group)
     hw = Hardware(group.size, rpn, max(1, host_memory() // rpn))
     return plan_sharding(tables, hw, Workload(batch_size=batch_size)).plan
 

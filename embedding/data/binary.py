@@ -43,7 +43,7 @@ import zlib
 import numpy as np
 
 from embedding.data.batch import Batch
-from embedding.data.types import NUM_DENSE, SPARSE_NAMES, NUM_SPARSE, DataFormatError
+from embedding.data.types import NUM_DENSE, SPARSE_NAMES, NUM_SPARSE, CommitOnExit, DataFormatError
 from embedding.types import enum_arg
 
 __all__ = ["MAGIC", "VERSION", "Verify", "BinaryWriter", "BinaryDataset", "convert_text",
@@ -75,7 +75,7 @@ def _header_bytes(num_sparse: int) -> int:
     return -(-(64 + 8 * num_sparse) // 64) * 64
 
 
-class BinaryWriter:
+class BinaryWriter(CommitOnExit):
     """Appends preprocessed records to a new binary file; a context manager.
 
     ``write(dense, labels, ids)`` takes ``[n, D]`` float32, ``[n]`` 0/1 labels
@@ -113,15 +113,6 @@ class BinaryWriter:
         self._tmp = self.path + ".tmp"
         self._file = open(self._tmp, "wb")
         self._file.write(b"\0" * self.header_bytes)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     def write(self, dense, labels, ids) -> None:
         """Append ``n`` records; ValueError naming the record for bad labels, ids or dense."""

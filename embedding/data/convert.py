@@ -29,7 +29,8 @@ import secrets
 
 import numpy as np
 
-from embedding.data.types import DENSE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, DataFormatError
+from embedding.data.types import (DENSE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES,
+                                  CommitOnExit, DataFormatError)
 
 __all__ = ["DEFAULT_ROW_GROUP_SIZE", "criteo_to_parquet", "delimited_to_parquet",
            "binary_to_parquet"]
@@ -81,7 +82,7 @@ def _input_paths(inputs, output) -> list[str]:
     return paths
 
 
-class _ParquetOutput:
+class _ParquetOutput(CommitOnExit):
     """Tables of one schema to a temporary Parquet file in row groups; renamed on close.
 
     A context manager: leaving it by an exception removes the temporary file.
@@ -101,15 +102,6 @@ class _ParquetOutput:
         self._pending = []
         self._held = 0
         self._writer = pa.parquet.ParquetWriter(self.tmp, schema)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     def write(self, table) -> None:
         """Append ``table`` (the output's schema); whole row groups are written as they fill."""

@@ -16,7 +16,7 @@ from neocomm.errors import NeocommError
 
 __all__ = ["NUM_DENSE", "NUM_SPARSE", "DENSE_NAMES", "SPARSE_NAMES",
            "CRITEO_1TB_TABLE_SIZES", "CategoricalEncoding", "MissingCategorical",
-           "DataFormatError", "BatchError"]
+           "DataFormatError", "BatchError", "CommitOnExit"]
 
 #: Integer features per Criteo record (I1..I13).
 NUM_DENSE = 13
@@ -61,3 +61,17 @@ class DataFormatError(NeocommError, ValueError):
         self.path = str(path)
         self.line = int(line)
         self.record = int(record)
+
+
+class CommitOnExit:
+    """A file writer as a context manager: ``close()`` (it commits the file) when the block
+    ends normally, ``abort()`` (it removes the partial file) when it raises."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

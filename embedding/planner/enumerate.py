@@ -146,11 +146,10 @@ def enumerate_candidates(table: TableConfig, hardware: Hardware, workload: Workl
     hw, dim, name = hardware, table.dim, table.name
     allowed = set(c.shardings) or set(ShardingType)
     explicit = bool(c.shardings)
-    if table.pooling is Pooling.MAX:
-        for s in sorted(allowed & set(_SPLIT), key=lambda s: s.value):
-            if allowed <= set(_SPLIT):
-                check_pooling(name, table.pooling, s)  # raises: nothing else was allowed
-            allowed.discard(s)
+    if table.pooling is Pooling.MAX:  # never split by rows; an error when nothing else is allowed
+        if allowed <= set(_SPLIT):
+            check_pooling(name, table.pooling, min(allowed, key=lambda s: s.value))
+        allowed -= set(_SPLIT)
     multi_node = hw.num_nodes > 1
     b = _Builder(table, hw, workload, cost, c.ids_per_sample or workload.ids_per_sample)
 

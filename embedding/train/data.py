@@ -254,14 +254,14 @@ def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None,
         train_src = ParquetSource(d.path, schema) if d.path else None
     except (OSError, ValueError) as e:
         exc = e
-    if group is not None and group.size > 1 and vocabularies is None and d.path:
+    shared = group is not None and group.size > 1 and vocabularies is None and d.path
+    if shared:
         fail_together(group, "opening the data", exc)  # before the shared scan: all or none
     elif exc is not None:
         raise exc
     ids = None
     if vocabularies is None:
-        stats = scan(train_src, schema, comm=group.comm if group is not None and
-                     group.size > 1 else None)
+        stats = scan(train_src, schema, comm=group.comm if shared else None)
         vocabularies, rows = stats.vocabularies, dict(stats.table_rows)
         ids = {}
         for f in schema.sparse:  # pooling factors: ids per record, summed over a table's

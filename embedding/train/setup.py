@@ -16,7 +16,7 @@ from embedding.train.types import ConfigError, TrainConfig, TrainingError
 from embedding.types import IdPolicy, Pooling, ShardingPlan, TableConfig
 
 __all__ = ["fail_together", "problem_kind", "build_tables", "tables_of", "make_plan", "plan_for",
-           "make_reader",
+           "make_reader", "ranks_per_node_of",
            "host_memory", "check_disk_room"]
 
 _log = logging.getLogger(__name__)
@@ -143,7 +143,8 @@ def make_plan(cfg: TrainConfig, tables: Sequence[TableConfig], group,
     return plan
 
 
-def _ranks_per_node(group) -> int:
+def ranks_per_node_of(group) -> int:
+    """The group's ranks per node when they divide its size, else 1 (nodes of one rank)."""
     rpn = group.ranks_per_node
     return rpn if rpn and group.size % rpn == 0 else 1
 
@@ -151,7 +152,7 @@ def _ranks_per_node(group) -> int:
 def _plan_locally(cfg: TrainConfig, tables, group, ids_per_sample=None) -> ShardingPlan:
     from embedding.planner import PlanError, validate_plan
 
-    rpn = _ranks_per_node(group)
+    rpn = ranks_per_node_of(group)
     if cfg.plan.file:
         try:
             with open(cfg.plan.file, encoding="utf-8") as fh:
