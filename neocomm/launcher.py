@@ -199,6 +199,7 @@ class _Tree:
         while time.monotonic() < end:
             self.refresh()
             if self.proc.poll() is not None and not self.alive():
+                self._reap()  # those that turned zombie after refresh's reap
                 return
             time.sleep(0.05)
         self.refresh()
@@ -208,6 +209,7 @@ class _Tree:
             if not self.alive():
                 break
             time.sleep(0.02)
+        self._reap()
 
     def remove_shared_memory(self, before: set[str]) -> list[str]:
         """Remove the /dev/shm files the job left behind: neocomm's (``neocomm-<pid>-*``
