@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--batch", type=int, default=2048, help="samples per rank and step")
     ap.add_argument("--steps", type=int, default=40, help="steps per timing")
-    ap.add_argument("--repeat", type=int, default=3, help="timings (best reported)")
+    ap.add_argument("--repeat", type=int, default=5, help="timings (best reported)")
     ap.add_argument("--shardings", nargs="+",
                     default=["table_wise", "row_wise", "column_wise", "data_parallel"],
                     choices=[s.value for s in ShardingType])

@@ -58,6 +58,17 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
     lengths = np.diff(offsets)
     w = _weights_of(bags, weights.dtype)
     idx = np.asarray(bags.indices, np.int64)
+    if _one_id_per_bag(layout, bags, lengths, out):
+        # every bag holds one id (sum, mean and max all pool to the weighted row): one gather
+        # of the rows in output order, straight into ``out``
+        d = layout.dims[0]
+        base = np.asarray(layout.row_base, np.int64)[list(bags.slot_table)]
+        rows = (idx.reshape(g_count, s_count, b) + base[None, :, None]).transpose(0, 2, 1)
+        flat_out = out.reshape(-1, d)
+        np.take(weights.reshape(-1, d), rows.reshape(-1), axis=0, out=flat_out)
+        if w is not None:
+            flat_out *= w.reshape(g_count, s_count, b).transpose(0, 2, 1).reshape(-1, 1)
+        return out
 
     def block(gs: int) -> None:
         g, s = divmod(gs, s_count)
@@ -77,6 +88,16 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
 
     _map(block, range(g_count * s_count), threads)
     return out
+
+
+def _one_id_per_bag(layout: TableLayout, bags: Bags, lengths: np.ndarray, out) -> bool:
+    """Whether a lookup is one gather: one id per bag, one dim for every table, the slots
+    side by side in slot order filling ``out`` (C-contiguous)."""
+    d = layout.dims[0]
+    return (len(set(layout.dims)) == 1 and out.flags.c_contiguous
+            and bags.out_dim == bags.num_slots * d
+            and bags.slot_col == tuple(range(0, bags.num_slots * d, d))
+            and bool((lengths == 1).all()))
 
 
 def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,

@@ -16,6 +16,7 @@ table) × ``B`` bags, bag ``i = (g * S + s) * B + b`` holding ids
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -65,22 +66,22 @@ class TableLayout:
     def num_tables(self) -> int:
         return len(self.rows)
 
-    @property
+    @cached_property
     def row_base(self) -> tuple[int, ...]:
         """First global row of each table."""
         return tuple(int(x) for x in np.concatenate([[0], np.cumsum(self.rows)[:-1]]))
 
-    @property
+    @cached_property
     def weight_offsets(self) -> tuple[int, ...]:
         """First flat element of each table."""
         sizes = [r * d for r, d in zip(self.rows, self.dims)]
         return tuple(int(x) for x in np.concatenate([[0], np.cumsum(sizes)[:-1]]))
 
-    @property
+    @cached_property
     def total_rows(self) -> int:
         return int(sum(self.rows))
 
-    @property
+    @cached_property
     def total_elements(self) -> int:
         return int(sum(r * d for r, d in zip(self.rows, self.dims)))
 

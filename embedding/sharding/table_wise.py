@@ -205,14 +205,19 @@ class SlotWiseSharding(ShardingStrategy):
 
     def owner_moves(self, col_of) -> list[list[tuple[int, int, int]]]:
         """Per owner rank: ``(column in the owner's block, column in a layout, width)``
-        of each of its slots, where feature ``f`` starts at column ``col_of[f]`` of the layout."""
+        of each of its slots, where feature ``f`` starts at column ``col_of[f]`` of the layout
+        (slots adjacent on both sides merged into one move)."""
         moves = []
         for r in range(self.env.size):
             c0, mine = 0, []
             for i in self._by_owner[r]:
                 s = self.slots[i]
-                mine.append((c0, col_of[s.feature] + s.shard.col_offset, s.shard.num_cols))
-                c0 += s.shard.num_cols
+                dst, w = col_of[s.feature] + s.shard.col_offset, s.shard.num_cols
+                if mine and mine[-1][0] + mine[-1][2] == c0 and mine[-1][1] + mine[-1][2] == dst:
+                    mine[-1] = (mine[-1][0], mine[-1][1], mine[-1][2] + w)  # one wider copy
+                else:
+                    mine.append((c0, dst, w))
+                c0 += w
             moves.append(mine)
         return moves
 

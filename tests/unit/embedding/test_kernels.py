@@ -17,9 +17,9 @@ class Case:
     """Random bags over a layout, with their Python-list twins for the reference."""
 
     def __init__(self, seed=0, groups=2, batch=6, max_len=5, weighted=True, dtype=np.float64,
-                 fixed_len=None):
+                 fixed_len=None, dim=None):
         rng = np.random.default_rng(seed)
-        self.layout = TableLayout((7, 5, 9, 3), (3, 4, 3, 2))
+        self.layout = TableLayout((7, 5, 9, 3), (3, 4, 3, 2) if dim is None else (dim,) * 4)
         self.slot_table = (0, 2, 0, 1, 3)
         # table 0 is read by a sum slot and a max slot: one backward mixes both
         self.pools = (Pooling.SUM, Pooling.MEAN, Pooling.MAX, Pooling.MEAN, Pooling.MAX)
@@ -96,6 +96,22 @@ def test_pooled_lookup_matches_loops(weighted, fixed_len):
     case = Case(weighted=weighted, fixed_len=fixed_len)
     out = cpu.pooled_lookup(case.layout, case.weights, case.bags)
     np.testing.assert_allclose(out, case.reference_lookup(case.weights), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_one_id_per_bag_lookup_is_one_gather(weighted, monkeypatch):
+    """One id per bag and one dim for all tables: the lookup is a single gather in output
+    order; same bits as the per-slot path (sum, mean and max slots, per-id weights)."""
+    case = Case(weighted=weighted, fixed_len=1, dim=3, dtype=np.float32)
+    lengths = np.diff(case.bags.offsets)
+    out = np.empty((case.bags.out_rows, case.out_dim), np.float32)
+    assert cpu._one_id_per_bag(case.layout, case.bags, lengths, out)
+    cpu.pooled_lookup(case.layout, case.weights, case.bags, out=out)
+    np.testing.assert_allclose(out, case.reference_lookup(case.weights), rtol=1e-6)
+    monkeypatch.setattr(cpu, "_one_id_per_bag", lambda *a: False)
+    np.testing.assert_array_equal(out, cpu.pooled_lookup(case.layout, case.weights, case.bags))
+    other = Case(weighted=weighted, fixed_len=1, dtype=np.float32)  # mixed dims: per slot
+    assert not cpu._one_id_per_bag(other.layout, other.bags, lengths, out)
 
 
 def test_pooled_lookup_long_tail_bags():
@@ -280,7 +296,8 @@ def test_jagged_sum_adds_in_segment_order():
     """Same bits as a sequential loop (the order the device kernel uses)."""
     rng = np.random.default_rng(11)
     src = (rng.standard_normal((20, 4)) * 10.0 ** rng.integers(-6, 6, (20, 1))).astype(np.float32)
-    lens = np.concatenate([rng.integers(0, 5, 50), [70, 90]])
+    # enough segments for positional passes, then a tail of a few long ones
+    lens = np.concatenate([rng.integers(0, 7, 600), [70, 90]])
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
     index = rng.integers(0, 20, int(lens.sum()))
     w = rng.uniform(0.5, 2, int(lens.sum())).astype(np.float32)
