@@ -14,6 +14,7 @@ import numpy as np
 
 from neocomm.agree import Problem
 from neocomm.types import DTYPE_CODES
+from neocomm.world import rank_device
 
 __all__ = ["check_buffer", "dtype_code_of", "check_same_dtype", "check_counts", "check_peer",
            "check_overlap", "overlapping", "same_memory", "first", "counts_digest"]
@@ -55,9 +56,15 @@ def check_buffer(name: str, buf, *, device: bool, writable: bool = False,
         flags = buf.flags
         code, can_reduce = _info(buf.dtype)
         if (code and flags.c_contiguous and (can_reduce or not reducible)
-                and (not writable or getattr(flags, "writeable", True))):  # CuPy: no flag
+                and (not writable or getattr(flags, "writeable", True))  # CuPy: no flag
+                and (not device or _on_rank_device(buf))):
             return None
     return _explain(name, buf, device, writable, reducible)
+
+
+def _on_rank_device(buf) -> bool:
+    dev = rank_device()
+    return dev is None or buf.device.id == dev
 
 
 def _explain(name: str, buf, device: bool, writable: bool, reducible: bool) -> Problem | None:
@@ -85,6 +92,10 @@ def _explain(name: str, buf, device: bool, writable: bool, reducible: bool) -> P
                              f"{sorted(_REDUCIBLE)}")
     if writable and not getattr(buf.flags, "writeable", True):  # CuPy arrays are always writable
         return Problem(name, f"{name}: is read-only, but the operation writes into it")
+    if device and not _on_rank_device(buf):
+        return Problem(name, f"{name}: the array is on GPU device {buf.device.id}, but this "
+                             f"rank's collectives run on device {rank_device()} (allocate it "
+                             f"under cupy.cuda.Device({rank_device()}))")
     return None
 
 

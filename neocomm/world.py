@@ -197,6 +197,11 @@ def current_world() -> World:
     return _WORLD if _WORLD is not None else init()
 
 
+def rank_device() -> int | None:
+    """The GPU this rank's device collectives run on (None: no world yet, or no GPU)."""
+    return _WORLD.device if _WORLD is not None else None
+
+
 def group_or_world(group):
     """``group``, or the world group of :func:`current_world` when it is None; TypeError
     naming what was given when it is neither. A :class:`World` stands for its world

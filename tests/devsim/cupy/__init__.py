@@ -498,7 +498,55 @@ def array(obj, dtype=None, copy=True, order="K", ndmin=0, *, blocking=False):
 def asarray(a, dtype=None, order=None, *, blocking=False):
     if isinstance(a, ndarray):
         return a if dtype is None or _np.dtype(dtype) == a.dtype else a.astype(dtype)
+    if hasattr(a, "__cuda_array_interface__"):
+        view = _from_interface(a.__cuda_array_interface__)
+        return view if dtype is None or _np.dtype(dtype) == view.dtype else view.astype(dtype)
     return _from_host(_np.asarray(a, dtype=dtype, order="C"), blocking)
+
+
+def _from_interface(cai: dict) -> ndarray:
+    """A view (no copy) of another library's device array, by its CUDA Array Interface.
+
+    As CuPy does: the memory must be device memory (a host pointer fails, as a kernel
+    reading it would), the array keeps the device that memory is on, and the producer's
+    ``stream`` (version 3) is synchronised first (0 is not a valid value; 1 and 2 are the
+    legacy and per-thread default streams).
+    """
+    if cai.get("mask") is not None:
+        raise ValueError("CUDA Array Interface: masked arrays are not supported")
+    shape = tuple(int(n) for n in cai["shape"])
+    dtype = _np.dtype(cai["typestr"])
+    ptr = int(cai["data"][0])
+    strides = cai.get("strides")
+    count = int(_np.prod(shape, dtype=_np.int64))
+    if count == 0:
+        return ndarray(shape, dtype)
+    if strides is None:  # C-contiguous
+        strides = tuple(dtype.itemsize * int(_np.prod(shape[i + 1:], dtype=_np.int64))
+                        for i in range(len(shape)))
+    strides = tuple(int(x) for x in strides)
+    lo = sum(st * (n - 1) for st, n in zip(strides, shape) if st < 0)
+    hi = sum(st * (n - 1) for st, n in zip(strides, shape) if st > 0) + dtype.itemsize
+    alloc, _ = _engine.resolve(ptr + lo, hi - lo, "cupy.asarray(__cuda_array_interface__)")
+    stream = cai.get("stream") if int(cai.get("version", 0)) >= 3 else None
+    if stream is not None:
+        _stream_of_interface(int(stream), alloc.device).synchronize()
+    view = _np.ndarray(shape, dtype, buffer=alloc.host.reshape(-1).view(_np.uint8),
+                       offset=ptr - alloc.ptr, strides=strides)
+    return ndarray._wrap(view, alloc)
+
+
+def _stream_of_interface(ptr: int, device: int):
+    if ptr == 0:
+        raise ValueError("CUDA Array Interface: stream 0 is not allowed (it is ambiguous; "
+                         "use 1 for the legacy default stream)")
+    if ptr in (1, 2):
+        return _engine.null_stream(device)
+    for st in list(_engine._ALL_STREAMS):
+        if st.ptr == ptr:
+            return st
+    raise _engine.CudaError(f"cudaErrorInvalidResourceHandle: stream {ptr:#x} of a CUDA Array "
+                            f"Interface is not a live stream")
 
 
 def _from_host(host: _np.ndarray, blocking: bool) -> ndarray:
