@@ -33,6 +33,7 @@ import numpy as np
 import collectives as C
 from collectives.algorithms import names
 from collectives.chunking import staging_pool
+from collectives.simulate import bus_factor, count_of, many_to_many_peers
 from collectives.types import CollectiveOp
 from neocomm.errors import CollectiveArgumentError
 from neocomm.types import ReduceOp, bfloat16
@@ -86,17 +87,6 @@ class Row:
         return asdict(self)
 
 
-def bus_factor(op: CollectiveOp, n: int) -> float:
-    """nccl-tests' bus bandwidth factor for ``op`` on ``n`` ranks."""
-    if n <= 1:
-        return 1.0
-    if op is CollectiveOp.ALL_REDUCE:
-        return 2.0 * (n - 1) / n
-    if op in (CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY):
-        return 1.0
-    return (n - 1) / n
-
-
 def peer_name(cfg: BenchConfig) -> str:
     """The peer measured next to our algorithms: ``mpi`` on host, ``native`` on device."""
     return DEVICE_PEER if cfg.device else PEER
@@ -133,15 +123,12 @@ class _Case:
         self.dtype = _dtype(cfg.dtype)
         item = self.dtype.itemsize
         op = self.op
-        unit = p if op in (CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V,
-                           CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER,
-                           CollectiveOp.MANY_TO_MANY) else 1
-        self.count = max(unit, size // item // unit * unit)
+        self.count = count_of(op, size, item, p)
         self.size = self.count * item
         n = self.count
-        self.peers = [(r + d) % p for d in range(1, max(2, p // 2 + 1))] if p > 1 else [r]
-        self.senders = sorted((r - d) % p for d in range(1, max(2, p // 2 + 1))) \
-            if p > 1 else [r]
+        half = many_to_many_peers(p)
+        self.peers = [(r + d) % p for d in range(1, half + 1)] if p > 1 else [r]
+        self.senders = sorted((r - d) % p for d in range(1, half + 1)) if p > 1 else [r]
         empty = self._alloc
         if op is CollectiveOp.ALL_GATHER:
             self.send, self.recv = empty(n // p), empty(n)
@@ -359,17 +346,9 @@ def _mpi_op(dtype: np.dtype, op: ReduceOp):
 
 def sizes(cfg: BenchConfig) -> list[int]:
     """The sweep's sizes in bytes."""
-    if cfg.min_bytes <= 0 or cfg.max_bytes < cfg.min_bytes:
-        raise ValueError(f"sizes: expected 0 < -b <= -e, got {cfg.min_bytes}, {cfg.max_bytes}")
-    if cfg.factor <= 1 and cfg.min_bytes != cfg.max_bytes:
-        raise ValueError(f"-f: expected a factor > 1, got {cfg.factor}")
-    out, s = [], float(cfg.min_bytes)
-    while s <= cfg.max_bytes * (1 + 1e-9):
-        out.append(int(s))
-        if cfg.factor <= 1:
-            break
-        s *= cfg.factor
-    return out
+    from collectives.simulate import sweep
+
+    return sweep(cfg.min_bytes, cfg.max_bytes, cfg.factor)
 
 
 def _time(group, fn, iters: int, cfg: BenchConfig) -> float:

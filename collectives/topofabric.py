@@ -14,7 +14,7 @@ import warnings
 from collectives.types import (DEFAULT_COPY_BANDWIDTH, DEFAULT_REDUCE_BANDWIDTH, FabricModel,
                                Link)
 
-__all__ = ["fabric_from_topology", "discover_group_topology", "CHUNK_BYTES"]
+__all__ = ["fabric_from_topology", "fabric_from_spec", "discover_group_topology", "CHUNK_BYTES"]
 
 _log = logging.getLogger(__name__)
 
@@ -49,12 +49,8 @@ def fabric_from_topology(cluster, *, device: bool = False) -> FabricModel:
     if inter_kind in (LinkKind.ROCE, LinkKind.INFINIBAND) and cluster.hosts:
         nics = max(1, min(sum(1 for n in h.nics if n.active and n.link_kind is inter_kind)
                           for h in cluster.hosts))
-    copy_bw, reduce_bw = DEFAULT_COPY_BANDWIDTH, DEFAULT_REDUCE_BANDWIDTH
-    if device:
-        mem = [memory_bandwidth(g.name) for h in cluster.hosts for g in h.gpus]
-        mem = [m for m in mem if m > 0]
-        if mem:  # a device copy reads and writes; an in-place add streams three arrays
-            copy_bw, reduce_bw = min(mem) / 2, min(mem) / 3
+    copy_bw, reduce_bw = _local_rates([memory_bandwidth(g.name) for h in cluster.hosts
+                                       for g in h.gpus] if device else [])
     nodes = max(1, cluster.num_nodes)
     per_node = max((len(n) for n in cluster.nodes), default=1) or 1
     return FabricModel(ranks_per_node=per_node, nodes=nodes, intra=link(intra_kind),
@@ -62,6 +58,83 @@ def fabric_from_topology(cluster, *, device: bool = False) -> FabricModel:
                        reduce_bandwidth=reduce_bw,
                        source=f"topology: {intra_kind.value} within nodes, "
                               f"{inter_kind.value} x{nics} between nodes")
+
+
+def _local_rates(memory_bandwidths) -> tuple[float, float]:
+    """``(copy, reduce)`` bytes/s: from the slowest GPU's memory throughput (a device copy
+    reads and writes; an in-place add streams three arrays), the host's defaults without."""
+    mem = [m for m in memory_bandwidths if m > 0]
+    if not mem:
+        return DEFAULT_COPY_BANDWIDTH, DEFAULT_REDUCE_BANDWIDTH
+    return min(mem) / 2, min(mem) / 3
+
+
+def fabric_from_spec(spec, ranks: int, ranks_per_node: int | None = None, *,
+                     device: bool | None = None) -> FabricModel:
+    """The :class:`FabricModel` of ``ranks`` ranks on the cluster a fabric spec declares
+    (:mod:`topology.spec`): the links the spec promises, at their line rates.
+
+    ``ranks_per_node`` defaults to the spec's GPUs per node (on GPU-less nodes, the ranks
+    spread evenly over the spec's nodes);
+    ``device`` (default: the nodes have GPUs) prices device buffers: NVLink (or PCIe)
+    inside a node, the GPUs' memory for local copies and reductions. Between nodes:
+    the spec's NICs (``[nic] count`` of ``min_rate_gbps`` each), TCP without a ``[nic]``
+    table. ValueError naming the value when the spec's cluster cannot hold the ranks.
+    """
+    from topology.linkmodel import (LATENCY, SHM_BANDWIDTH, TCP_DEFAULT_GBPS, memory_bandwidth,
+                                    nic_bandwidth, nvlink_lane_bandwidth, pcie_bandwidth)
+    from topology.types import LinkKind, LinkLayer
+
+    ranks = int(ranks)
+    if ranks < 1:
+        raise ValueError(f"ranks: expected >= 1, got {ranks}")
+    device = spec.gpus > 0 if device is None else bool(device)
+    if device and spec.gpus == 0:
+        raise ValueError(f"fabric {spec.name!r} has no GPUs ([node] gpus = 0): price host "
+                         f"buffers instead")
+    if ranks_per_node is not None:
+        per_node = int(ranks_per_node)
+    else:  # a rank per GPU; on GPU-less nodes the ranks spread evenly over the nodes
+        per_node = spec.gpus if spec.gpus else -(-ranks // spec.nodes)
+    if per_node < 1:
+        raise ValueError(f"ranks_per_node: expected >= 1, got {ranks_per_node}")
+    if device and per_node > spec.gpus:
+        raise ValueError(f"ranks_per_node: {per_node} ranks per node need {per_node} GPUs, but a "
+                         f"node of fabric {spec.name!r} has {spec.gpus}")
+    if ranks % per_node:
+        raise ValueError(f"ranks: {ranks} ranks do not fill nodes of {per_node} "
+                         f"(ranks_per_node); use a multiple of {per_node}")
+    nodes = ranks // per_node
+    if nodes > spec.nodes:
+        raise ValueError(f"ranks: {ranks} ranks at {per_node} per node need {nodes} nodes, but "
+                         f"fabric {spec.name!r} has {spec.nodes} ({spec.nodes * per_node} ranks "
+                         f"at most)")
+
+    def link(kind, bandwidth: float) -> Link:
+        return Link(latency=LATENCY[kind], bandwidth=bandwidth,
+                    chunk_bytes=CHUNK_BYTES.get(kind.value, 1 << 20))
+
+    if not device:
+        intra, what = link(LinkKind.SHM, SHM_BANDWIDTH), "shm"
+    elif spec.nvlink is not None:
+        bw = (spec.nvlink.min_bandwidth_gbs * 1e9 if spec.nvlink.min_bandwidth_gbs else
+              spec.nvlink.min_lanes * nvlink_lane_bandwidth(spec.gpu_model))
+        intra, what = link(LinkKind.NVLINK, bw), "nvlink"
+    else:
+        intra, what = link(LinkKind.PCIE, pcie_bandwidth(spec.gpu_model)), "pcie"
+    nics = 1
+    if spec.nic is not None:
+        kind = LinkKind.INFINIBAND if spec.nic.link_layer is LinkLayer.INFINIBAND else \
+            LinkKind.ROCE
+        inter, nics = link(kind, nic_bandwidth(spec.nic.min_rate_gbps)), spec.nic.count
+    else:
+        kind = LinkKind.TCP
+        inter = link(kind, nic_bandwidth(TCP_DEFAULT_GBPS))
+    copy_bw, reduce_bw = _local_rates([memory_bandwidth(spec.gpu_model)] if device else [])
+    return FabricModel(ranks_per_node=per_node, nodes=nodes, intra=intra, inter=inter,
+                       nics_per_node=nics, copy_bandwidth=copy_bw, reduce_bandwidth=reduce_bw,
+                       source=f"fabric spec {spec.name!r}: {what} within nodes, "
+                              f"{kind.value} x{nics} between nodes (line rates)")
 
 
 _HOST = None

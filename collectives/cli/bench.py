@@ -288,7 +288,8 @@ def _calibrate(path, cfg, group, rows, lead) -> None:
 
     from collectives import cost
     from collectives.fabric import fabric_for, load_calibration, save_calibration
-    from collectives.types import SYMMETRIC_RECV, SYMMETRIC_SEND, Request
+    from collectives.simulate import bench_request
+    from collectives.types import SYMMETRIC_RECV, SYMMETRIC_SEND
 
     fabric = fabric_for(group)
     bare = replace(fabric, algorithm_factors=())
@@ -305,8 +306,7 @@ def _calibrate(path, cfg, group, rows, lead) -> None:
             continue
         item = 2 if cfg.dtype in ("float16", "bfloat16") else \
             int(__import__("numpy").dtype(cfg.dtype).itemsize)
-        req = Request(cfg.op, r.size, item, group.size, max_block=r.size // group.size,
-                      symmetric=sym)
+        req = bench_request(cfg.op, r.size, item, group.size, root=cfg.root, symmetric=sym)
         model = cost.algorithm_cost(cfg.op, name, req, bare)
         if 0 < model < float("inf"):
             by_algo.setdefault(name, []).append(r.time / model)

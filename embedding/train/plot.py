@@ -10,19 +10,21 @@ from pathlib import Path
 
 from embedding.train.metrics import read_metrics
 
-__all__ = ["plot_metrics", "PlotUnavailable"]
+__all__ = ["plot_metrics", "PlotUnavailable", "pyplot"]
 
 
 class PlotUnavailable(RuntimeError):
     """No plot can be drawn here (matplotlib is missing, or the log holds nothing to draw)."""
 
 
-def _pyplot():
+def pyplot(where: str = "the numbers are in the metrics log"):
+    """matplotlib's pyplot on the Agg backend; :class:`PlotUnavailable` without matplotlib
+    (``where`` tells the user where the numbers are instead)."""
     try:
         import matplotlib
     except ImportError:
-        raise PlotUnavailable("matplotlib is not installed (pip install matplotlib); the "
-                              "numbers are in the metrics log") from None
+        raise PlotUnavailable(f"matplotlib is not installed (pip install matplotlib); "
+                              f"{where}") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -36,7 +38,7 @@ def plot_metrics(metrics_path, out_path) -> Path:
     evals = [r for r in records if r.get("event") == "eval"]
     if not train and not evals:
         raise PlotUnavailable(f"{metrics_path} holds no training or evaluation records")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     try:
         if train:
