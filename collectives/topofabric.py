@@ -14,7 +14,8 @@ import warnings
 from collectives.types import (DEFAULT_COPY_BANDWIDTH, DEFAULT_REDUCE_BANDWIDTH, FabricModel,
                                Link)
 
-__all__ = ["fabric_from_topology", "fabric_from_spec", "discover_group_topology", "CHUNK_BYTES"]
+__all__ = ["fabric_from_topology", "fabric_from_spec", "spec_links", "discover_group_topology",
+           "CHUNK_BYTES"]
 
 _log = logging.getLogger(__name__)
 
@@ -69,22 +70,56 @@ def _local_rates(memory_bandwidths) -> tuple[float, float]:
     return min(mem) / 2, min(mem) / 3
 
 
-def fabric_from_spec(spec, ranks: int, ranks_per_node: int | None = None, *,
-                     device: bool | None = None) -> FabricModel:
-    """The :class:`FabricModel` of ``ranks`` ranks on the cluster a fabric spec declares
-    (:mod:`topology.spec`): the links the spec promises, at their line rates.
+def spec_links(spec, *, device: bool) -> FabricModel:
+    """The links a fabric spec (:mod:`topology.spec`) declares, at their line rates, in a
+    :class:`FabricModel` of one rank (give it a shape with ``with_shape``).
 
-    ``ranks_per_node`` defaults to the spec's GPUs per node (on GPU-less nodes, the ranks
-    spread evenly over the spec's nodes);
-    ``device`` (default: the nodes have GPUs) prices device buffers: NVLink (or PCIe)
-    inside a node, the GPUs' memory for local copies and reductions. Between nodes:
-    the spec's NICs (``[nic] count`` of ``min_rate_gbps`` each), TCP without a ``[nic]``
-    table. ValueError naming the value when the spec's cluster cannot hold the ranks.
+    ``device`` prices device buffers: NVLink inside a node at the spec's
+    ``min_bandwidth_gbs`` (else lanes x the lane rate of the GPU generation), PCIe
+    without ``[nvlink]``, the GPUs' memory for local copies and reductions; host
+    buffers go over shared memory. Between nodes: ``[nic] count`` ports of
+    ``min_rate_gbps`` each, TCP without a ``[nic]`` table.
     """
     from topology.linkmodel import (LATENCY, SHM_BANDWIDTH, TCP_DEFAULT_GBPS, memory_bandwidth,
                                     nic_bandwidth, nvlink_lane_bandwidth, pcie_bandwidth)
     from topology.types import LinkKind, LinkLayer
 
+    def link(kind, bandwidth: float) -> Link:
+        return Link(latency=LATENCY[kind], bandwidth=bandwidth,
+                    chunk_bytes=CHUNK_BYTES.get(kind.value, 1 << 20))
+
+    if not device:
+        intra, what = link(LinkKind.SHM, SHM_BANDWIDTH), "shm"
+    elif spec.nvlink is not None:
+        bw = (spec.nvlink.min_bandwidth_gbs * 1e9 if spec.nvlink.min_bandwidth_gbs else
+              spec.nvlink.min_lanes * nvlink_lane_bandwidth(spec.gpu_model))
+        intra, what = link(LinkKind.NVLINK, bw), "nvlink"
+    else:
+        intra, what = link(LinkKind.PCIE, pcie_bandwidth(spec.gpu_model)), "pcie"
+    nics = 1
+    if spec.nic is not None:
+        kind = LinkKind.INFINIBAND if spec.nic.link_layer is LinkLayer.INFINIBAND else \
+            LinkKind.ROCE
+        inter, nics = link(kind, nic_bandwidth(spec.nic.min_rate_gbps)), spec.nic.count
+    else:
+        kind = LinkKind.TCP
+        inter = link(kind, nic_bandwidth(TCP_DEFAULT_GBPS))
+    copy_bw, reduce_bw = _local_rates([memory_bandwidth(spec.gpu_model)] if device else [])
+    return FabricModel(intra=intra, inter=inter, nics_per_node=nics, copy_bandwidth=copy_bw,
+                       reduce_bandwidth=reduce_bw,
+                       source=f"fabric spec {spec.name!r}: {what} within nodes, "
+                              f"{kind.value} x{nics} between nodes (line rates)")
+
+
+def fabric_from_spec(spec, ranks: int, ranks_per_node: int | None = None, *,
+                     device: bool | None = None) -> FabricModel:
+    """The :class:`FabricModel` of ``ranks`` ranks on the cluster a fabric spec declares:
+    its links (:func:`spec_links`) in nodes of ``ranks_per_node``.
+
+    ``ranks_per_node`` defaults to the spec's GPUs per node (on GPU-less nodes, the ranks
+    spread evenly over the spec's nodes); ``device`` defaults to whether the nodes have
+    GPUs. ValueError naming the value when the spec's cluster cannot hold the ranks.
+    """
     ranks = int(ranks)
     if ranks < 1:
         raise ValueError(f"ranks: expected >= 1, got {ranks}")
@@ -109,32 +144,7 @@ def fabric_from_spec(spec, ranks: int, ranks_per_node: int | None = None, *,
         raise ValueError(f"ranks: {ranks} ranks at {per_node} per node need {nodes} nodes, but "
                          f"fabric {spec.name!r} has {spec.nodes} ({spec.nodes * per_node} ranks "
                          f"at most)")
-
-    def link(kind, bandwidth: float) -> Link:
-        return Link(latency=LATENCY[kind], bandwidth=bandwidth,
-                    chunk_bytes=CHUNK_BYTES.get(kind.value, 1 << 20))
-
-    if not device:
-        intra, what = link(LinkKind.SHM, SHM_BANDWIDTH), "shm"
-    elif spec.nvlink is not None:
-        bw = (spec.nvlink.min_bandwidth_gbs * 1e9 if spec.nvlink.min_bandwidth_gbs else
-              spec.nvlink.min_lanes * nvlink_lane_bandwidth(spec.gpu_model))
-        intra, what = link(LinkKind.NVLINK, bw), "nvlink"
-    else:
-        intra, what = link(LinkKind.PCIE, pcie_bandwidth(spec.gpu_model)), "pcie"
-    nics = 1
-    if spec.nic is not None:
-        kind = LinkKind.INFINIBAND if spec.nic.link_layer is LinkLayer.INFINIBAND else \
-            LinkKind.ROCE
-        inter, nics = link(kind, nic_bandwidth(spec.nic.min_rate_gbps)), spec.nic.count
-    else:
-        kind = LinkKind.TCP
-        inter = link(kind, nic_bandwidth(TCP_DEFAULT_GBPS))
-    copy_bw, reduce_bw = _local_rates([memory_bandwidth(spec.gpu_model)] if device else [])
-    return FabricModel(ranks_per_node=per_node, nodes=nodes, intra=intra, inter=inter,
-                       nics_per_node=nics, copy_bandwidth=copy_bw, reduce_bandwidth=reduce_bw,
-                       source=f"fabric spec {spec.name!r}: {what} within nodes, "
-                              f"{kind.value} x{nics} between nodes (line rates)")
+    return spec_links(spec, device=device).with_shape(per_node, nodes)
 
 
 _HOST = None

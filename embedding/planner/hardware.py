@@ -19,7 +19,7 @@ import os
 import warnings
 from dataclasses import dataclass, replace
 
-from collectives.types import FabricModel, Link
+from collectives.types import FabricModel
 from embedding.planner.types import Hardware
 
 __all__ = ["Target", "load_target", "target_names", "target_of_host", "target_of_spec",
@@ -50,19 +50,6 @@ def target_names() -> list[str]:
 
     hosts = fixture_names()
     return hosts + [n for n in preset_names() if n not in hosts]
-
-
-def _links(intra_kind, intra_bw: float, inter_kind, inter_bw: float, nics: int,
-           source: str) -> FabricModel:
-    from topology import linkmodel
-
-    base = FabricModel()
-    return replace(base,
-                   intra=Link(linkmodel.LATENCY[intra_kind], intra_bw, base.intra.chunk_bytes),
-                   inter=Link(linkmodel.LATENCY[inter_kind], inter_bw, base.inter.chunk_bytes),
-                   nics_per_node=max(1, int(nics)),
-                   source=f"{source}: {intra_kind.value} within a node, {max(1, int(nics))} x "
-                          f"{inter_kind.value} between nodes")
 
 
 def _gpu_bandwidth(names) -> float:
@@ -117,28 +104,13 @@ def target_of_host(host) -> Target:
 
 
 def target_of_spec(spec) -> Target:
-    """The target a fabric spec (:class:`~topology.spec.FabricSpec`) declares."""
-    from topology import linkmodel
-    from topology.types import LinkKind, LinkLayer
+    """The target a fabric spec (:class:`~topology.spec.FabricSpec`) declares: its links as
+    :func:`collectives.topofabric.spec_links` gives them (device buffers on GPU nodes)."""
+    from collectives.topofabric import spec_links
 
-    if spec.gpus and spec.nvlink is not None:
-        intra_kind = LinkKind.NVLINK
-        intra_bw = spec.nvlink.min_lanes * linkmodel.nvlink_lane_bandwidth(spec.gpu_model)
-    elif spec.gpus:
-        intra_kind, intra_bw = LinkKind.PCIE, linkmodel.pcie_bandwidth(spec.gpu_model)
-    else:
-        intra_kind, intra_bw = LinkKind.SHM, linkmodel.SHM_BANDWIDTH
-    if spec.nic is not None:
-        inter_kind = (LinkKind.INFINIBAND if spec.nic.link_layer is LinkLayer.INFINIBAND
-                      else LinkKind.ROCE)
-        inter_bw, nics = linkmodel.nic_bandwidth(spec.nic.min_rate_gbps), spec.nic.count
-    else:
-        inter_kind = LinkKind.TCP
-        inter_bw, nics = linkmodel.nic_bandwidth(linkmodel.TCP_DEFAULT_GBPS), 1
-    fabric = _links(intra_kind, intra_bw, inter_kind, inter_bw, nics,
-                    f"link model of fabric spec {spec.name}")
     memory = int(spec.min_gpu_memory_gib * (1 << 30)) if spec.min_gpu_memory_gib else None
-    return Target(spec.name, fabric, spec.gpus or max(1, spec.min_cpus), memory,
+    return Target(spec.name, spec_links(spec, device=bool(spec.gpus)),
+                  spec.gpus or max(1, spec.min_cpus), memory,
                   _gpu_bandwidth([spec.gpu_model] if spec.gpu_model else []))
 
 

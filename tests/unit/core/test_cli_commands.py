@@ -9,7 +9,7 @@ from neocomm import cli
 
 #: every command of the product, in the order ``neocomm --help`` lists them
 EXPECTED = ["run", "info", "fabric", "topo", "bench", "checkpoint", "data", "plan", "predict",
-            "train"]
+            "simulate", "train"]
 
 
 def _with_extra(monkeypatch, *extra: tuple[str, str]):
