@@ -16,7 +16,7 @@ from topology.types import ClusterTopology, HostTopology, LinkKind
 
 __all__ = ["LinkParams", "link_model", "nvlink_generation", "nvlink_lane_bandwidth",
            "nvlink_max_lanes", "pcie_bandwidth", "nic_bandwidth", "inter_node_kind",
-           "intra_node_kind", "memory_bandwidth", "LATENCY", "SHM_BANDWIDTH",
+           "intra_node_kind", "memory_bandwidth", "compute_rate", "LATENCY", "SHM_BANDWIDTH",
            "TCP_DEFAULT_GBPS"]
 
 
@@ -70,6 +70,19 @@ TCP_DEFAULT_GBPS = 10.0
 _MEMORY = [("B200", 8.0e12), ("H200", 4.8e12), ("H100 PCIE", 2.0e12), ("H100", 3.35e12),
            ("A100-SXM4-80GB", 2.039e12), ("A100 80GB", 2.039e12), ("A100", 1.555e12),
            ("V100", 0.9e12)]
+
+
+# Peak FP32 (non-tensor-core) throughput, FLOP/s, from NVIDIA's product datasheets: V100 SXM2
+# 15.7 TFLOPS; A100 19.5; H100 PCIe 51.2; H100 SXM and H200 66.9. (cuBLAS keeps FP32 GEMMs
+# off the TF32 tensor cores unless asked, as CuPy and PyTorch do by default.)
+_FP32 = [("H200", 66.9e12), ("H100 PCIE", 51.2e12), ("H100", 66.9e12), ("A100", 19.5e12),
+         ("V100", 15.7e12)]
+
+
+def compute_rate(gpu_name: str) -> float:
+    """Peak FP32 floating-point operations per second of a GPU model; 0.0 when unknown."""
+    upper = gpu_name.upper()
+    return next((rate for key, rate in _FP32 if key in upper), 0.0)
 
 
 def memory_bandwidth(gpu_name: str) -> float:

@@ -37,7 +37,38 @@ def _size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="what", metavar="{collective}")
+    sub = parser.add_subparsers(dest="what", metavar="{collective,step,scale}")
+    for name, text in (("step", "one training step of a config, part by part, and samples/s"),
+                       ("scale", "the step from 8 to 128 ranks (re-planned at each size): "
+                                 "strong and weak scaling")):
+        q = sub.add_parser(name, help=text)
+        q.add_argument("--config", metavar="TRAIN.toml", default=None,
+                       help="the training config (tables, batch, dense model, optimizers); "
+                       "default: neocomm train's built-in defaults")
+        q.add_argument("--fabric", metavar="NAME|FILE", default=None,
+                       help="the cluster (a fabric spec preset, a captured host or a file, as "
+                       "neocomm plan --fabric); default: the config's [plan] fabric")
+        if name == "step":
+            q.add_argument("-n", "--ranks", type=positive_int, required=True,
+                           help="ranks of the job")
+        else:
+            q.add_argument("--ranks", default="8,16,32,64,128",
+                           help="rank counts, comma-separated (default 8,16,32,64,128)")
+        q.add_argument("--ranks-per-node", type=positive_int, default=None,
+                       help="default: the fabric's GPUs per node (at most the ranks)")
+        q.add_argument("--batch-size", type=positive_int, default=None,
+                       help="global batch (default: the config's train.batch_size)")
+        q.add_argument("--memory", type=_size, default=None,
+                       help="device memory per rank (default: the fabric's)")
+        q.add_argument("--flops", type=float, default=None,
+                       help="dense FLOP/s per rank (default: the GPU's peak FP32; on hosts "
+                       "without GPUs, a matrix product measured here)")
+        q.add_argument("--no-overlap", action="store_true",
+                       help="price the step without the trainer's overlap")
+        q.add_argument("--json", metavar="FILE", default=None, help="write the result as JSON")
+        if name == "scale":
+            q.add_argument("--plot", metavar="FILE", default=None,
+                           help="samples/s against ranks, strong and weak (PNG; matplotlib)")
     p = sub.add_parser("collective", help="predicted time, algbw and busbw of every algorithm "
                        "of one collective, per size")
     p.add_argument("op", help="the collective: all_reduce, all_to_all, all_to_all_v, "
@@ -65,14 +96,188 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    if args.what != "collective":
-        print("neocomm simulate: expected a subcommand: collective", file=sys.stderr)
+    what = {"collective": _collective, "step": _step, "scale": _scale}.get(args.what)
+    if what is None:
+        print("neocomm simulate: expected a subcommand: collective, step or scale",
+              file=sys.stderr)
         return 2
+    from embedding.planner import PlanDoesNotFitError
+
     try:
-        return _collective(args)
+        return what(args)
+    except PlanDoesNotFitError as exc:
+        print(f"neocomm simulate: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         print(f"neocomm simulate: {exc}", file=sys.stderr)
         return 2
+
+
+class _Job:
+    """A training config's tables, dense model and optimizer, ready to plan at any size."""
+
+    def __init__(self, args):
+        import dataclasses
+
+        from embedding.dense.types import DenseConfig
+        from embedding.train import ConfigError, load_config
+        from embedding.train.data import open_data
+        from embedding.train.setup import tables_of
+
+        try:
+            cfg = load_config(args.config)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        plan = dataclasses.replace(cfg.plan, fabric=args.fabric or cfg.plan.fabric, file="")
+        self.cfg = dataclasses.replace(cfg, plan=plan)
+        self.data = open_data(self.cfg)
+        self.tables = tables_of(self.cfg, self.data)
+        m = self.cfg.model
+        self.dense = DenseConfig(num_dense=self.data.num_dense,
+                                 num_sparse=len(self.data.feature_names),
+                                 bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp, dtype=m.dtype)
+        self.batch = args.batch_size or self.cfg.train.batch_size
+        self.args = args
+        self.flops_source = ""
+
+    def step(self, ranks: int, batch: int):
+        """``(StepEstimate, PlanReport, Hardware)`` of ``ranks`` ranks at global ``batch``."""
+        import dataclasses
+
+        from embedding.simulate import estimate_step
+        from embedding.train import ConfigError
+        from embedding.train.setup import plan_for
+
+        rpn = self.args.ranks_per_node
+        if rpn is None:
+            from embedding.planner.hardware import load_target
+
+            rpn = max(1, min(load_target(self.cfg.plan.fabric).devices_per_host, ranks))
+        if ranks % rpn:
+            raise ValueError(f"--ranks-per-node: {rpn} does not divide {ranks} ranks")
+        if batch % ranks:
+            raise ValueError(f"batch size: {batch} samples do not split over {ranks} ranks")
+        cfg = dataclasses.replace(self.cfg, train=dataclasses.replace(self.cfg.train,
+                                                                      batch_size=batch))
+        try:
+            report, hardware, _ = plan_for(cfg, self.tables, ranks, rpn,
+                                           self.data.ids_per_sample, memory=self.args.memory)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        est = estimate_step(report, hardware, self.dense, batch, flop_rate=self._flops(),
+                            optimizer=self.cfg.dense_optimizer.kind,
+                            overlap=not self.args.no_overlap and self.cfg.train.overlap)
+        return est, report, hardware
+
+    def _flops(self) -> float:
+        if self.args.flops:
+            self.flops_source = "given (--flops)"
+            return float(self.args.flops)
+        from embedding.planner.hardware import load_target
+
+        rate = load_target(self.cfg.plan.fabric).flop_rate
+        if rate:
+            self.flops_source = "the GPU's peak FP32"
+            return rate
+        from embedding.simulate import measure_flop_rate
+
+        if not getattr(self, "_measured", 0.0):
+            self._measured = measure_flop_rate()
+        self.flops_source = "a float32 matrix product measured on this host"
+        return self._measured
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:9.3f}"
+
+
+def _step(args) -> int:
+    job = _Job(args)
+    est, report, hw = job.step(args.ranks, job.batch)
+    print(f"# neocomm simulate step: {args.config or 'the default config'}, {hw.world_size} ranks ({hw.num_nodes} "
+          f"node(s) x {hw.ranks_per_node}) on {job.cfg.plan.fabric!r}, global batch "
+          f"{job.batch}, {'overlap on' if not args.no_overlap and job.cfg.train.overlap else 'no overlap'}")
+    print(f"# model: {hw.fabric.source}; dense FLOP/s {job._flops():.3g} "
+          f"({job.flops_source}); predictions, not measurements")
+    print(f"# {'part':<14} {'ms':>9} {'hidden ms':>9} {'share':>6}")
+    hidden = dict(est.hidden)
+    for part, secs in est.parts:
+        share = secs / est.step_seconds if est.step_seconds else 0.0
+        print(f"  {part:<14} {_ms(secs)} {_ms(hidden[part])} {share:6.1%}")
+    print(f"  {'step':<14} {_ms(est.step_seconds)}")
+    print(f"# {est.samples_per_second:,.0f} samples/s; {est.bound}-bound (collectives "
+          f"{est.communication_seconds / est.step_seconds:.0%} of the step); slowest rank "
+          f"{est.slowest_rank}; plan imbalance {report.imbalance:.3f}")
+    if args.json:
+        _dump(args.json, {"kind": "neocomm-simulate-step", "config": args.config,
+                          "fabric": job.cfg.plan.fabric, "ranks": hw.world_size,
+                          "ranks_per_node": hw.ranks_per_node, "flop_rate": job._flops(),
+                          "flop_rate_source": job.flops_source, **est.to_dict()})
+    return 0
+
+
+def _scale(args) -> int:
+    try:
+        counts = [int(x) for x in str(args.ranks).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--ranks: expected rank counts like 8,16,32, got {args.ranks!r}") \
+            from None
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--ranks: expected positive rank counts, got {args.ranks!r}")
+    job = _Job(args)
+    first = counts[0]
+    rows = []
+    for n in counts:
+        strong, _, hw = job.step(n, job.batch)
+        weak, _, _ = job.step(n, job.batch // first * n)
+        rows.append((n, hw, strong, weak))
+    print(f"# neocomm simulate scale: {args.config or 'the default config'} on "
+          f"{job.cfg.plan.fabric!r}, re-planned at each size; strong: global batch {job.batch}; "
+          f"weak: {job.batch // first} samples per rank (global batch {job.batch} at {first} "
+          f"ranks)")
+    print(f"# {'ranks':>6} {'nodes':>5} | {'strong ms':>9} {'samples/s':>12} {'speedup':>7} "
+          f"{'comm':>5} | {'weak ms':>9} {'samples/s':>12} {'effic.':>6} {'comm':>5} | bound")
+    base_s, base_w = rows[0][2], rows[0][3]
+    for n, hw, s, w in rows:
+        print(f"  {n:>6} {hw.num_nodes:>5} | {_ms(s.step_seconds)} {s.samples_per_second:>12,.0f} "
+              f"{s.samples_per_second / base_s.samples_per_second:>7.2f} "
+              f"{s.communication_seconds / s.step_seconds:>5.0%} | {_ms(w.step_seconds)} "
+              f"{w.samples_per_second:>12,.0f} "
+              f"{base_w.step_seconds / w.step_seconds:>6.0%} "
+              f"{w.communication_seconds / w.step_seconds:>5.0%} | {s.bound}")
+    turn = next((n for n, _, s, _ in rows if s.bound == "communication"), None)
+    print(f"# strong scaling turns communication-bound at {turn} ranks" if turn else
+          "# strong scaling stays compute-bound over these sizes")
+    if args.json:
+        _dump(args.json, {"kind": "neocomm-simulate-scale", "config": args.config,
+                          "fabric": job.cfg.plan.fabric,
+                          "rows": [{"ranks": n, "nodes": hw.num_nodes, "strong": s.to_dict(),
+                                    "weak": w.to_dict()} for n, hw, s, w in rows]})
+    if args.plot:
+        from embedding.train.plot import pyplot
+
+        plt = pyplot("the numbers are in the table (and --json)")
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        ranks = [n for n, *_ in rows]
+        ax.plot(ranks, [s.samples_per_second for _, _, s, _ in rows], "o-",
+                label=f"strong (batch {job.batch})")
+        ax.plot(ranks, [w.samples_per_second for *_, w in rows], "s-", label="weak")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ranks")
+        ax.set_ylabel("samples/s (predicted)")
+        ax.set_title(f"{args.config or 'default config'} on {job.cfg.plan.fabric}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+        plt.close(fig)
+    return 0
+
+
+def _dump(path: str, data: dict) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
 
 
 def _collective(args) -> int:

@@ -25,8 +25,9 @@ from __future__ import annotations
 from collectives.types import CollectiveOp
 from embedding.planner.estimate import CostModel, Scope, shard_memory, touch_bytes_per_id
 from embedding.planner.estimate import itemsize as _itemsize
-from embedding.planner.types import (Candidate, Hardware, PlacementKind, PlanDoesNotFitError,
-                                     ShardEstimate, TableConstraints, Workload)
+from embedding.planner.types import (STEP_PARTS, Candidate, Hardware, PlacementKind,
+                                     PlanDoesNotFitError, ShardEstimate, TableConstraints,
+                                     Workload)
 from embedding.types import Pooling, ShardingType, TableConfig, check_pooling
 
 __all__ = ["enumerate_candidates", "row_blocks", "column_splits"]
@@ -70,33 +71,49 @@ class _Builder:
         self.W, self.R = hw.world_size, hw.ranks_per_node
 
     def _shard(self, rows, row_off, cols, col_off, lookups, buffers, comm) -> ShardEstimate:
+        """``comm``: ``(part, op, scope, bytes)`` of each collective the shard's traffic
+        travels in, ``part`` the step part it belongs to (:data:`STEP_PARTS`)."""
         mem = shard_memory(self.t, rows, cols, buffers=int(buffers))
-        look = self.cost.lookup_seconds(lookups * touch_bytes_per_id(self.t, cols))
-        secs = sum(self.cost.seconds(op, scope, n) for op, scope, n in comm)
-        return ShardEstimate(row_off, rows, col_off, cols, mem, look, secs)
+        touch = touch_bytes_per_id(self.t, cols)
+        look = self.cost.lookup_seconds(lookups * touch)
+        priced = [(part, self.cost.seconds(op, scope, n)) for part, op, scope, n in comm]
+        read = cols * self.s  # the forward reads the row slice; the rest is the update
+        parts = _sum_parts([("lookup", self.cost.lookup_seconds(lookups * read)),
+                            ("emb_backward", self.cost.lookup_seconds(lookups * (touch - read)))]
+                           + priced)
+        return ShardEstimate(row_off, rows, col_off, cols, mem, look,
+                             sum(t for _, t in priced), parts)
 
-    def _spread(self, nbytes: float) -> tuple[float, int]:
-        return self.cost.seconds(_A2A, _W, nbytes), int(nbytes)
+    def _spread(self, ids: float, rows: float) -> tuple[float, int, tuple]:
+        """What every rank pays: its ``ids`` bytes out, its pooled ``rows`` bytes in (and
+        their gradients back): ``(seconds, bytes, parts)``."""
+        nbytes = ids + 2 * rows
+        parts = _sum_parts([("input_dist", self.cost.seconds(_A2A, _W, ids)),
+                            ("output_dist", self.cost.seconds(_A2A, _W, rows)),
+                            ("emb_backward", self.cost.seconds(_A2A, _W, rows))])
+        return self.cost.seconds(_A2A, _W, nbytes), int(nbytes), parts
 
     def columns(self, k: int, sharding: ShardingType) -> Candidate:
         """Table-wise (k = 1), column-wise or table-column-wise slices."""
         B, L, I, s, d = self.B, self.L, self.I, self.s, self.t.dim // k
         shards = []
         for j in range(k):
+            rows_out = [("output_dist", _A2A, _W, B * d * s), ("emb_backward", _A2A, _W, B * d * s)]
             if sharding is ShardingType.TABLE_COLUMN_WISE:
                 # ids cross nodes once per node, then are gathered inside it
-                comm = [(_A2A, _W, B * L * I / k + 2 * B * d * s), (_AG, _N, B * L * I)]
+                comm = [("input_dist", _A2A, _W, B * L * I / k),
+                        ("input_dist", _AG, _N, B * L * I)] + rows_out
                 ops = ((_A2A, _W), (_AG, _N))
             else:
-                comm = [(_A2A, _W, B * L * I + 2 * B * d * s)]
+                comm = [("input_dist", _A2A, _W, B * L * I)] + rows_out
                 ops = ((_A2A, _W),)
             shards.append(self._shard(self.t.num_rows, 0, d, j * d, B * L,
                                       B * L * I + 2 * B * d * s, comm))
         fan = 1 if sharding is ShardingType.TABLE_COLUMN_WISE else k
-        secs, mem = self._spread(B / self.W * (fan * L * I + 2 * self.t.dim * s))
+        secs, mem, parts = self._spread(B / self.W * fan * L * I, B / self.W * self.t.dim * s)
         placement = (PlacementKind.ONE_NODE if sharding is ShardingType.TABLE_COLUMN_WISE
                      else PlacementKind.FREE)
-        return Candidate(self.t.name, sharding, placement, tuple(shards), secs, mem, ops)
+        return Candidate(self.t.name, sharding, placement, tuple(shards), secs, mem, ops, parts)
 
     def rows(self, sharding: ShardingType) -> Candidate:
         """Row-wise over the world or table-row-wise over one node."""
@@ -107,30 +124,42 @@ class _Builder:
         for offset, rows in row_blocks(self.t.num_rows, parts):
             frac = rows / self.t.num_rows
             if node:  # reduce inside the node, then one all-to-all across nodes
-                comm = [(_A2A, _W, B * L * I * frac + 2 * B * dim * s / parts),
-                        (_RS, _N, B * dim * s), (_AG, _N, B * dim * s)]
+                comm = [("input_dist", _A2A, _W, B * L * I * frac),
+                        ("output_dist", _A2A, _W, B * dim * s / parts),
+                        ("emb_backward", _A2A, _W, B * dim * s / parts),
+                        ("output_dist", _RS, _N, B * dim * s),
+                        ("emb_backward", _AG, _N, B * dim * s)]
             else:
-                comm = [(_A2A, _W, B * L * I * frac), (_RS, _W, B * dim * s),
-                        (_AG, _W, B * dim * s)]
+                comm = [("input_dist", _A2A, _W, B * L * I * frac),
+                        ("output_dist", _RS, _W, B * dim * s),
+                        ("emb_backward", _AG, _W, B * dim * s)]
             shards.append(self._shard(rows, offset, dim, 0, B * L * frac,
                                       B * L * I * frac + 2 * B * dim * s, comm))
         if node:
-            secs, mem = self._spread(B / self.W * (L * I + 2 * dim * s))
+            secs, mem, sp = self._spread(B / self.W * L * I, B / self.W * dim * s)
             ops = ((_A2A, _W), (_RS, _N), (_AG, _N))
             return Candidate(self.t.name, sharding, PlacementKind.ONE_NODE, tuple(shards),
-                             secs, mem, ops)
-        secs, mem = self._spread(B / self.W * L * I)
+                             secs, mem, ops, sp)
+        secs, mem, sp = self._spread(B / self.W * L * I, 0.0)
         return Candidate(self.t.name, sharding, PlacementKind.EVERY_RANK, tuple(shards),
-                         secs, mem, ((_A2A, _W), (_RS, _W), (_AG, _W)))
+                         secs, mem, ((_A2A, _W), (_RS, _W), (_AG, _W)), sp)
 
     def data_parallel(self) -> Candidate:
         B, L, I, s, dim, rows = self.B, self.L, self.I, self.s, self.t.dim, self.t.num_rows
         local = B / self.W
         grad = rows * dim * s
         shard = self._shard(rows, 0, dim, 0, local * L, local * L * I + 2 * local * dim * s
-                            + grad, [(_AR, _W, grad)])
+                            + grad, [("grad_sync", _AR, _W, grad)])
         return Candidate(self.t.name, ShardingType.DATA_PARALLEL, PlacementKind.EVERY_RANK,
                          (shard,) * self.W, 0.0, 0, ((_AR, _W),))
+
+
+def _sum_parts(items) -> tuple[tuple[str, float], ...]:
+    """``(part, seconds)`` pairs added up per part, in step order."""
+    out: dict[str, float] = {}
+    for part, secs in items:
+        out[part] = out.get(part, 0.0) + secs
+    return tuple((p, out[p]) for p in STEP_PARTS if p in out)
 
 
 def enumerate_candidates(table: TableConfig, hardware: Hardware, workload: Workload,

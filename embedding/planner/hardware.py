@@ -33,7 +33,8 @@ class Target:
     ``fabric`` holds the links (its shape is set by :class:`Hardware`);
     ``devices_per_host`` the GPUs of one host (CPUs without GPUs);
     ``device_memory`` bytes per device (None: unknown); ``memory_bandwidth``
-    the device memory throughput in bytes/s (0.0: unknown).
+    the device memory throughput in bytes/s, ``flop_rate`` a device's peak FP32
+    operations per second (0.0: unknown, e.g. hosts without GPUs).
     """
 
     name: str
@@ -41,6 +42,7 @@ class Target:
     devices_per_host: int
     device_memory: int | None = None
     memory_bandwidth: float = 0.0
+    flop_rate: float = 0.0
 
 
 def target_names() -> list[str]:
@@ -58,6 +60,14 @@ def _gpu_bandwidth(names) -> float:
     from topology.linkmodel import memory_bandwidth
 
     rates = [memory_bandwidth(n) for n in names] if names else []
+    return float(min(rates)) if rates and all(rates) else 0.0
+
+
+def _gpu_flops(names) -> float:
+    """Peak FP32 FLOP/s of the slowest of these GPU models, 0.0 when any is unknown."""
+    from topology.linkmodel import compute_rate
+
+    rates = [compute_rate(n) for n in names] if names else []
     return float(min(rates)) if rates and all(rates) else 0.0
 
 
@@ -99,8 +109,9 @@ def target_of_host(host) -> Target:
     fabric = replace(fabric, source=f"link model of host {host.hostname}: "
                                     f"{fabric.source.removeprefix('topology: ')}")
     sizes = [g.memory_bytes for g in host.gpus if g.memory_bytes]
+    names = [g.name for g in host.gpus]
     return Target(host.hostname, fabric, len(host.gpus) or max(1, host.cpus),
-                  min(sizes) if sizes else None, _gpu_bandwidth([g.name for g in host.gpus]))
+                  min(sizes) if sizes else None, _gpu_bandwidth(names), _gpu_flops(names))
 
 
 def target_of_spec(spec) -> Target:
@@ -111,7 +122,8 @@ def target_of_spec(spec) -> Target:
     memory = int(spec.min_gpu_memory_gib * (1 << 30)) if spec.min_gpu_memory_gib else None
     return Target(spec.name, spec_links(spec, device=bool(spec.gpus)),
                   spec.gpus or max(1, spec.min_cpus), memory,
-                  _gpu_bandwidth([spec.gpu_model] if spec.gpu_model else []))
+                  _gpu_bandwidth([spec.gpu_model] if spec.gpu_model else []),
+                  _gpu_flops([spec.gpu_model] if spec.gpu_model else []))
 
 
 def load_target(spec: str) -> Target:

@@ -15,7 +15,12 @@ from neocomm.errors import NeocommError
 __all__ = ["PlacementKind", "PartitionMethod", "Workload", "TableConstraints", "Hardware",
            "MemoryEstimate", "ShardEstimate", "Candidate", "RankReport", "TableReport",
            "PlanReport", "PlanError", "PlanDoesNotFitError", "PlanMismatchError",
-           "PartitionError"]
+           "PartitionError", "STEP_PARTS"]
+
+#: The parts of a training step, in step order (the trainer's timed phases: see
+#: :class:`embedding.train.types.Phase`).
+STEP_PARTS = ("input_dist", "lookup", "output_dist", "dense", "sync", "emb_backward",
+              "grad_sync", "optimizer")
 
 
 class PlacementKind(enum.Enum):
@@ -184,7 +189,10 @@ class ShardEstimate:
     ``lookup_seconds`` is the embedding lookup and fused update on the rank
     holding the shard, ``comm_seconds`` that rank's share of the collectives
     the shard causes (input ids, pooled outputs and their gradients, dense
-    gradient all-reduce).
+    gradient all-reduce). ``parts`` splits the same time by the training step's
+    parts (:data:`STEP_PARTS`): ``input_dist`` (ids), ``lookup`` (the forward
+    read), ``output_dist`` (pooled rows), ``emb_backward`` (their gradients and the
+    fused update), ``grad_sync`` (a data-parallel table's gradient AllReduce).
     """
 
     row_offset: int
@@ -194,6 +202,7 @@ class ShardEstimate:
     memory: MemoryEstimate
     lookup_seconds: float = 0.0
     comm_seconds: float = 0.0
+    parts: tuple[tuple[str, float], ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -217,6 +226,7 @@ class Candidate:
     spread_seconds: float = 0.0
     spread_memory: int = 0
     collectives: tuple[tuple[CollectiveOp, str], ...] = ()
+    spread_parts: tuple[tuple[str, float], ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -243,12 +253,14 @@ class Candidate:
 
 @dataclass(frozen=True)
 class RankReport:
-    """Estimated load of one rank under a plan."""
+    """Estimated load of one rank under a plan; ``parts`` the bandwidth and lookup time of
+    each training-step part (:data:`STEP_PARTS`; collective latencies not included)."""
 
     rank: int
     memory: MemoryEstimate
     seconds: float
     shards: int
+    parts: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
