@@ -51,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if name == "step":
             q.add_argument("-n", "--ranks", type=positive_int, required=True,
                            help="ranks of the job")
+            q.add_argument("--plan", metavar="PLAN.json", default=None,
+                           help="price this sharding plan (neocomm plan --json) instead of "
+                           "the planner's")
         else:
             q.add_argument("--ranks", default="8,16,32,64,128",
                            help="rank counts, comma-separated (default 8,16,32,64,128)")
@@ -159,15 +162,40 @@ class _Job:
             raise ValueError(f"batch size: {batch} samples do not split over {ranks} ranks")
         cfg = dataclasses.replace(self.cfg, train=dataclasses.replace(self.cfg.train,
                                                                       batch_size=batch))
+        given = getattr(self.args, "plan", None)
         try:
-            report, hardware, _ = plan_for(cfg, self.tables, ranks, rpn,
-                                           self.data.ids_per_sample, memory=self.args.memory)
+            if given:
+                report, hardware = self._given_plan(cfg, given, ranks, rpn)
+            else:
+                report, hardware, _ = plan_for(cfg, self.tables, ranks, rpn,
+                                               self.data.ids_per_sample,
+                                               memory=self.args.memory)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         est = estimate_step(report, hardware, self.dense, batch, flop_rate=self._flops(),
                             optimizer=self.cfg.dense_optimizer.kind,
                             overlap=not self.args.no_overlap and self.cfg.train.overlap)
         return est, report, hardware
+
+    def _given_plan(self, cfg, path: str, ranks: int, rpn: int):
+        from embedding.planner import PlanMismatchError, evaluate_plan
+        from embedding.train.setup import planner_inputs
+        from embedding.types import ShardingPlan
+
+        try:
+            with open(path, encoding="utf-8") as fh:
+                plan = ShardingPlan.from_json(fh.read())
+        except OSError as exc:
+            raise ValueError(f"--plan: cannot read {path}: {exc.strerror or exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"--plan: {path} is not a sharding plan: {exc}") from None
+        hardware, workload, constraints = planner_inputs(
+            cfg, self.tables, ranks, rpn, self.data.ids_per_sample, self.args.memory)
+        try:
+            return evaluate_plan(plan, self.tables, hardware, workload,
+                                 constraints=constraints), hardware
+        except PlanMismatchError as exc:
+            raise ValueError(f"--plan: {path}: {exc}") from None
 
     def _flops(self) -> float:
         if self.args.flops:

@@ -17,11 +17,11 @@ and score the plan (:mod:`~embedding.planner.search`).
 from __future__ import annotations
 
 from embedding.planner.partition import greedy_partition, karmarkar_karp
-from embedding.planner.search import baseline_plan, plan_sharding
+from embedding.planner.search import baseline_plan, evaluate_plan, plan_sharding
 from embedding.planner.types import (Hardware, PartitionMethod, PlanDoesNotFitError, PlanError,
                                      PlanMismatchError, PlanReport, TableConstraints, Workload)
 from embedding.planner.validate import validate_plan
 
-__all__ = ["plan_sharding", "baseline_plan", "validate_plan", "greedy_partition",
+__all__ = ["plan_sharding", "baseline_plan", "evaluate_plan", "validate_plan", "greedy_partition",
            "karmarkar_karp", "Hardware", "Workload", "TableConstraints", "PartitionMethod",
            "PlanReport", "PlanError", "PlanDoesNotFitError", "PlanMismatchError"]

@@ -22,11 +22,13 @@ from embedding.planner.enumerate import enumerate_candidates
 from embedding.planner.estimate import CostModel
 from embedding.planner.placement import place, score
 from embedding.planner.types import (Candidate, Hardware, PartitionMethod, PlacementKind,
-                                     PlanDoesNotFitError, PlanReport, TableConstraints,
-                                     Workload)
-from embedding.types import ShardingType, TableConfig
+                                     PlanDoesNotFitError, PlanMismatchError, PlanReport,
+                                     TableConstraints, Workload)
+from embedding.types import ShardingPlan, ShardingType, TableConfig
 
-__all__ = ["plan_sharding", "baseline_plan", "candidates_of"]
+__all__ = ["plan_sharding", "baseline_plan", "candidates_of", "evaluate_plan"]
+
+_COLUMN_SLICED = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE)
 
 _log = logging.getLogger(__name__)
 _GIB = float(1 << 30)
@@ -277,3 +279,51 @@ def baseline_plan(tables: Sequence[TableConfig], hardware: Hardware,
     chosen = [cs[0] for cs in cands]
     return score(chosen, place(chosen, hardware, PartitionMethod.GREEDY), hardware, cost,
                  PartitionMethod.GREEDY)
+
+
+def evaluate_plan(plan: ShardingPlan, tables: Sequence[TableConfig], hardware: Hardware,
+                  workload: Workload | None = None, *,
+                  constraints: Mapping[str, TableConstraints] | None = None) -> PlanReport:
+    """The report of a given ``plan`` (e.g. a plan file) on ``hardware``: its tables priced
+    as the planner prices them, on the plan's ranks.
+
+    :class:`PlanMismatchError` when the plan does not fit the hardware's world or the
+    tables (:func:`validate_plan`) or has a shard the planner would not cut (a row or
+    column block of other bounds), naming the table.
+    """
+    from embedding.planner.validate import validate_plan
+
+    validate_plan(plan, hardware.world_size, ranks_per_node=hardware.ranks_per_node,
+                  tables=tables)
+    workload = workload or Workload()
+    cost = CostModel(hardware)
+    by_name = {tp.table: tp for tp in plan.tables}
+    chosen, ranks = [], []
+    for table in tables:
+        tp = by_name[table.name]
+        given = constraints.get(table.name) if constraints else None
+        k = len({s.col_offset for s in tp.shards})
+        only = TableConstraints(ids_per_sample=given.ids_per_sample if given else None,
+                                shardings=(tp.sharding,),
+                                column_slices=k if tp.sharding in _COLUMN_SLICED else 0)
+        cand = next((c for c in candidates_of([table], hardware, workload,
+                                               {table.name: only}, cost)[0]
+                     if c.sharding is tp.sharding and len(c.shards) == len(tp.shards)), None)
+        blocks = {}
+        for s in tp.shards:
+            blocks.setdefault((s.row_offset, s.num_rows, s.col_offset, s.num_cols),
+                              []).append(s.rank)
+        picked = []
+        for s in (cand.shards if cand is not None else ()):
+            owners = blocks.get((s.row_offset, s.num_rows, s.col_offset, s.num_cols))
+            if not owners:
+                break
+            picked.append(owners.pop(0))
+        if cand is None or len(picked) != len(tp.shards):
+            raise PlanMismatchError(f"the shards of table {table.name!r} are not blocks the "
+                                    f"planner cuts for {tp.sharding.value} on "
+                                    f"{hardware.world_size} ranks (rows split evenly, equal "
+                                    f"column slices)", field="shards", got=table.name)
+        chosen.append(cand)
+        ranks.append(tuple(picked))
+    return score(chosen, ranks, hardware, cost)

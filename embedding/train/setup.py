@@ -188,7 +188,19 @@ def plan_for(cfg: TrainConfig, tables, world_size: int, ranks_per_node: int,
     else this host's memory over its ranks. ``ids_per_sample`` is each
     table's pooling factor as the data gives it (default 1).
     """
-    from embedding.planner import TableConstraints, Workload, plan_sharding
+    from embedding.planner import plan_sharding
+
+    hardware, workload, constraints = planner_inputs(cfg, tables, world_size, ranks_per_node,
+                                                     ids_per_sample, memory)
+    report = plan_sharding(tables, hardware, workload, constraints=constraints or None)
+    return report, hardware, workload
+
+
+def planner_inputs(cfg: TrainConfig, tables, world_size: int, ranks_per_node: int,
+                   ids_per_sample: dict | None = None, memory: int | None = None):
+    """``(hardware, workload, constraints)`` the planner gets for ``cfg`` (see
+    :func:`plan_for`)."""
+    from embedding.planner import TableConstraints, Workload
     from embedding.planner.hardware import hardware_for, load_target
     from embedding.train.config import parse_size
 
@@ -215,9 +227,7 @@ def plan_for(cfg: TrainConfig, tables, world_size: int, ranks_per_node: int,
             kw["ids_per_sample"] = max(float(ids_per_sample[t.name]), 1e-3)
         if kw:
             constraints[t.name] = TableConstraints(**kw)
-    workload = Workload(batch_size=cfg.train.batch_size)
-    report = plan_sharding(tables, hardware, workload, constraints=constraints or None)
-    return report, hardware, workload
+    return hardware, Workload(batch_size=cfg.train.batch_size), constraints
 
 
 #: bytes kept free beside a checkpoint for the metrics log, manifests and the plot

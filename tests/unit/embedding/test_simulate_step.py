@@ -127,3 +127,47 @@ def test_scale_replans_at_each_size(tmp_path, capsys):
 def test_bad_input_is_named(capsys, argv, match):
     rc, _, err = _simulate(capsys, *argv)
     assert rc == 2 and match in err, err
+
+
+def test_a_given_plan_is_priced_as_the_planner_prices_its_own():
+    import dataclasses
+
+    from embedding.planner import PlanMismatchError, evaluate_plan
+    from embedding.types import ShardingPlan
+
+    report, hw = _plan(32)
+    tables = preset("criteo-1tb")
+    again = evaluate_plan(ShardingPlan.from_json(report.plan.to_json()), tables, hw,
+                          Workload(batch_size=65536))
+    assert again.plan == report.plan
+    assert [r.seconds for r in again.ranks] == [r.seconds for r in report.ranks]
+    assert [r.parts for r in again.ranks] == [r.parts for r in report.ranks]
+    # a row-wise table whose blocks are not the planner's even split is named
+    rw = next(tp for tp in report.plan.tables if len({s.row_offset for s in tp.shards}) > 1)
+    first, second = sorted(rw.shards, key=lambda s: s.row_offset)[:2]
+    moved = {first: dataclasses.replace(first, num_rows=first.num_rows - 1),
+             second: dataclasses.replace(second, row_offset=second.row_offset - 1,
+                                         num_rows=second.num_rows + 1)}
+    odd = dataclasses.replace(rw, shards=tuple(moved.get(s, s) for s in rw.shards))
+    bad = dataclasses.replace(report.plan, tables=tuple(odd if tp is rw else tp
+                                                        for tp in report.plan.tables))
+    with pytest.raises(PlanMismatchError, match=f"the shards of table '{rw.table}' are not "
+                                                f"blocks the planner cuts"):
+        evaluate_plan(bad, tables, hw, Workload(batch_size=65536))
+
+
+def test_step_prices_a_plan_file_and_names_one_of_another_world(tmp_path, capsys):
+    cfg = tmp_path / "train.toml"
+    cfg.write_text('[tables]\npreset = "criteo-1tb"\n\n[train]\nbatch_size = 65536\n')
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--config", str(cfg), "--fabric", "zionex", "-n", "16",
+                 "--ranks-per-node", "8", "--json", str(plan), "--summary"]) == 0
+    capsys.readouterr()
+    base = ["step", "--config", str(cfg), "--fabric", "zionex"]
+    rc, planned, err = _simulate(capsys, *base, "-n", "16")
+    assert rc == 0, err
+    rc, given, err = _simulate(capsys, *base, "-n", "16", "--plan", str(plan))
+    assert rc == 0, err
+    assert given.splitlines()[2:] == planned.splitlines()[2:]  # the same plan, the same step
+    rc, _, err = _simulate(capsys, *base, "-n", "32", "--plan", str(plan))
+    assert rc == 2 and "the plan is for 16 ranks, the world has 32" in err
