@@ -54,6 +54,10 @@ dist.all_gather(gathered, flat)
 agree = all(torch.equal(g, every[r]) for r, g in enumerate(gathered))
 print(f"OK rank {w.rank} same {same} agree {agree} first {np.mean(losses[:5]):.4f} "
       f"last {np.mean(losses[-5:]):.4f}", flush=True)
+# the DDP module holds the gloo group: free it first, so that destroying the group joins
+# gloo's threads now (left to interpreter exit, one may abort the process: a torch issue)
+del dense
+import gc; gc.collect()
 dist.destroy_process_group()
 """, n=2, timeout=JOB_TIMEOUT).check_clean()
     assert out.returncode == 0, out.output
