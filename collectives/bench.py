@@ -33,7 +33,7 @@ import numpy as np
 import collectives as C
 from collectives.algorithms import names
 from collectives.chunking import staging_pool
-from collectives.simulate import bus_factor, count_of, many_to_many_peers
+from collectives.simulate import bus_factor, count_of, many_to_many_peers, sweep
 from collectives.types import CollectiveOp
 from neocomm.errors import CollectiveArgumentError
 from neocomm.types import ReduceOp, bfloat16
@@ -346,8 +346,6 @@ def _mpi_op(dtype: np.dtype, op: ReduceOp):
 
 def sizes(cfg: BenchConfig) -> list[int]:
     """The sweep's sizes in bytes."""
-    from collectives.simulate import sweep
-
     return sweep(cfg.min_bytes, cfg.max_bytes, cfg.factor)
 
 

@@ -58,7 +58,7 @@ def count_of(op: CollectiveOp, size: int, itemsize: int, ranks: int) -> int:
 
 def many_to_many_peers(ranks: int) -> int:
     """How many peers each rank sends to in the bench's ManyToMany (the next half)."""
-    return max(1, ranks // 2) if ranks > 1 else 1
+    return max(1, ranks // 2)
 
 
 def bench_request(op: CollectiveOp, size: int, itemsize: int, ranks: int, *,

@@ -81,14 +81,18 @@ _FP32 = [("H200", 66.9e12), ("H100 PCIE", 51.2e12), ("H100", 66.9e12), ("A100", 
 
 def compute_rate(gpu_name: str) -> float:
     """Peak FP32 floating-point operations per second of a GPU model; 0.0 when unknown."""
+    return _by_model(_FP32, gpu_name)
+
+
+def _by_model(table, gpu_name: str) -> float:
+    """The figure of the first key of ``table`` in the GPU's name; 0.0 when none is."""
     upper = gpu_name.upper()
-    return next((rate for key, rate in _FP32 if key in upper), 0.0)
+    return next((value for key, value in table if key in upper), 0.0)
 
 
 def memory_bandwidth(gpu_name: str) -> float:
     """Peak device memory throughput of a GPU model in bytes/s; 0.0 when unknown."""
-    upper = gpu_name.upper()
-    return next((bw for key, bw in _MEMORY if key in upper), 0.0)
+    return _by_model(_MEMORY, gpu_name)
 
 
 def nvlink_generation(gpu_name: str) -> int | None:

@@ -141,7 +141,14 @@ class _Job:
                                  bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp, dtype=m.dtype)
         self.batch = args.batch_size or self.cfg.train.batch_size
         self.args = args
-        self.flops_source = ""
+        from embedding.planner.hardware import load_target
+
+        try:
+            self.target = load_target(self.cfg.plan.fabric)
+        except ValueError as exc:  # worded as the planner words it
+            raise ValueError(str(ConfigError(self.cfg.source, "plan.fabric", str(exc)))) \
+                from None
+        self.flops, self.flops_source = self._dense_rate()
 
     def step(self, ranks: int, batch: int):
         """``(StepEstimate, PlanReport, Hardware)`` of ``ranks`` ranks at global ``batch``."""
@@ -151,11 +158,7 @@ class _Job:
         from embedding.train import ConfigError
         from embedding.train.setup import plan_for
 
-        rpn = self.args.ranks_per_node
-        if rpn is None:
-            from embedding.planner.hardware import load_target
-
-            rpn = max(1, min(load_target(self.cfg.plan.fabric).devices_per_host, ranks))
+        rpn = self.args.ranks_per_node or max(1, min(self.target.devices_per_host, ranks))
         if ranks % rpn:
             raise ValueError(f"--ranks-per-node: {rpn} does not divide {ranks} ranks")
         if batch % ranks:
@@ -172,23 +175,19 @@ class _Job:
                                                memory=self.args.memory)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
-        est = estimate_step(report, hardware, self.dense, batch, flop_rate=self._flops(),
+        est = estimate_step(report, hardware, self.dense, batch, flop_rate=self.flops,
                             optimizer=self.cfg.dense_optimizer.kind,
                             overlap=not self.args.no_overlap and self.cfg.train.overlap)
         return est, report, hardware
 
     def _given_plan(self, cfg, path: str, ranks: int, rpn: int):
         from embedding.planner import PlanMismatchError, evaluate_plan
-        from embedding.train.setup import planner_inputs
-        from embedding.types import ShardingPlan
+        from embedding.train.setup import planner_inputs, read_plan
 
         try:
-            with open(path, encoding="utf-8") as fh:
-                plan = ShardingPlan.from_json(fh.read())
-        except OSError as exc:
-            raise ValueError(f"--plan: cannot read {path}: {exc.strerror or exc}") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"--plan: {path} is not a sharding plan: {exc}") from None
+            plan = read_plan(path)
+        except ValueError as exc:
+            raise ValueError(f"--plan: {exc}") from None
         hardware, workload, constraints = planner_inputs(
             cfg, self.tables, ranks, rpn, self.data.ids_per_sample, self.args.memory)
         try:
@@ -197,22 +196,15 @@ class _Job:
         except PlanMismatchError as exc:
             raise ValueError(f"--plan: {path}: {exc}") from None
 
-    def _flops(self) -> float:
+    def _dense_rate(self) -> tuple[float, str]:
+        """``(dense FLOP/s per rank, where the figure comes from)``."""
         if self.args.flops:
-            self.flops_source = "given (--flops)"
-            return float(self.args.flops)
-        from embedding.planner.hardware import load_target
-
-        rate = load_target(self.cfg.plan.fabric).flop_rate
-        if rate:
-            self.flops_source = "the GPU's peak FP32"
-            return rate
+            return float(self.args.flops), "given (--flops)"
+        if self.target.flop_rate:
+            return self.target.flop_rate, "the GPU's peak FP32"
         from embedding.simulate import measure_flop_rate
 
-        if not getattr(self, "_measured", 0.0):
-            self._measured = measure_flop_rate()
-        self.flops_source = "a float32 matrix product measured on this host"
-        return self._measured
+        return measure_flop_rate(), "a float32 matrix product measured on this host"
 
 
 def _ms(x: float) -> str:
@@ -222,10 +214,11 @@ def _ms(x: float) -> str:
 def _step(args) -> int:
     job = _Job(args)
     est, report, hw = job.step(args.ranks, job.batch)
-    print(f"# neocomm simulate step: {args.config or 'the default config'}, {hw.world_size} ranks ({hw.num_nodes} "
-          f"node(s) x {hw.ranks_per_node}) on {job.cfg.plan.fabric!r}, global batch "
-          f"{job.batch}, {'overlap on' if not args.no_overlap and job.cfg.train.overlap else 'no overlap'}")
-    print(f"# model: {hw.fabric.source}; dense FLOP/s {job._flops():.3g} "
+    overlap = not args.no_overlap and job.cfg.train.overlap
+    print(f"# neocomm simulate step: {args.config or 'the default config'}, {hw.world_size} "
+          f"ranks ({hw.num_nodes} node(s) x {hw.ranks_per_node}) on {job.cfg.plan.fabric!r}, "
+          f"global batch {job.batch}, {'overlap on' if overlap else 'no overlap'}")
+    print(f"# model: {hw.fabric.source}; dense FLOP/s {job.flops:.3g} "
           f"({job.flops_source}); predictions, not measurements")
     print(f"# {'part':<14} {'ms':>9} {'hidden ms':>9} {'share':>6}")
     hidden = dict(est.hidden)
@@ -239,7 +232,7 @@ def _step(args) -> int:
     if args.json:
         _dump(args.json, {"kind": "neocomm-simulate-step", "config": args.config,
                           "fabric": job.cfg.plan.fabric, "ranks": hw.world_size,
-                          "ranks_per_node": hw.ranks_per_node, "flop_rate": job._flops(),
+                          "ranks_per_node": hw.ranks_per_node, "flop_rate": job.flops,
                           "flop_rate_source": job.flops_source, **est.to_dict()})
     return 0
 

@@ -129,13 +129,12 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
 
     one_each = bool((lengths == 1).all())  # one id per bag: occurrence k is gradient row k
 
-    def gather(t: int):
-        """Table ``t``'s ids, their gradient rows (``gsrc[occ_row]``) and per-id weights."""
+    def one(t: int):
         d = layout.dims[t]
         blocks = [(g, s) for g in range(bags.num_groups) for s in range(s_count)
                   if bags.slot_table[s] == t]
         if not blocks or b == 0:
-            return None
+            return np.zeros(0, np.int64), np.zeros((0, d), dtype)
         gsrc = [np.empty((len(blocks) * b, d), dtype)]
         ids_parts, row_parts, w_parts = [], [], []
         at = len(blocks) * b  # rows of gsrc so far (max slots append one per occurrence)
@@ -161,23 +160,18 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
                 dst *= _inverse_lengths(ln, dtype)[:, None]
             rows = np.arange(k * b, (k + 1) * b, dtype=np.int64)
             row_parts.append(rows if one_each else np.repeat(rows, ln))
+        gsrc = _cat(gsrc)
         ids = _cat(ids_parts)
         if ids.size == 0:
-            return None
-        return (_cat(gsrc), ids, _cat(row_parts), _cat(w_parts) if w is not None else None)
-
-    def reduce(t: int, part):
-        """Table ``t``'s unique rows and their summed gradients."""
-        if part is None:
-            return np.zeros(0, np.int64), np.zeros((0, layout.dims[t]), dtype)
-        gsrc, ids, occ_row, wcat = part
+            return np.zeros(0, np.int64), np.zeros((0, d), dtype)
+        occ_row = _cat(row_parts)
         order = stable_argsort(ids, layout.rows[t] - 1)
         uniq, starts, lens = segments_of_sorted(ids[order])
-        grads, perm = jagged_sum_permuted(gsrc, occ_row[order], starts, lens,
-                                          None if wcat is None else wcat[order])
+        ws = _cat(w_parts)[order] if w is not None else None
+        grads, perm = jagged_sum_permuted(gsrc, occ_row[order], starts, lens, ws)
         return (uniq if perm is None else uniq[perm]), grads
 
-    return _map(lambda t: reduce(t, gather(t)), range(layout.num_tables), threads)
+    return _map(one, range(layout.num_tables), threads)
 
 
 def _max_occurrence_grads(table, idx, starts, lengths, w, grad, lo: int, hi: int):

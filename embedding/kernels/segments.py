@@ -157,7 +157,6 @@ def jagged_sum_permuted(source: np.ndarray, index: np.ndarray, starts: np.ndarra
         np.add.at(part.reshape(-1), flat, rows.reshape(-1))
         res[:n] = part
     return res, perm
-    return res, perm
 
 
 def jagged_max(source: np.ndarray, index: np.ndarray, starts: np.ndarray,

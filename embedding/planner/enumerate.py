@@ -25,9 +25,8 @@ from __future__ import annotations
 from collectives.types import CollectiveOp
 from embedding.planner.estimate import CostModel, Scope, shard_memory, touch_bytes_per_id
 from embedding.planner.estimate import itemsize as _itemsize
-from embedding.planner.types import (STEP_PARTS, Candidate, Hardware, PlacementKind,
-                                     PlanDoesNotFitError, ShardEstimate, TableConstraints,
-                                     Workload)
+from embedding.planner.types import (Candidate, Hardware, PlacementKind, PlanDoesNotFitError,
+                                     ShardEstimate, TableConstraints, Workload, sum_parts)
 from embedding.types import Pooling, ShardingType, TableConfig, check_pooling
 
 __all__ = ["enumerate_candidates", "row_blocks", "column_splits"]
@@ -78,7 +77,7 @@ class _Builder:
         look = self.cost.lookup_seconds(lookups * touch)
         priced = [(part, self.cost.seconds(op, scope, n)) for part, op, scope, n in comm]
         read = cols * self.s  # the forward reads the row slice; the rest is the update
-        parts = _sum_parts([("lookup", self.cost.lookup_seconds(lookups * read)),
+        parts = sum_parts([("lookup", self.cost.lookup_seconds(lookups * read)),
                             ("emb_backward", self.cost.lookup_seconds(lookups * (touch - read)))]
                            + priced)
         return ShardEstimate(row_off, rows, col_off, cols, mem, look,
@@ -88,7 +87,7 @@ class _Builder:
         """What every rank pays: its ``ids`` bytes out, its pooled ``rows`` bytes in (and
         their gradients back): ``(seconds, bytes, parts)``."""
         nbytes = ids + 2 * rows
-        parts = _sum_parts([("input_dist", self.cost.seconds(_A2A, _W, ids)),
+        parts = sum_parts([("input_dist", self.cost.seconds(_A2A, _W, ids)),
                             ("output_dist", self.cost.seconds(_A2A, _W, rows)),
                             ("emb_backward", self.cost.seconds(_A2A, _W, rows))])
         return self.cost.seconds(_A2A, _W, nbytes), int(nbytes), parts
@@ -152,14 +151,6 @@ class _Builder:
                             + grad, [("grad_sync", _AR, _W, grad)])
         return Candidate(self.t.name, ShardingType.DATA_PARALLEL, PlacementKind.EVERY_RANK,
                          (shard,) * self.W, 0.0, 0, ((_AR, _W),))
-
-
-def _sum_parts(items) -> tuple[tuple[str, float], ...]:
-    """``(part, seconds)`` pairs added up per part, in step order."""
-    out: dict[str, float] = {}
-    for part, secs in items:
-        out[part] = out.get(part, 0.0) + secs
-    return tuple((p, out[p]) for p in STEP_PARTS if p in out)
 
 
 def enumerate_candidates(table: TableConfig, hardware: Hardware, workload: Workload,

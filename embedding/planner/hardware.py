@@ -54,21 +54,16 @@ def target_names() -> list[str]:
     return hosts + [n for n in preset_names() if n not in hosts]
 
 
-def _gpu_bandwidth(names) -> float:
-    """Device memory throughput of these GPU models from the link model, when it
-    knows it (``topology.linkmodel.memory_bandwidth``); 0.0 otherwise."""
-    from topology.linkmodel import memory_bandwidth
+def _gpu_rates(names) -> tuple[float, float]:
+    """``(memory bytes/s, peak FP32 FLOP/s)`` of the slowest of these GPU models, from the
+    link model (``topology.linkmodel``); 0.0 for a figure it does not know for every one."""
+    from topology.linkmodel import compute_rate, memory_bandwidth
 
-    rates = [memory_bandwidth(n) for n in names] if names else []
-    return float(min(rates)) if rates and all(rates) else 0.0
+    def slowest(rate_of) -> float:
+        rates = [rate_of(n) for n in names]
+        return float(min(rates)) if rates and all(rates) else 0.0
 
-
-def _gpu_flops(names) -> float:
-    """Peak FP32 FLOP/s of the slowest of these GPU models, 0.0 when any is unknown."""
-    from topology.linkmodel import compute_rate
-
-    rates = [compute_rate(n) for n in names] if names else []
-    return float(min(rates)) if rates and all(rates) else 0.0
+    return slowest(memory_bandwidth), slowest(compute_rate)
 
 
 def load_host(spec: str):
@@ -109,9 +104,8 @@ def target_of_host(host) -> Target:
     fabric = replace(fabric, source=f"link model of host {host.hostname}: "
                                     f"{fabric.source.removeprefix('topology: ')}")
     sizes = [g.memory_bytes for g in host.gpus if g.memory_bytes]
-    names = [g.name for g in host.gpus]
     return Target(host.hostname, fabric, len(host.gpus) or max(1, host.cpus),
-                  min(sizes) if sizes else None, _gpu_bandwidth(names), _gpu_flops(names))
+                  min(sizes) if sizes else None, *_gpu_rates([g.name for g in host.gpus]))
 
 
 def target_of_spec(spec) -> Target:
@@ -122,8 +116,7 @@ def target_of_spec(spec) -> Target:
     memory = int(spec.min_gpu_memory_gib * (1 << 30)) if spec.min_gpu_memory_gib else None
     return Target(spec.name, spec_links(spec, device=bool(spec.gpus)),
                   spec.gpus or max(1, spec.min_cpus), memory,
-                  _gpu_bandwidth([spec.gpu_model] if spec.gpu_model else []),
-                  _gpu_flops([spec.gpu_model] if spec.gpu_model else []))
+                  *_gpu_rates([spec.gpu_model] if spec.gpu_model else []))
 
 
 def load_target(spec: str) -> Target:

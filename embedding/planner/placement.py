@@ -14,9 +14,9 @@ from typing import Sequence
 
 from embedding.planner.estimate import CostModel
 from embedding.planner.partition import greedy_partition, karmarkar_karp
-from embedding.planner.types import (STEP_PARTS, Candidate, Hardware, MemoryEstimate, PartitionError,
+from embedding.planner.types import (Candidate, Hardware, MemoryEstimate, PartitionError,
                                      PartitionMethod, PlacementKind, PlanDoesNotFitError,
-                                     PlanReport, RankReport, TableReport)
+                                     PlanReport, RankReport, TableReport, sum_parts)
 from embedding.types import Shard, ShardingPlan, TablePlan
 
 __all__ = ["place", "score", "capacity", "PARTITIONERS"]
@@ -138,11 +138,8 @@ def score(choices: Sequence[Candidate], ranks: Sequence[Sequence[int]], hardware
     seconds = [fixed] * W
     mem = [MemoryEstimate(buffers=spread_m)] * W
     count = [0] * W
-    shared: dict[str, float] = {}  # every rank's own traffic, by step part
-    for c in choices:
-        for part, secs in c.spread_parts:
-            shared[part] = shared.get(part, 0.0) + secs
-    parts = [dict(shared) for _ in range(W)]
+    shared = [item for c in choices for item in c.spread_parts]  # every rank's own traffic
+    parts = [list(shared) for _ in range(W)]
     tables, plans = [], []
     for c, rs in zip(choices, ranks):
         shards = []
@@ -150,15 +147,13 @@ def score(choices: Sequence[Candidate], ranks: Sequence[Sequence[int]], hardware
             seconds[r] += s.seconds
             mem[r] = mem[r] + s.memory
             count[r] += 1
-            for part, secs in s.parts:
-                parts[r][part] = parts[r].get(part, 0.0) + secs
+            parts[r].extend(s.parts)
             shards.append(Shard(r, s.row_offset, s.num_rows, s.col_offset, s.num_cols))
         plans.append(TablePlan(c.table, c.sharding, tuple(shards)))
         tables.append(TableReport(c.table, c.sharding, c.describe(), tuple(sorted(set(rs))),
                                   sum(s.memory.total for s in c.shards), c.seconds))
     plan = ShardingPlan(W, hardware.ranks_per_node, tuple(plans))
-    per_rank = tuple(RankReport(r, mem[r], seconds[r], count[r],
-                                tuple((p, parts[r][p]) for p in STEP_PARTS if p in parts[r]))
+    per_rank = tuple(RankReport(r, mem[r], seconds[r], count[r], sum_parts(parts[r]))
                      for r in range(W))
     return PlanReport(plan, method, per_rank, tuple(tables), hardware.usable_memory,
                       tuple(alternatives))

@@ -15,12 +15,20 @@ from neocomm.errors import NeocommError
 __all__ = ["PlacementKind", "PartitionMethod", "Workload", "TableConstraints", "Hardware",
            "MemoryEstimate", "ShardEstimate", "Candidate", "RankReport", "TableReport",
            "PlanReport", "PlanError", "PlanDoesNotFitError", "PlanMismatchError",
-           "PartitionError", "STEP_PARTS"]
+           "PartitionError", "STEP_PARTS", "sum_parts"]
 
 #: The parts of a training step, in step order (the trainer's timed phases: see
 #: :class:`embedding.train.types.Phase`).
 STEP_PARTS = ("input_dist", "lookup", "output_dist", "dense", "sync", "emb_backward",
               "grad_sync", "optimizer")
+
+
+def sum_parts(items) -> tuple[tuple[str, float], ...]:
+    """``(part, seconds)`` pairs added up per part, in step order (:data:`STEP_PARTS`)."""
+    out: dict[str, float] = {}
+    for part, secs in items:
+        out[part] = out.get(part, 0.0) + secs
+    return tuple((p, out[p]) for p in STEP_PARTS if p in out)
 
 
 class PlacementKind(enum.Enum):

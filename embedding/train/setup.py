@@ -16,7 +16,7 @@ from embedding.train.types import ConfigError, TrainConfig, TrainingError
 from embedding.types import IdPolicy, Pooling, ShardingPlan, TableConfig
 
 __all__ = ["fail_together", "problem_kind", "build_tables", "tables_of", "make_plan", "plan_for",
-           "make_reader", "ranks_per_node_of",
+           "make_reader", "ranks_per_node_of", "read_plan", "planner_inputs",
            "host_memory", "check_disk_room"]
 
 _log = logging.getLogger(__name__)
@@ -149,20 +149,27 @@ def ranks_per_node_of(group) -> int:
     return rpn if rpn and group.size % rpn == 0 else 1
 
 
+def read_plan(path: str) -> ShardingPlan:
+    """The sharding plan in the JSON file ``path``; ValueError saying why it cannot be read
+    or is not a plan."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return ShardingPlan.from_json(fh.read())
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a sharding plan: {exc}") from None
+
+
 def _plan_locally(cfg: TrainConfig, tables, group, ids_per_sample=None) -> ShardingPlan:
     from embedding.planner import PlanError, validate_plan
 
     rpn = ranks_per_node_of(group)
     if cfg.plan.file:
         try:
-            with open(cfg.plan.file, encoding="utf-8") as fh:
-                plan = ShardingPlan.from_json(fh.read())
-        except OSError as exc:
-            raise ConfigError(cfg.source, "plan.file", f"cannot read {cfg.plan.file}: "
-                              f"{exc.strerror or exc}") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(cfg.source, "plan.file", f"{cfg.plan.file} is not a sharding "
-                              f"plan: {exc}") from None
+            plan = read_plan(cfg.plan.file)
+        except ValueError as exc:
+            raise ConfigError(cfg.source, "plan.file", str(exc)) from None
         try:
             validate_plan(plan, group.size, ranks_per_node=rpn, tables=tables)
         except PlanError as exc:
