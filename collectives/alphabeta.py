@@ -41,15 +41,25 @@ def inter_bandwidth(fabric: FabricModel, flows: int, spread: bool = True) -> flo
 
 def link(fabric: FabricModel, inter: bool, flows: int = 1) -> LinkCost:
     """``(latency s, bandwidth B/s, chunk bytes)`` of an intra- or inter-node step
-    (inter-node only when the fabric has more than one node)."""
+    (inter-node only when the fabric has more than one node) in which ``flows`` flows
+    of a node run at once: inter-node flows share the node's NICs, intra-node flows
+    the node's memory where the fabric says so (``node_bandwidth``)."""
     if inter and fabric.nodes > 1:
         return fabric.inter.latency, inter_bandwidth(fabric, flows), fabric.inter.chunk_bytes
-    return fabric.intra.latency, fabric.intra.bandwidth, fabric.intra.chunk_bytes
+    bandwidth = fabric.intra.bandwidth
+    if fabric.node_bandwidth > 0:
+        bandwidth = min(bandwidth, fabric.node_bandwidth / max(1, flows))
+    return fabric.intra.latency, bandwidth, fabric.intra.chunk_bytes
 
 
 def ring_link(fabric: FabricModel) -> LinkCost:
-    """The slowest link of a node-ordered ring: one inter-node flow per node."""
-    return link(fabric, fabric.nodes > 1, 1)
+    """The slowest link of a node-ordered ring, every rank sending at once: one
+    inter-node flow per node, ``ranks_per_node`` flows inside each."""
+    within = link(fabric, False, fabric.ranks_per_node)
+    if fabric.nodes == 1:
+        return within
+    across = link(fabric, True, 1)
+    return max(within[0], across[0]), min(within[1], across[1]), across[2]
 
 
 def pair_step_is_inter(fabric: FabricModel, distance: int) -> bool:

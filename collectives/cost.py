@@ -19,7 +19,8 @@ from collectives.algorithms import Algorithm, registry
 from collectives.alphabeta import chain_segments
 from collectives.types import CollectiveOp, FabricModel, Request
 
-__all__ = ["estimate", "algorithm_cost", "shape_reason", "candidates", "costs", "chain_segments"]
+__all__ = ["estimate", "algorithm_cost", "call_seconds", "shape_reason", "candidates", "costs",
+           "chain_segments"]
 
 
 def _find(op: CollectiveOp, algorithm: str) -> Algorithm | None:
@@ -59,6 +60,17 @@ def algorithm_cost(op: CollectiveOp, algorithm: str, request: Request,
     if request.op is not op:
         request = replace(request, op=op)
     return algo.cost(request, fabric)
+
+
+def call_seconds(op: CollectiveOp, algorithm: str, request: Request, fabric: FabricModel, *,
+                 api: bool = True) -> float:
+    """Modelled seconds of one call a user makes: :func:`algorithm_cost` plus, through
+    neocomm's API (``api``), the fabric's per-call overhead. The overhead is the same for
+    every algorithm, so selection compares :func:`algorithm_cost` alone."""
+    seconds = algorithm_cost(op, algorithm, request, fabric)
+    if api:
+        seconds += fabric.effective(request).call_overhead
+    return seconds
 
 
 def costs(op: CollectiveOp, nbytes: int, fabric: FabricModel, *,

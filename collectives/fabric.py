@@ -46,7 +46,7 @@ def fabric_for(group, device: bool = False, first: str = "") -> FabricModel:
     fabric = _links_from_topology(state, device, first) or FabricModel()
     fabric = fabric.with_shape(layout.ranks_per_node, layout.num_nodes)
     if path:
-        fabric = apply_calibration(fabric, load_calibration(path))
+        fabric = apply_calibration(fabric, load_calibration(path), f"NEOCOMM_CALIBRATION={path}")
     state.fabrics[key] = fabric
     return fabric
 
@@ -93,15 +93,23 @@ def load_calibration(path: str) -> dict:
     return data
 
 
-def apply_calibration(fabric: FabricModel, data: dict) -> FabricModel:
-    """``fabric`` with the link parameters and algorithm factors of ``data``."""
+def apply_calibration(fabric: FabricModel, data: dict, where: str = "calibration") -> FabricModel:
+    """``fabric`` with the link parameters and algorithm factors of ``data``. ValueError
+    naming both when ``data`` was measured on links of another class than ``fabric``'s
+    (a calibration from another fabric)."""
     changes: dict = {}
     for name in ("intra", "inter"):
-        if isinstance(data.get(name), dict):
-            link = getattr(fabric, name)
-            fields = {k: data[name][k] for k in ("latency", "bandwidth", "chunk_bytes")
-                      if k in data[name]}
-            changes[name] = replace(link, **fields)
+        if not isinstance(data.get(name), dict):
+            continue
+        link, kind = getattr(fabric, name), data[name].get("kind", "")
+        if kind and link.kind and kind != link.kind and (name == "intra" or fabric.nodes > 1):
+            raise ValueError(
+                f"{where}: measured with {kind} {'within' if name == 'intra' else 'between'} "
+                f"nodes ({data.get('source', 'unknown source')}), but this fabric has "
+                f"{link.kind} ({fabric.source}); calibrate on this fabric")
+        fields = {k: data[name][k] for k in ("latency", "bandwidth", "chunk_bytes")
+                  if k in data[name]}
+        changes[name] = replace(link, **fields)
     for name in ("copy_bandwidth", "reduce_bandwidth", "step_overhead"):
         if name in data:
             changes[name] = float(data[name])

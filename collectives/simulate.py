@@ -119,7 +119,9 @@ def predict(op: CollectiveOp, fabric: FabricModel, sizes, *, itemsize: int = 4,
         except SelectionError:
             chosen = None
         rows = []
+        extra = fabric.effective(request).call_overhead  # (explain: the algorithms alone)
         for name, seconds, reason in explain(request, fabric):
+            seconds = seconds + extra if seconds else seconds
             algbw = request.nbytes / seconds / 1e9 if seconds else 0.0
             rows.append(Prediction(request.nbytes, request.nbytes // itemsize, name, seconds,
                                    algbw, algbw * bus_factor(op, n), name == chosen, reason))

@@ -44,7 +44,7 @@ def fabric_from_topology(cluster, *, device: bool = False) -> FabricModel:
     def link(kind) -> Link:
         params = links.get(kind) or links[LinkKind.SHM]
         return Link(latency=params.latency, bandwidth=params.bandwidth,
-                    chunk_bytes=CHUNK_BYTES.get(kind.value, 1 << 20))
+                    chunk_bytes=CHUNK_BYTES.get(kind.value, 1 << 20), kind=kind.value)
 
     nics = 1
     if inter_kind in (LinkKind.ROCE, LinkKind.INFINIBAND) and cluster.hosts:
@@ -86,7 +86,7 @@ def spec_links(spec, *, device: bool) -> FabricModel:
 
     def link(kind, bandwidth: float) -> Link:
         return Link(latency=LATENCY[kind], bandwidth=bandwidth,
-                    chunk_bytes=CHUNK_BYTES.get(kind.value, 1 << 20))
+                    chunk_bytes=CHUNK_BYTES.get(kind.value, 1 << 20), kind=kind.value)
 
     if not device:
         intra, what = link(LinkKind.SHM, SHM_BANDWIDTH), "shm"
@@ -105,10 +105,16 @@ def spec_links(spec, *, device: bool) -> FabricModel:
         kind = LinkKind.TCP
         inter = link(kind, nic_bandwidth(TCP_DEFAULT_GBPS))
     copy_bw, reduce_bw = _local_rates([memory_bandwidth(spec.gpu_model)] if device else [])
-    return FabricModel(intra=intra, inter=inter, nics_per_node=nics, copy_bandwidth=copy_bw,
-                       reduce_bandwidth=reduce_bw,
-                       source=f"fabric spec {spec.name!r}: {what} within nodes, "
-                              f"{kind.value} x{nics} between nodes (line rates)")
+    fabric = FabricModel(intra=intra, inter=inter, nics_per_node=nics, copy_bandwidth=copy_bw,
+                         reduce_bandwidth=reduce_bw,
+                         source=f"fabric spec {spec.name!r}: {what} within nodes, "
+                                f"{kind.value} x{nics} between nodes (line rates)")
+    model = dict(spec.model)
+    if model and model.get("buffers") == ("device" if device else "host"):
+        from collectives.calibrate import apply_model
+
+        fabric = apply_model(fabric, model)
+    return fabric
 
 
 def fabric_from_spec(spec, ranks: int, ranks_per_node: int | None = None, *,

@@ -54,6 +54,10 @@ class Link:
     latency: float
     bandwidth: float
     chunk_bytes: int = 1 << 20
+    #: the link class ("nvlink", "pcie", "shm", "roce", "infiniband", "tcp"; "" unknown):
+    #: a shared-memory link moves bytes through the host's memory, and its rate depends
+    #: on whether they are in cache (:attr:`FabricModel.cache_bytes`)
+    kind: str = ""
 
     def __post_init__(self):
         if not self.latency >= 0:
@@ -82,9 +86,9 @@ class Link:
 #   two, so two thirds of the copy rate.
 #: Intra-node link of an unknown host (shared memory), 1 us, 4.2e9 B/s, 4 MiB chunks
 #: (the shared-memory chunk size of :mod:`collectives.topofabric`).
-DEFAULT_INTRA_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=4 << 20)
+DEFAULT_INTRA_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=4 << 20, kind="shm")
 #: Inter-node link of an unknown host: emulated nodes also use shared memory.
-DEFAULT_INTER_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=4 << 20)
+DEFAULT_INTER_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=4 << 20, kind="shm")
 #: Local copy throughput per rank, bytes/s (np.copyto, see above).
 DEFAULT_COPY_BANDWIDTH = 13.0e9
 #: Local element-wise reduction throughput per rank, bytes/s of output.
@@ -107,6 +111,20 @@ class FabricModel:
     multipliers keyed ``"<op>/<algorithm>"`` or ``"<op>/<algorithm>@<log2 size>"``
     (measured time over modelled time), applied by
     :func:`collectives.cost.algorithm_cost`.
+
+    Host effects, all off by default (``neocomm simulate calibrate`` fits them):
+    ``call_overhead`` is the software cost of one API call beyond its algorithm
+    (argument agreement, checks, selection); ``node_bandwidth`` is the bytes/s a
+    node's memory moves for all of its concurrent intra-node flows together (ranks
+    that copy through shared memory share one memory system: each of ``f``
+    concurrent flows gets at most ``node_bandwidth / f``); ``cache_bytes`` and
+    ``cache_speedup``: when a call's working set on a node (every rank's send and
+    receive buffers) fits in ``cache_bytes``, local rates (shared-memory links,
+    copies, reductions) are ``cache_speedup`` times faster, and in proportion
+    when part of it fits; ``cores_per_node``: with more ranks than cores on a
+    node, every step waits ``switch_latency`` more for its peer to be scheduled,
+    and software overheads stretch by ranks / cores. :meth:`effective` applies them
+    to one request.
     """
 
     ranks_per_node: int = 1
@@ -119,6 +137,12 @@ class FabricModel:
     step_overhead: float = DEFAULT_STEP_OVERHEAD
     algorithm_factors: tuple[tuple[str, float], ...] = ()
     source: str = "defaults for an unknown host (shared memory)"
+    call_overhead: float = 0.0
+    node_bandwidth: float = 0.0
+    cache_bytes: int = 0
+    cache_speedup: float = 1.0
+    cores_per_node: int = 0
+    switch_latency: float = 0.0
 
     def __post_init__(self):
         for name in ("ranks_per_node", "nodes", "nics_per_node"):
@@ -128,8 +152,14 @@ class FabricModel:
         for name in ("copy_bandwidth", "reduce_bandwidth"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected bytes/s > 0, got {getattr(self, name)}")
-        if not self.step_overhead >= 0:
-            raise ValueError(f"step_overhead: expected seconds >= 0, got {self.step_overhead}")
+        for name in ("step_overhead", "call_overhead", "switch_latency", "node_bandwidth"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: expected a value >= 0, got {getattr(self, name)}")
+        if not self.cache_speedup >= 1:
+            raise ValueError(f"cache_speedup: expected a factor >= 1, got {self.cache_speedup}")
+        for name in ("cache_bytes", "cores_per_node"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"{name}: expected an int >= 0, got {getattr(self, name)}")
         if isinstance(self.algorithm_factors, dict):
             object.__setattr__(self, "algorithm_factors",
                                tuple(sorted(self.algorithm_factors.items())))
@@ -164,6 +194,45 @@ class FabricModel:
         more than one NIC."""
         flows = max(1, int(flows_per_node))
         return self.inter.bandwidth * min(1.0, self.nics_per_node / flows)
+
+    @property
+    def oversubscription(self) -> float:
+        """Ranks per core of a node (1.0 when ranks have cores of their own)."""
+        if not self.cores_per_node or self.ranks_per_node <= self.cores_per_node:
+            return 1.0
+        return self.ranks_per_node / self.cores_per_node
+
+    def cache_factor(self, working_set: float) -> float:
+        """How much faster local rates are for a call whose working set on a node is
+        ``working_set`` bytes: ``cache_speedup`` when it fits in ``cache_bytes``, else 1
+        (a stream through buffers larger than the cache evicts each line before its
+        next use, so a partial fit buys next to nothing)."""
+        if self.cache_speedup <= 1.0 or self.cache_bytes <= 0:
+            return 1.0
+        return self.cache_speedup if working_set <= self.cache_bytes else 1.0
+
+    def effective(self, request: "Request") -> "FabricModel":
+        """This fabric as one call of ``request`` sees it: the cache, oversubscription
+        and call-overhead terms (class doc) folded into plain links and rates, so that
+        the alpha-beta formulas need not know them. The identity when they are off."""
+        over = self.oversubscription
+        speed = self.cache_factor(self.ranks_per_node * request.working_set)
+        if over == 1.0 and speed == 1.0:
+            return self
+        switch = self.switch_latency if over > 1.0 else 0.0
+
+        def local(link: Link) -> Link:
+            fast = speed if link.kind == "shm" else 1.0
+            return replace(link, latency=link.latency + switch,
+                           bandwidth=link.bandwidth * fast)
+
+        return replace(self, intra=local(self.intra), inter=local(self.inter),
+                       copy_bandwidth=self.copy_bandwidth * speed,
+                       reduce_bandwidth=self.reduce_bandwidth * speed,
+                       node_bandwidth=self.node_bandwidth * speed,
+                       step_overhead=self.step_overhead * over,
+                       call_overhead=self.call_overhead * over,
+                       cache_speedup=1.0, cores_per_node=0)
 
     def with_shape(self, ranks_per_node: int, nodes: int) -> "FabricModel":
         """The same links for a group of another shape."""
@@ -211,6 +280,18 @@ class Request:
             raise ValueError(f"itemsize: expected bytes >= 1, got {self.itemsize}")
         if self.group_size < 1:
             raise ValueError(f"group_size: expected ranks >= 1, got {self.group_size}")
+
+    @property
+    def working_set(self) -> float:
+        """Bytes of buffers one rank's call touches: the one buffer of a Broadcast (or
+        an in-place call), a block besides the whole for ReduceScatter and AllGather, a
+        send and a receive buffer of the size otherwise."""
+        op, p = self.op, max(1, self.group_size)
+        if self.in_place or op is CollectiveOp.BROADCAST:
+            return float(self.nbytes)
+        if op in (CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER):
+            return self.nbytes * (1.0 + 1.0 / p)
+        return 2.0 * self.nbytes
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,11 @@ A spec has these tables (every key is listed; anything else is an error)::
                  numa_local (bool), gpudirect (bool)
     [bandwidth]  minimum measured GB/s per link class: nvlink, pcie, roce,
                  infiniband, tcp, shm, and allreduce_bus (all-reduce bus bandwidth)
+    [model]      the cost model's terms measured on this fabric, written by
+                 ``neocomm simulate calibrate`` (see :data:`MODEL_KEYS`): they
+                 replace the line rates the other tables imply
 
-``[nvlink]``, ``[nic]`` and ``[bandwidth]`` are optional. Presets ship in
+``[nvlink]``, ``[nic]``, ``[bandwidth]`` and ``[model]`` are optional. Presets ship in
 ``topology/presets/``; :func:`load_spec` takes a path or a preset name.
 """
 from __future__ import annotations
@@ -32,7 +35,7 @@ else:  # pragma: no cover - Python 3.10
 from topology.types import LinkLayer, PciPath
 
 __all__ = ["FabricSpec", "NvlinkSpec", "NicSpec", "SpecError", "load_spec", "parse_spec",
-           "preset_names", "PRESETS_DIR", "NVLINK_TOPOLOGIES", "BANDWIDTH_CLASSES"]
+           "preset_names", "PRESETS_DIR", "NVLINK_TOPOLOGIES", "BANDWIDTH_CLASSES", "MODEL_KEYS"]
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 NVLINK_TOPOLOGIES = ("all-to-all", "hybrid-cube-mesh")
@@ -89,6 +92,8 @@ class FabricSpec:
     nic: NicSpec | None = None
     bandwidth: tuple[tuple[str, float], ...] = ()
     source: str = ""
+    #: the ``[model]`` table's entries, as written (empty: the links' line rates)
+    model: tuple[tuple[str, object], ...] = ()
 
     @property
     def min_bandwidth(self) -> dict[str, float]:
@@ -109,6 +114,29 @@ def _choice(options):
 
 
 _NUM = (int, float)
+_LINK_CLASSES = ("nvlink", "pcie", "shm", "roce", "infiniband", "tcp")
+#: keys of the ``[model]`` table: the link classes the terms were measured on, the
+#: buffers they price, where and how well they were fitted, and the terms (latencies
+#: in us, rates in GB/s, the cache in MiB; ``factors``: op/algorithm efficiencies)
+MODEL_KEYS = {
+    "buffers": (str, True, _choice(("host", "device"))),
+    "intra_link": (str, False, _choice(_LINK_CLASSES)),
+    "inter_link": (str, False, _choice(_LINK_CLASSES)),
+    "measured_on": (str, False, None),
+    "measured": (list, False, None),
+    "fit_rows": (int, False, _non_negative),
+    "fit_median_error": (_NUM, False, _non_negative),
+    "fit_worst_error": (_NUM, False, _non_negative),
+    "cache_mib": (_NUM, False, _non_negative),
+    "cores_per_node": (int, False, _non_negative),
+    "factors": (dict, False, lambda v: None if all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in v.values())
+        else "expected positive numbers per op/algorithm"),
+    **{k: (_NUM, False, _non_negative) for k in (
+        "intra_latency_us", "intra_bandwidth_gbs", "inter_latency_us", "inter_bandwidth_gbs",
+        "node_bandwidth_gbs", "copy_bandwidth_gbs", "reduce_bandwidth_gbs", "step_overhead_us",
+        "call_overhead_us", "cache_speedup", "switch_latency_us")},
+}
 _SCHEMA = {
     "fabric": {"name": (str, True, None), "description": (str, False, None)},
     "cluster": {"nodes": (int, True, lambda v: None if v >= 1 else f"must be >= 1, got {v}")},
@@ -128,6 +156,7 @@ _SCHEMA = {
             "max_path": (str, False, _choice(tuple(p.value.lower() for p in PciPath))),
             "numa_local": (bool, False, None), "gpudirect": (bool, False, None)},
     "bandwidth": {k: (_NUM, False, _positive) for k in BANDWIDTH_CLASSES},
+    "model": MODEL_KEYS,
 }
 _REQUIRED_TABLES = ("fabric", "cluster", "node")
 
@@ -135,7 +164,8 @@ _REQUIRED_TABLES = ("fabric", "cluster", "node")
 def _type_name(tp) -> str:
     if tp is _NUM:
         return "a number"
-    return {str: "a string", int: "an integer", bool: "true or false"}[tp]
+    return {str: "a string", int: "an integer", bool: "true or false", list: "a list",
+            dict: "a table"}[tp]
 
 
 def _check_table(path: str, table: str, data) -> dict:
@@ -214,7 +244,7 @@ def parse_spec(text: str, path: str = "<spec>") -> FabricSpec:
     return FabricSpec(t["fabric"]["name"], t["cluster"]["nodes"], gpus,
                       t["fabric"].get("description", ""), node.get("gpu_model", ""),
                       float(node.get("min_gpu_memory_gib", 0.0)), node.get("min_cpus", 0),
-                      nvlink, nic, bandwidth, path)
+                      nvlink, nic, bandwidth, path, tuple(sorted(t.get("model", {}).items())))
 
 
 def preset_names() -> list[str]:

@@ -26,8 +26,9 @@ from pathlib import Path
 from topology._common import normalize_bus_id, parse_cpulist, warn
 from topology.types import LinkLayer, NetInterface, Nic, NumaNode, PciPath, PortState
 
-__all__ = ["probe_hostname", "probe_cpus", "probe_numa", "probe_rdma_nics", "probe_gpudirect",
-           "probe_net_interfaces", "pci_path", "pci_numa", "classify_pci", "PEER_MEMORY_MODULES"]
+__all__ = ["probe_hostname", "probe_cpus", "probe_cache_bytes", "probe_numa", "probe_rdma_nics",
+           "probe_gpudirect", "probe_net_interfaces", "pci_path", "pci_numa", "classify_pci",
+           "PEER_MEMORY_MODULES"]
 
 #: Kernel modules that let an RDMA NIC read and write GPU memory (GPUDirect RDMA):
 #: ``nvidia_peermem`` ships with the NVIDIA driver (R470+), ``nv_peer_mem`` is the
@@ -87,6 +88,24 @@ def probe_cpus(root: str | Path = "/") -> int:
     if _live(root):
         return os.cpu_count() or 0
     return 0
+
+
+def probe_cache_bytes(root: str | Path = "/") -> int:
+    """Bytes of the last-level data (or unified) cache of CPU 0
+    (``sys/devices/system/cpu/cpu0/cache/index*``); 0 when sysfs does not say."""
+    best = (0, 0)
+    base = Path(root) / "sys/devices/system/cpu/cpu0/cache"
+    for index in sorted(base.glob("index*")):
+        level, kind = _read(index / "level"), _read(index / "type")
+        size = (_read(index / "size") or "").strip().upper()
+        if not level or not size or (kind or "").strip() == "Instruction":
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1], 1)
+        try:
+            best = max(best, (int(level), int(size.rstrip("KMG")) * unit))
+        except ValueError:
+            warn(f"sysfs {index}", f"malformed cache level or size {level!r} {size!r}")
+    return best[1]
 
 
 def probe_numa(root: str | Path = "/") -> tuple[NumaNode, ...]:

@@ -81,6 +81,7 @@ class Algorithm:
     def cost(self, request: Request, fabric: FabricModel) -> float:
         """Modelled seconds for ``request``: :meth:`formula` (one local copy on a
         one-rank group) times the fabric's calibration factor of this algorithm."""
+        fabric = fabric.effective(request)
         if fabric.size == 1:
             seconds = alphabeta.copy(fabric, request.nbytes)
         else:

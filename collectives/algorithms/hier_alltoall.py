@@ -60,7 +60,7 @@ class HierarchicalAllToAll(Algorithm):
         passes over the data (pack, regroup, unpack)."""
         p, per_node, nodes = fabric.size, fabric.ranks_per_node, fabric.nodes
         block = request.max_block or request.nbytes / p
-        intra = (per_node - 1) * ab.stream(nodes * block, ab.link(fabric, False), fabric,
+        intra = (per_node - 1) * ab.stream(nodes * block, ab.link(fabric, False, per_node), fabric,
                                            pipelined=False)
         inter = (nodes - 1) * ab.stream(per_node * block, ab.link(fabric, True, per_node),
                                         fabric, pipelined=False)

@@ -22,8 +22,8 @@ def pairwise_seconds(req: Request, fab: FabricModel, overhead: bool = True) -> f
     of the block to self. ``overhead=False``: steps issued by a library, not Python."""
     p, per_node = fab.size, fab.ranks_per_node
     block = req.max_block or req.nbytes / p
-    intra = (per_node - 1) * ab.stream(block, ab.link(fab, False), fab, overhead=overhead,
-                                       pipelined=False)
+    intra = (per_node - 1) * ab.stream(block, ab.link(fab, False, per_node), fab,
+                                       overhead=overhead, pipelined=False)
     inter = (p - per_node) * ab.stream(block, ab.link(fab, True, per_node), fab,
                                        overhead=overhead, pipelined=False)
     return intra + inter + ab.copy(fab, block)

@@ -275,6 +275,8 @@ def _write_json(path, cfg, group, world, rows, rss, staging, bare: bool = False)
             "host": socket.gethostname(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "settings": {k: v for k, v in vars(settings.current()).items()},
             "fabric_source": fabric_for(group).source,
+            "fabric_links": {"intra": fabric_for(group).intra.kind,
+                             "inter": fabric_for(group).inter.kind},
             "peak_rss_bytes": rss, "staging_high_water_bytes": staging,
             "rows": [r.to_dict() for r in rows]}
     with open(path, "w", encoding="utf-8") as fh:

@@ -37,7 +37,8 @@ def _size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="what", metavar="{collective,step,scale}")
+    sub = parser.add_subparsers(dest="what",
+                                metavar="{collective,step,scale,calibrate,validate}")
     for name, text in (("step", "one training step of a config, part by part, and samples/s"),
                        ("scale", "the step from 8 to 128 ranks (re-planned at each size): "
                                  "strong and weak scaling")):
@@ -72,6 +73,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if name == "scale":
             q.add_argument("--plot", metavar="FILE", default=None,
                            help="samples/s against ranks, strong and weak (PNG; matplotlib)")
+    for name, text in (("calibrate", "fit the model's link and host terms to neocomm bench "
+                                     "runs on this machine; write a fabric file"),
+                       ("validate", "the model's prediction beside neocomm bench's measurement "
+                                    "of every collective")):
+        q = sub.add_parser(name, help=text)
+        q.add_argument("--fabric", metavar="NAME|FILE", default=None if name == "validate"
+                       else "cpu-host", required=name == "validate",
+                       help="the fabric spec (a preset or file)" + (
+                           "; its [model] table (neocomm simulate calibrate) is what is "
+                           "checked" if name == "validate" else
+                           " the calibration starts from, default cpu-host"))
+        q.add_argument("--bench", metavar="FILE.json", action="append", default=[],
+                       help="use these measurements (neocomm bench --json results, or a "
+                       "file written by --record) instead of running the benches; repeatable")
+        q.add_argument("--ranks", default="2" if name == "calibrate" else "2,4",
+                       help="rank counts to bench, comma-separated (default %(default)s)")
+        q.add_argument("--nodes", default="1,2",
+                       help="node counts to bench at each rank count, comma-separated; nodes "
+                       "are emulated on this host unless --hostfile (default %(default)s)")
+        q.add_argument("--hostfile", default=None, help="MPI hostfile for runs across nodes")
+        q.add_argument("-b", "--minbytes", type=_size, default=_size("4K"),
+                       help="smallest size, default 4K")
+        q.add_argument("-e", "--maxbytes", type=_size, default=_size("64M"),
+                       help="largest size, default 64M")
+        q.add_argument("-f", "--stepfactor", type=float, default=4.0,
+                       help="size factor, default 4")
+        q.add_argument("--device", action="store_true",
+                       help="bench and model device buffers (NCCL); needs GPUs")
+        q.add_argument("--record", metavar="FILE.json", default=None,
+                       help="save the measurements in one file (for --bench later)")
+        if name == "calibrate":
+            q.add_argument("-o", "--output", metavar="FILE.toml", default=None,
+                           help="the fabric file to write (default: <fabric>-calibrated.toml)")
+        else:
+            q.add_argument("--tolerance", type=float, default=0.25,
+                           help="largest |predicted / measured - 1| that passes, default 0.25")
+            q.add_argument("--json", metavar="FILE", default=None,
+                           help="write every comparison as JSON")
     p = sub.add_parser("collective", help="predicted time, algbw and busbw of every algorithm "
                        "of one collective, per size")
     p.add_argument("op", help="the collective: all_reduce, all_to_all, all_to_all_v, "
@@ -99,10 +138,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    what = {"collective": _collective, "step": _step, "scale": _scale}.get(args.what)
+    what = {"collective": _collective, "step": _step, "scale": _scale,
+            "calibrate": _calibrate, "validate": _validate}.get(args.what)
     if what is None:
-        print("neocomm simulate: expected a subcommand: collective, step or scale",
-              file=sys.stderr)
+        print("neocomm simulate: expected a subcommand: collective, step, scale, calibrate or "
+              "validate", file=sys.stderr)
         return 2
     from embedding.planner import PlanDoesNotFitError
 
@@ -320,7 +360,8 @@ def _collective(args) -> int:
     fabric = fabric_from_spec(spec, args.ranks, args.ranks_per_node,
                               device=False if args.host else None)
     if args.calibration:
-        fabric = apply_calibration(fabric, load_calibration(args.calibration))
+        fabric = apply_calibration(fabric, load_calibration(args.calibration),
+                                   f"--calibration {args.calibration}")
     device = not args.host and spec.gpus > 0
     table = predict(op, fabric, sizes, itemsize=itemsize, device=device)
     _print(op, fabric, spec.name, args.dtype, device, table)
@@ -384,3 +425,166 @@ def _plot(path: str, op, fabric, name: str, table) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _counts(text: str, what: str) -> list[int]:
+    try:
+        counts = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ValueError(f"{what}: expected positive counts like 2,4, got {text!r}")
+    return counts
+
+
+def _measurements(args) -> list[dict]:
+    """The bench runs of ``--bench`` files, or of benches run here now (``--ranks`` x
+    ``--nodes``), saved to ``--record`` when asked."""
+    import tempfile
+
+    from collectives.calibrate import read_measurements, run_benches
+
+    if args.bench:
+        runs = [run for path in args.bench for run in read_measurements(path)]
+    else:
+        layouts = [(r, r // n) for r in _counts(args.ranks, "--ranks")
+                   for n in _counts(args.nodes, "--nodes") if r % n == 0 and n <= r]
+        if not layouts:
+            raise ValueError(f"--ranks {args.ranks} --nodes {args.nodes}: no rank count "
+                             f"splits evenly over those nodes")
+        with tempfile.TemporaryDirectory(prefix="neocomm-calibrate-") as where:
+            try:
+                runs = run_benches(layouts, minbytes=args.minbytes, maxbytes=args.maxbytes,
+                                   factor=args.stepfactor, out_dir=where, device=args.device,
+                                   hostfile=args.hostfile,
+                                   echo=lambda cmd: print(f"# {cmd}", flush=True))
+            except RuntimeError as exc:
+                raise ValueError(str(exc)) from None
+    if args.record:
+        _dump(args.record, {"kind": "neocomm-measurements", "runs": runs})
+    return runs
+
+
+def _rows(runs, device: bool):
+    from collectives.calibrate import read_bench
+
+    rows = [m for i, run in enumerate(runs)
+            for m in read_bench(run, f"measurement {i + 1} ({run.get('op', '?')})") if m.api]
+    wrong = [m for m in rows if m.device != device]
+    if wrong:
+        have = "device" if wrong[0].device else "host"
+        raise ValueError(f"--device: the measurements are of {have} buffers; "
+                         + ("drop --device" if device else "pass --device") + " to match them")
+    return rows
+
+
+def _check_kinds(fabric, kinds, spec_name: str) -> None:
+    """Refuse measurements taken on links of another class than the fabric's."""
+    for which, measured in zip(("intra", "inter"), kinds):
+        have = getattr(fabric, which).kind
+        if measured and have and measured != have:
+            where = "within" if which == "intra" else "between"
+            raise ValueError(f"the measurements were taken with {measured} {where} nodes, but "
+                             f"fabric {spec_name!r} has {have} {where} nodes: measure on the "
+                             f"fabric itself (or pick the fabric the runs were made on)")
+
+
+def _calibrate(args) -> int:
+    import dataclasses
+    import os
+    import socket
+    import time
+
+    from collectives.calibrate import OPS, fabric_file, fit, measured_kinds, model_table
+    from collectives.topofabric import spec_links
+    from topology.spec import PRESETS_DIR, load_spec, preset_names
+    from topology.sysfs import probe_cache_bytes
+
+    spec = load_spec(args.fabric)
+    runs = _measurements(args)
+    rows = _rows(runs, args.device)
+    kinds = measured_kinds(runs)
+    start = spec_links(dataclasses.replace(spec, model=()), device=args.device)
+    if kinds[1] == "shm" and start.inter.kind != "shm" and spec.nic is None:
+        # nodes emulated on one host talk over its shared memory
+        start = dataclasses.replace(start, inter=dataclasses.replace(start.intra))
+    _check_kinds(start, kinds, spec.name)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 0)
+    result = fit(rows, start, cache_bytes=0 if args.device else probe_cache_bytes(),
+                 cores_per_node=0 if args.device else cores)
+    layouts = sorted({(m.ranks, m.nodes) for m in rows})
+    where = (f"{socket.gethostname()}, {time.strftime('%Y-%m-%d')}, neocomm bench at "
+             + ", ".join(f"{r} ranks on {n} node(s)" for r, n in layouts))
+    table = model_table(result, buffers="device" if args.device else "host",
+                        kinds=(start.intra.kind, start.inter.kind), measured_on=where)
+    path = PRESETS_DIR / f"{spec.name}.toml" if args.fabric in preset_names() else \
+        args.fabric
+    with open(path, encoding="utf-8") as fh:
+        text = fabric_file(fh.read(), table)
+    out = args.output or f"{spec.name}-calibrated.toml"
+    with open(out, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    ops = sorted({m.op.value for m in rows})
+    print(f"# neocomm simulate calibrate: {len(rows)} measured calls ({len(ops)} of "
+          f"{len(OPS)} collectives; {', '.join(f'{r}x{n}' for r, n in layouts)} ranks x "
+          f"nodes) fitted to fabric {spec.name!r}")
+    print(f"# {'term':<34} {'value':>12}  from")
+    kept = set(result.kept)
+    for key, value in table.items():
+        term = key.removesuffix("_us").removesuffix("_gbs")
+        if key in ("buffers", "measured_on", "measured", "factors") or key.startswith("fit_"):
+            continue
+        origin = "host (read)" if key in ("cache_mib", "cores_per_node") else \
+            "link class" if key.endswith("_link") else \
+            "fabric spec (no measurement depends on it)" if term in kept else "measured"
+        print(f"  {key:<34} {value!s:>12}  {origin}")
+    for key, value in table["factors"].items():
+        print(f"  {'factor ' + key:<34} {value:>12}  measured")
+    print(f"# fit: median |log(predicted / measured)| {result.median_error:.3f}, worst "
+          f"{result.worst_error:.3f}")
+    print(f"# wrote {out}: pass it as --fabric {out} (simulate, plan), or check it with "
+          f"neocomm simulate validate --fabric {out}")
+    return 0
+
+
+def _validate(args) -> int:
+    from collectives.calibrate import compare, measured_kinds
+    from collectives.topofabric import spec_links
+    from topology.spec import load_spec
+
+    if not 0 < args.tolerance < 10:
+        raise ValueError(f"--tolerance: expected a fraction like 0.25, got {args.tolerance}")
+    spec = load_spec(args.fabric)
+    runs = _measurements(args)
+    rows = _rows(runs, args.device)
+    fabric = spec_links(spec, device=args.device)
+    _check_kinds(fabric, measured_kinds(runs), spec.name)
+    table = compare(rows, fabric)
+    print(f"# neocomm simulate validate: fabric {spec.name!r} ({fabric.source}); "
+          f"{len(table)} measured calls; pass: |predicted / measured - 1| <= "
+          f"{args.tolerance:.0%}")
+    print(f"# {'ranks':>5} {'nodes':>5} {'op':<15} {'size':>10} {'algorithm':<13} "
+          f"{'measured us':>12} {'predicted us':>12} {'ratio':>6}")
+    for c in table:
+        m = c.measurement
+        print(f"  {m.ranks:>5} {m.nodes:>5} {m.op.value:<15} {m.size:>10} {m.algorithm:<13} "
+              f"{m.time * 1e6:>12.1f} {c.predicted * 1e6:>12.1f} {c.ratio:>6.2f}"
+              + ("" if c.within(args.tolerance) else "  off"))
+    groups: dict = {}
+    for c in table:
+        m = c.measurement
+        groups.setdefault((m.ranks, m.nodes), []).append(c)
+    inside = sum(c.within(args.tolerance) for c in table)
+    print(f"# within {args.tolerance:.0%}: {inside} of {len(table)} calls; " + "; ".join(
+        f"{r} ranks on {n} node(s): {sum(c.within(args.tolerance) for c in cs)}/{len(cs)}"
+        for (r, n), cs in sorted(groups.items())))
+    worst = max(table, key=lambda c: abs(c.ratio - 1.0))
+    print(f"# worst: {worst.measurement.op.value} {worst.measurement.size} bytes at "
+          f"{worst.measurement.ranks} ranks on {worst.measurement.nodes} node(s), "
+          f"predicted / measured {worst.ratio:.2f}")
+    if args.json:
+        _dump(args.json, {"kind": "neocomm-simulate-validate", "fabric": spec.name,
+                          "tolerance": args.tolerance, "within": inside,
+                          "rows": [c.to_dict() for c in table]})
+    return 0 if inside == len(table) else 1

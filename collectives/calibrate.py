@@ -1,0 +1,442 @@
+"""Fit the fabric model to measurements, and compare the two.
+
+``neocomm bench --json`` writes what one sweep measured; :func:`read_bench`
+turns it into :class:`Measurement` rows (the call the bench timed: its
+operation, group shape, size and the algorithm that ran). :func:`fit` adjusts
+the terms of a :class:`~collectives.types.FabricModel` until the model's time
+for every row (:func:`collectives.cost.call_seconds`, the selection's own
+code) is as close as it gets to the measured time, in the least-squares sense
+on ``log(predicted / measured)``: a row 20 % off counts the same at 4 KiB and
+at 64 MiB. :func:`compare` prints the two side by side.
+
+The fitted terms (:data:`TERMS`): the latency and bandwidth of the intra-node
+link and (with measurements on more than one node) of the inter-node link, the
+node's shared memory bandwidth, local copy and reduction rates, the software
+overheads of a call and of a step issued from Python, the in-cache speedup of
+local rates (the cache size is the host's, read, not fitted) and, when ranks
+outnumber cores, the wait for a peer to be scheduled. A term no measurement
+depends on keeps its starting value (the fabric spec's) and is reported so.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from collectives.types import CollectiveOp, FabricModel
+
+__all__ = ["Measurement", "read_bench", "predicted", "fit", "Fit", "TERMS", "Comparison",
+           "compare", "link_kinds", "model_table", "apply_model", "fabric_file"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One timed call of a bench run: ``time`` seconds (the median of its rounds) for
+    ``op`` of bench size ``size`` on ``ranks`` ranks in nodes of ``ranks_per_node``, run
+    by ``algorithm``; ``api``: through neocomm's API (False: the MPI peer's bare call)."""
+
+    op: CollectiveOp
+    ranks: int
+    ranks_per_node: int
+    size: int
+    itemsize: int
+    algorithm: str
+    time: float
+    api: bool = True
+    root: int = 0
+    device: bool = False
+    emulated: bool = False  # nodes emulated on one host (they share its cores)
+
+    @property
+    def nodes(self) -> int:
+        return self.ranks // self.ranks_per_node
+
+    @property
+    def layout(self) -> str:
+        return f"{self.ranks} ranks, {self.nodes} node(s)"
+
+
+def link_kinds(source: str) -> tuple[str, str] | None:
+    """``(intra, inter)`` link classes named by a fabric's ``source`` text ("... X within
+    nodes, Y xN between nodes"), or None."""
+    import re
+
+    m = re.search(r"(\w+) within nodes, (\w+) x\d+ between nodes", source or "")
+    return (m.group(1), m.group(2)) if m else None
+
+
+def read_bench(data: dict, where: str = "bench JSON") -> list[Measurement]:
+    """The rows of one ``neocomm bench --json`` result. ValueError naming ``where`` for a
+    file that is not one, or a run whose calls the model does not price (``--bare``,
+    ``--prepared``, ``-R``)."""
+    if not isinstance(data, dict) or data.get("kind") != "neocomm-bench":
+        raise ValueError(f"{where}: not a `neocomm bench --json` result")
+    for flag, what in (("bare", "--bare"), ("prepared", "--prepared"), ("symmetric", "-R")):
+        if data.get(flag):
+            raise ValueError(f"{where}: measured with {what}; calibrate from the calls a user "
+                             f"makes (run neocomm bench without {what})")
+    op = CollectiveOp.parse(data["op"])
+    itemsize = 2 if data.get("dtype") in ("float16", "bfloat16") else \
+        int(np.dtype(data.get("dtype", "float32")).itemsize)
+    links = data.get("fabric_links")
+    kinds = (links.get("intra"), links.get("inter")) if isinstance(links, dict) else \
+        link_kinds(data.get("fabric_source", ""))
+    emulated = int(data.get("nodes", 1)) > 1 and bool(kinds) and kinds[1] == "shm"
+    out = []
+    for row in data.get("rows", []):
+        algo = row.get("chosen") or row["algo"]
+        api = algo != "mpi"
+        out.append(Measurement(op, int(data["ranks"]), int(data["ranks_per_node"]),
+                               int(row["size"]), itemsize, "native" if not api else algo,
+                               float(row["time"]), api, int(data.get("root", 0)),
+                               bool(data.get("device")), emulated))
+    return out
+
+
+def predicted(m: Measurement, fabric: FabricModel) -> float:
+    """The model's seconds for the call of ``m`` on ``fabric``'s links in ``m``'s shape."""
+    from collectives.cost import call_seconds
+    from collectives.simulate import bench_request
+
+    fab = fabric.with_shape(m.ranks_per_node, m.nodes)
+    if m.emulated and fab.cores_per_node:  # the emulated nodes share the host's cores
+        fab = replace(fab, cores_per_node=max(1, fab.cores_per_node // m.nodes))
+    request = bench_request(m.op, m.size, m.itemsize, m.ranks, device=m.device, root=m.root)
+    return call_seconds(m.op, m.algorithm, request, fab, api=m.api)
+
+
+@dataclass(frozen=True)
+class Term:
+    """One fitted term: its name in fabric files, unit, how to read and set it on a
+    :class:`FabricModel`, and the shift that keeps it positive in log space."""
+
+    name: str
+    unit: str
+    scale: float
+    get: object
+    set: object
+    floor: float = 0.0
+
+    def value(self, fabric: FabricModel) -> float:
+        return float(self.get(fabric))
+
+
+def _link_term(which: str, field: str, unit: str, scale: float) -> Term:
+    return Term(f"{which}_{field}", unit, scale, lambda f: getattr(getattr(f, which), field),
+                lambda f, v: replace(f, **{which: replace(getattr(f, which), **{field: v})}))
+
+
+def _field_term(name: str, field: str, unit: str, scale: float, floor: float = 0.0) -> Term:
+    return Term(name, unit, scale, lambda f: getattr(f, field),
+                lambda f, v: replace(f, **{field: v}), floor)
+
+
+#: Every term :func:`fit` may fit, with its name in a fabric file's ``[model]`` table
+#: (value in ``unit``: the file's number times ``scale`` is the model's SI value).
+TERMS = (
+    _link_term("intra", "latency", "us", 1e-6),
+    _link_term("intra", "bandwidth", "GB/s", 1e9),
+    _link_term("inter", "latency", "us", 1e-6),
+    _link_term("inter", "bandwidth", "GB/s", 1e9),
+    _field_term("node_bandwidth", "node_bandwidth", "GB/s", 1e9),
+    _field_term("copy_bandwidth", "copy_bandwidth", "GB/s", 1e9),
+    _field_term("reduce_bandwidth", "reduce_bandwidth", "GB/s", 1e9),
+    _field_term("step_overhead", "step_overhead", "us", 1e-6),
+    _field_term("call_overhead", "call_overhead", "us", 1e-6),
+    _field_term("cache_speedup", "cache_speedup", "x", 1.0, floor=1.0),
+    _field_term("switch_latency", "switch_latency", "us", 1e-6),
+)
+_BY_NAME = {t.name: t for t in TERMS}
+
+#: starting values for the host terms a spec does not state (SI units)
+_START = {"node_bandwidth": 8e9, "call_overhead": 5e-6, "cache_speedup": 2.0,
+          "switch_latency": 10e-6}
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The result of :func:`fit`: the fitted ``fabric`` (of one rank: give it a shape),
+    the names of the ``measured`` terms and of those ``kept`` at their starting values,
+    and the fit's error over the rows (``log`` ratios: median and worst absolute)."""
+
+    fabric: FabricModel
+    measured: tuple[str, ...]
+    kept: tuple[str, ...]
+    rows: int
+    median_error: float
+    worst_error: float
+
+
+def _residuals(fabric: FabricModel, rows) -> np.ndarray:
+    return np.array([math.log(max(predicted(m, fabric), 1e-12) / m.time) for m in rows])
+
+
+def fit(rows: list[Measurement], start: FabricModel, *, cache_bytes: int = 0,
+        cores_per_node: int = 0, iterations: int = 60) -> Fit:
+    """Fit the terms of ``start`` (links at the spec's line rates) to ``rows``.
+
+    ``cache_bytes`` (the host's last-level cache) and ``cores_per_node`` are facts
+    of the host, not fitted; with them the in-cache speedup and the scheduling wait
+    of oversubscribed nodes are fitted too. Levenberg-Marquardt on ``log(predicted /
+    measured)`` in log space of each term; deterministic for the same rows.
+    """
+    rows = [m for m in rows if m.time > 0]
+    if not rows:
+        raise ValueError("calibration: no measurements to fit")
+    fabric = replace(start, algorithm_factors=(), cache_bytes=int(cache_bytes),
+                     cores_per_node=int(cores_per_node))
+    for name, value in _START.items():
+        term = _BY_NAME[name]
+        if term.value(fabric) <= term.floor:
+            fabric = term.set(fabric, value)
+    free = [t for t in TERMS + _factor_terms(rows) if _informed(t, rows, fabric)]
+    kept = tuple(t.name for t in TERMS if t not in free)
+
+    def build(theta):
+        f = fabric
+        for t, x in zip(free, theta):
+            f = t.set(f, t.floor + math.exp(x))
+        return f
+
+    theta = np.array([math.log(t.value(fabric) - t.floor) for t in free])
+    r = _residuals(build(theta), rows)
+    cost, lam = float(r @ r), 1e-2
+    for _ in range(iterations):
+        jac = np.empty((len(rows), len(free)))
+        for j in range(len(free)):
+            step = np.zeros_like(theta)
+            step[j] = 1e-4
+            jac[:, j] = (_residuals(build(theta + step), rows) - r) / 1e-4
+        g, h = jac.T @ r, jac.T @ jac
+        improved = False
+        for _ in range(8):
+            delta = np.linalg.solve(h + lam * np.diag(np.diag(h) + 1e-9), -g)
+            trial = theta + np.clip(delta, -3.0, 3.0)
+            rt = _residuals(build(trial), rows)
+            if float(rt @ rt) < cost:
+                theta, r, cost, lam, improved = trial, rt, float(rt @ rt), lam / 3, True
+                break
+            lam *= 4
+        if not improved or float(np.abs(delta).max()) < 1e-5:
+            break
+    err = np.abs(r)
+    return Fit(build(theta), tuple(t.name for t in free), kept, len(rows),
+               float(np.median(err)), float(err.max()))
+
+
+def _factor_terms(rows) -> tuple[Term, ...]:
+    """One efficiency factor per operation and algorithm that ran (``"<op>/<algorithm>"``
+    of :attr:`FabricModel.algorithm_factors`): how much slower (or faster) its
+    implementation runs than the schedule its formula describes, at every size."""
+    keys = sorted({f"{m.op.value}/{m.algorithm}" for m in rows})
+
+    def term(key: str) -> Term:
+        def get(f: FabricModel) -> float:
+            return dict(f.algorithm_factors).get(key, 1.0)
+
+        def put(f: FabricModel, v: float) -> FabricModel:
+            factors = dict(f.algorithm_factors)
+            factors[key] = v
+            return replace(f, algorithm_factors=tuple(sorted(factors.items())))
+
+        return Term(f"factor {key}", "x", 1.0, get, put)
+
+    return tuple(term(k) for k in keys)
+
+
+def _informed(term: Term, rows, fabric: FabricModel) -> bool:
+    """Whether some row's predicted time moves when ``term`` does."""
+    value = term.value(fabric)
+    bumped = term.set(fabric, term.floor + (value - term.floor) * 1.5)
+    return any(abs(predicted(m, bumped) - predicted(m, fabric)) > 1e-6 * predicted(m, fabric)
+               for m in rows)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One measurement beside the model's prediction for it."""
+
+    measurement: Measurement
+    predicted: float
+
+    @property
+    def ratio(self) -> float:
+        """predicted / measured."""
+        return self.predicted / self.measurement.time
+
+    def within(self, tolerance: float) -> bool:
+        return abs(self.ratio - 1.0) <= tolerance
+
+    def to_dict(self) -> dict:
+        m = self.measurement
+        return {"op": m.op.value, "ranks": m.ranks, "nodes": m.nodes, "size": m.size,
+                "algorithm": m.algorithm, "api": m.api, "measured_s": m.time,
+                "predicted_s": self.predicted, "ratio": self.ratio}
+
+
+def compare(rows: list[Measurement], fabric: FabricModel) -> list[Comparison]:
+    """Every row beside its prediction on ``fabric``."""
+    return [Comparison(m, predicted(m, fabric)) for m in rows]
+
+
+def _key(term: Term) -> str:
+    """A term's key in a fabric file's ``[model]`` table."""
+    return term.name + {"us": "_us", "GB/s": "_gbs"}.get(term.unit, "")
+
+
+def model_table(result: Fit, *, buffers: str, kinds: tuple[str, str], measured_on: str) -> dict:
+    """The ``[model]`` table of a fabric file for a :class:`Fit` (see
+    :data:`topology.spec.MODEL_KEYS`)."""
+    f = result.fabric
+    table: dict = {"buffers": buffers, "intra_link": kinds[0], "inter_link": kinds[1],
+                   "measured_on": measured_on}
+    for term in TERMS:
+        table[_key(term)] = float(f"{term.value(f) / term.scale:.6g}")
+    table["cache_mib"] = float(f"{f.cache_bytes / (1 << 20):.6g}")
+    table["cores_per_node"] = int(f.cores_per_node)
+    table["factors"] = {k: float(f"{v:.6g}") for k, v in f.algorithm_factors}
+    table["measured"] = sorted(result.measured)
+    table["fit_rows"] = result.rows
+    table["fit_median_error"] = float(f"{result.median_error:.4g}")
+    table["fit_worst_error"] = float(f"{result.worst_error:.4g}")
+    return table
+
+
+def apply_model(fabric: FabricModel, model: dict) -> FabricModel:
+    """``fabric`` (links from a spec's line rates) with the terms of a ``[model]`` table:
+    link classes, latencies, rates, overheads, cache and efficiency factors."""
+    from collectives.topofabric import CHUNK_BYTES
+
+    for which in ("intra", "inter"):
+        kind = model.get(f"{which}_link")
+        link = getattr(fabric, which)
+        if kind and kind != link.kind:
+            link = replace(link, kind=kind, chunk_bytes=CHUNK_BYTES.get(kind, link.chunk_bytes))
+            fabric = replace(fabric, **{which: link})
+    for term in TERMS:
+        if _key(term) in model:
+            fabric = term.set(fabric, float(model[_key(term)]) * term.scale)
+    fabric = replace(fabric, cache_bytes=int(float(model.get("cache_mib", 0)) * (1 << 20)),
+                     cores_per_node=int(model.get("cores_per_node", 0)),
+                     algorithm_factors=tuple(sorted(
+                         (str(k), float(v)) for k, v in model.get("factors", {}).items())))
+    where = f" on {model['measured_on']}" if model.get("measured_on") else ""
+    return replace(fabric, source=f"{fabric.source.split(':')[0]}: {fabric.intra.kind} within "
+                                  f"nodes, {fabric.inter.kind} x{fabric.nics_per_node} between "
+                                  f"nodes (calibrated{where})")
+
+
+def fabric_file(base_text: str, table: dict) -> str:
+    """A fabric spec's text with ``table`` as its ``[model]`` (an old one dropped)."""
+    lines, skip = [], False
+    for line in base_text.splitlines():
+        head = line.strip()
+        if head.startswith("[") and head.endswith("]"):
+            skip = head == "[model]"
+        if not skip:
+            lines.append(line)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    out = lines + ["", "# the cost model's terms, fitted by neocomm simulate calibrate", "[model]"]
+    for key, value in table.items():
+        out.append(f"{key} = {_toml(value)}")
+    return "\n".join(out) + "\n"
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    return repr(value)
+
+
+#: every operation :func:`run_benches` measures by default
+OPS = tuple(op.value for op in CollectiveOp)
+
+
+def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64 << 20,
+                factor: float = 4.0, out_dir: str, device: bool = False, hostfile=None,
+                timeout: float = 600.0, echo=None) -> list[dict]:
+    """Run ``neocomm bench OP --json`` for every op of ``ops`` on every ``(ranks,
+    ranks_per_node)`` of ``layouts`` (nodes emulated on this host unless a
+    ``hostfile`` spreads them), and return the results. ``echo(text)`` hears each
+    command. RuntimeError naming the command and its output's tail when one fails."""
+    import os
+    import shutil
+    import subprocess
+    import json
+
+    exe = shutil.which("neocomm")
+    if exe is None:
+        raise RuntimeError("calibration: the neocomm command is not on PATH (pip install it)")
+    out = []
+    for ranks, per_node in layouts:
+        for op in ops:
+            path = os.path.join(out_dir, f"bench-{ranks}r-{ranks // per_node}n-{op}.json")
+            cmd = [exe, "run", "-n", str(ranks), "--ranks-per-node", str(per_node),
+                   "--timeout", str(int(timeout))]
+            if hostfile:
+                cmd += ["--hostfile", hostfile]
+            cmd += ["--", exe, "bench", op, "-b", str(minbytes), "-e", str(maxbytes),
+                    "-f", str(factor), "--json", path] + (["--device"] if device else [])
+            if echo:
+                echo(" ".join(cmd[1:]).replace(exe, "neocomm"))
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0 or not os.path.exists(path):
+                tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+                raise RuntimeError(f"calibration: `{' '.join(cmd[1:])}` failed (exit "
+                                   f"{done.returncode}): " + " | ".join(tail))
+            with open(path, encoding="utf-8") as fh:
+                out.append(json.load(fh))
+    return out
+
+
+def read_measurements(path: str) -> list[dict]:
+    """The bench results in ``path``: one ``neocomm bench --json`` result, or a file of
+    several (``{"kind": "neocomm-measurements", "runs": [...]}``, as ``neocomm simulate
+    validate --record`` writes). ValueError naming the file otherwise."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON: {exc}") from None
+    if isinstance(data, dict) and data.get("kind") == "neocomm-measurements":
+        runs = data.get("runs")
+        if not isinstance(runs, list) or not runs:
+            raise ValueError(f"{path}: a measurements file without runs")
+        return runs
+    if isinstance(data, dict) and data.get("kind") == "neocomm-bench":
+        return [data]
+    raise ValueError(f"{path}: not a `neocomm bench --json` result nor a measurements file")
+
+
+def measured_kinds(runs: list[dict]) -> tuple[str, str]:
+    """``(intra, inter)`` link classes the runs were measured on (the runtime's own fabric:
+    emulated nodes talk over shared memory). ValueError when runs disagree."""
+    found = set()
+    for run in runs:
+        links = run.get("fabric_links")
+        kinds = (links["intra"], links["inter"]) if isinstance(links, dict) else \
+            link_kinds(run.get("fabric_source", ""))
+        if kinds is None:
+            continue
+        if int(run.get("nodes", 1)) == 1:
+            kinds = (kinds[0], "")
+        found.add(kinds)
+    intra = {k[0] for k in found if k[0]}
+    inter = {k[1] for k in found if k[1]}
+    if len(intra) > 1 or len(inter) > 1:
+        raise ValueError(f"measurements: runs on different fabrics (within nodes: "
+                         f"{sorted(intra)}, between nodes: {sorted(inter)}); calibrate each "
+                         f"fabric on its own")
+    return (intra.pop() if intra else "", inter.pop() if inter else "")
