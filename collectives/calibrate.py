@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from collectives.topofabric import TERMS, Term, apply_model, model_key
 from collectives.types import CollectiveOp, FabricModel
 
 __all__ = ["Measurement", "read_bench", "predicted", "fit", "Fit", "TERMS", "Comparison",
@@ -106,49 +107,6 @@ def predicted(m: Measurement, fabric: FabricModel) -> float:
     return call_seconds(m.op, m.algorithm, request, fab, api=m.api)
 
 
-@dataclass(frozen=True)
-class Term:
-    """One fitted term: its name in fabric files, unit, how to read and set it on a
-    :class:`FabricModel`, and the shift that keeps it positive in log space."""
-
-    name: str
-    unit: str
-    scale: float
-    get: object
-    set: object
-    floor: float = 0.0
-
-    def value(self, fabric: FabricModel) -> float:
-        return float(self.get(fabric))
-
-
-def _link_term(which: str, field: str, unit: str, scale: float) -> Term:
-    return Term(f"{which}_{field}", unit, scale, lambda f: getattr(getattr(f, which), field),
-                lambda f, v: replace(f, **{which: replace(getattr(f, which), **{field: v})}))
-
-
-def _field_term(name: str, field: str, unit: str, scale: float, floor: float = 0.0) -> Term:
-    return Term(name, unit, scale, lambda f: getattr(f, field),
-                lambda f, v: replace(f, **{field: v}), floor)
-
-
-#: Every term :func:`fit` may fit, with its name in a fabric file's ``[model]`` table
-#: (value in ``unit``: the file's number times ``scale`` is the model's SI value).
-TERMS = (
-    _link_term("intra", "latency", "us", 1e-6),
-    _link_term("intra", "bandwidth", "GB/s", 1e9),
-    _link_term("inter", "latency", "us", 1e-6),
-    _link_term("inter", "bandwidth", "GB/s", 1e9),
-    _field_term("node_bandwidth", "node_bandwidth", "GB/s", 1e9),
-    _field_term("copy_bandwidth", "copy_bandwidth", "GB/s", 1e9),
-    _field_term("reduce_bandwidth", "reduce_bandwidth", "GB/s", 1e9),
-    _field_term("step_overhead", "step_overhead", "us", 1e-6),
-    _field_term("call_overhead", "call_overhead", "us", 1e-6),
-    _field_term("cache_speedup", "cache_speedup", "x", 1.0, floor=1.0),
-    _field_term("switch_latency", "switch_latency", "us", 1e-6),
-)
-_BY_NAME = {t.name: t for t in TERMS}
-
 #: starting values for the host terms a spec does not state (SI units)
 _START = {"node_bandwidth": 8e9, "call_overhead": 5e-6, "cache_speedup": 2.0,
           "switch_latency": 10e-6}
@@ -187,7 +145,7 @@ def fit(rows: list[Measurement], start: FabricModel, *, cache_bytes: int = 0,
     fabric = replace(start, algorithm_factors=(), cache_bytes=int(cache_bytes),
                      cores_per_node=int(cores_per_node))
     for name, value in _START.items():
-        term = _BY_NAME[name]
+        term = next(t for t in TERMS if t.name == name)
         if term.value(fabric) <= term.floor:
             fabric = term.set(fabric, value)
     free = [t for t in TERMS + _factor_terms(rows) if _informed(t, rows, fabric)]
@@ -280,11 +238,6 @@ def compare(rows: list[Measurement], fabric: FabricModel) -> list[Comparison]:
     return [Comparison(m, predicted(m, fabric)) for m in rows]
 
 
-def _key(term: Term) -> str:
-    """A term's key in a fabric file's ``[model]`` table."""
-    return term.name + {"us": "_us", "GB/s": "_gbs"}.get(term.unit, "")
-
-
 def model_table(result: Fit, *, buffers: str, kinds: tuple[str, str], measured_on: str) -> dict:
     """The ``[model]`` table of a fabric file for a :class:`Fit` (see
     :data:`topology.spec.MODEL_KEYS`)."""
@@ -292,7 +245,7 @@ def model_table(result: Fit, *, buffers: str, kinds: tuple[str, str], measured_o
     table: dict = {"buffers": buffers, "intra_link": kinds[0], "inter_link": kinds[1],
                    "measured_on": measured_on}
     for term in TERMS:
-        table[_key(term)] = float(f"{term.value(f) / term.scale:.6g}")
+        table[model_key(term)] = float(f"{term.value(f) / term.scale:.6g}")
     table["cache_mib"] = float(f"{f.cache_bytes / (1 << 20):.6g}")
     table["cores_per_node"] = int(f.cores_per_node)
     table["factors"] = {k: float(f"{v:.6g}") for k, v in f.algorithm_factors}
@@ -301,30 +254,6 @@ def model_table(result: Fit, *, buffers: str, kinds: tuple[str, str], measured_o
     table["fit_median_error"] = float(f"{result.median_error:.4g}")
     table["fit_worst_error"] = float(f"{result.worst_error:.4g}")
     return table
-
-
-def apply_model(fabric: FabricModel, model: dict) -> FabricModel:
-    """``fabric`` (links from a spec's line rates) with the terms of a ``[model]`` table:
-    link classes, latencies, rates, overheads, cache and efficiency factors."""
-    from collectives.topofabric import CHUNK_BYTES
-
-    for which in ("intra", "inter"):
-        kind = model.get(f"{which}_link")
-        link = getattr(fabric, which)
-        if kind and kind != link.kind:
-            link = replace(link, kind=kind, chunk_bytes=CHUNK_BYTES.get(kind, link.chunk_bytes))
-            fabric = replace(fabric, **{which: link})
-    for term in TERMS:
-        if _key(term) in model:
-            fabric = term.set(fabric, float(model[_key(term)]) * term.scale)
-    fabric = replace(fabric, cache_bytes=int(float(model.get("cache_mib", 0)) * (1 << 20)),
-                     cores_per_node=int(model.get("cores_per_node", 0)),
-                     algorithm_factors=tuple(sorted(
-                         (str(k), float(v)) for k, v in model.get("factors", {}).items())))
-    where = f" on {model['measured_on']}" if model.get("measured_on") else ""
-    return replace(fabric, source=f"{fabric.source.split(':')[0]}: {fabric.intra.kind} within "
-                                  f"nodes, {fabric.inter.kind} x{fabric.nics_per_node} between "
-                                  f"nodes (calibrated{where})")
 
 
 def fabric_file(base_text: str, table: dict) -> str:
@@ -401,15 +330,9 @@ def read_measurements(path: str) -> list[dict]:
     """The bench results in ``path``: one ``neocomm bench --json`` result, or a file of
     several (``{"kind": "neocomm-measurements", "runs": [...]}``, as ``neocomm simulate
     validate --record`` writes). ValueError naming the file otherwise."""
-    import json
+    from collectives.fabric import read_json
 
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON: {exc}") from None
+    data = read_json(path)
     if isinstance(data, dict) and data.get("kind") == "neocomm-measurements":
         runs = data.get("runs")
         if not isinstance(runs, list) or not runs:

@@ -17,7 +17,7 @@ from collectives import settings
 from collectives.types import FabricModel, Layout
 
 __all__ = ["Layout", "layout_of", "fabric_for", "load_calibration", "save_calibration",
-           "apply_calibration"]
+           "apply_calibration", "read_json"]
 
 _log = logging.getLogger(__name__)
 
@@ -46,7 +46,8 @@ def fabric_for(group, device: bool = False, first: str = "") -> FabricModel:
     fabric = _links_from_topology(state, device, first) or FabricModel()
     fabric = fabric.with_shape(layout.ranks_per_node, layout.num_nodes)
     if path:
-        fabric = apply_calibration(fabric, load_calibration(path), f"NEOCOMM_CALIBRATION={path}")
+        fabric = apply_calibration(fabric, load_calibration(path),
+                                   f"NEOCOMM_CALIBRATION={path}")
     state.fabrics[key] = fabric
     return fabric
 
@@ -78,15 +79,21 @@ def _links_from_topology(state, device: bool, first: str = "") -> FabricModel | 
     return fabric_from_topology(cluster, device=device)
 
 
-def load_calibration(path: str) -> dict:
-    """Read a calibration JSON; ValueError naming the file when it is not one."""
+def read_json(path: str, where: str = ""):
+    """The JSON in ``path``; ValueError (prefixed ``where``) naming the file when it cannot
+    be read or is not JSON."""
     try:
         with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+            return json.load(fh)
     except OSError as exc:
-        raise ValueError(f"NEOCOMM_CALIBRATION: cannot read {path!r}: {exc}") from None
+        raise ValueError(f"{where}cannot read {path!r}: {exc}") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"NEOCOMM_CALIBRATION: {path!r} is not JSON: {exc}") from None
+        raise ValueError(f"{where}{path!r} is not JSON: {exc}") from None
+
+
+def load_calibration(path: str) -> dict:
+    """Read a calibration JSON; ValueError naming the file when it is not one."""
+    data = read_json(path, "NEOCOMM_CALIBRATION: ")
     if not isinstance(data, dict) or data.get("kind") != "neocomm-calibration":
         raise ValueError(f"NEOCOMM_CALIBRATION: {path!r} is not a neocomm calibration file "
                          "(write one with `neocomm bench --calibrate FILE`)")

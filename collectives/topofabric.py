@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import dataclass, replace
 
 from collectives.types import (DEFAULT_COPY_BANDWIDTH, DEFAULT_REDUCE_BANDWIDTH, FabricModel,
                                Link)
 
 __all__ = ["fabric_from_topology", "fabric_from_spec", "spec_links", "discover_group_topology",
-           "CHUNK_BYTES"]
+           "CHUNK_BYTES", "TERMS", "Term", "apply_model", "model_key"]
 
 _log = logging.getLogger(__name__)
 
@@ -111,8 +112,6 @@ def spec_links(spec, *, device: bool) -> FabricModel:
                                 f"{kind.value} x{nics} between nodes (line rates)")
     model = dict(spec.model)
     if model and model.get("buffers") == ("device" if device else "host"):
-        from collectives.calibrate import apply_model
-
         fabric = apply_model(fabric, model)
     return fabric
 
@@ -175,3 +174,76 @@ def discover_group_topology(group):
         except (TopologyError, ValueError) as exc:
             _log.info("topology discovery failed (%s); using the default fabric model", exc)
             return None
+
+
+@dataclass(frozen=True)
+class Term:
+    """One fitted term: its name in fabric files, unit, how to read and set it on a
+    :class:`FabricModel`, and the shift that keeps it positive in log space."""
+
+    name: str
+    unit: str
+    scale: float
+    get: object
+    set: object
+    floor: float = 0.0
+
+    def value(self, fabric: FabricModel) -> float:
+        return float(self.get(fabric))
+
+
+def _link_term(which: str, field: str, unit: str, scale: float) -> Term:
+    return Term(f"{which}_{field}", unit, scale, lambda f: getattr(getattr(f, which), field),
+                lambda f, v: replace(f, **{which: replace(getattr(f, which), **{field: v})}))
+
+
+def _field_term(name: str, field: str, unit: str, scale: float, floor: float = 0.0) -> Term:
+    return Term(name, unit, scale, lambda f: getattr(f, field),
+                lambda f, v: replace(f, **{field: v}), floor)
+
+
+#: Every term :func:`fit` may fit, with its name in a fabric file's ``[model]`` table
+#: (value in ``unit``: the file's number times ``scale`` is the model's SI value).
+TERMS = (
+    _link_term("intra", "latency", "us", 1e-6),
+    _link_term("intra", "bandwidth", "GB/s", 1e9),
+    _link_term("inter", "latency", "us", 1e-6),
+    _link_term("inter", "bandwidth", "GB/s", 1e9),
+    _field_term("node_bandwidth", "node_bandwidth", "GB/s", 1e9),
+    _field_term("copy_bandwidth", "copy_bandwidth", "GB/s", 1e9),
+    _field_term("reduce_bandwidth", "reduce_bandwidth", "GB/s", 1e9),
+    _field_term("step_overhead", "step_overhead", "us", 1e-6),
+    _field_term("call_overhead", "call_overhead", "us", 1e-6),
+    _field_term("cache_speedup", "cache_speedup", "x", 1.0, floor=1.0),
+    _field_term("switch_latency", "switch_latency", "us", 1e-6),
+)
+
+
+def model_key(term: Term) -> str:
+    """A term's key in a fabric file's ``[model]`` table."""
+    return term.name + {"us": "_us", "GB/s": "_gbs"}.get(term.unit, "")
+
+
+def apply_model(fabric: FabricModel, model: dict) -> FabricModel:
+    """``fabric`` (links from a spec's line rates) with the terms of a ``[model]`` table:
+    link classes, latencies, rates, overheads, cache and efficiency factors. A link of
+    another class than the spec's (the shared memory between nodes emulated on one host)
+    takes the chunk size of the spec's link of that class."""
+    for which in ("intra", "inter"):
+        kind = model.get(f"{which}_link")
+        link = getattr(fabric, which)
+        if kind and kind != link.kind:
+            same = fabric.intra if fabric.intra.kind == kind else link
+            fabric = replace(fabric, **{which: replace(link, kind=kind,
+                                                       chunk_bytes=same.chunk_bytes)})
+    for term in TERMS:
+        if model_key(term) in model:
+            fabric = term.set(fabric, float(model[model_key(term)]) * term.scale)
+    fabric = replace(fabric, cache_bytes=int(float(model.get("cache_mib", 0)) * (1 << 20)),
+                     cores_per_node=int(model.get("cores_per_node", 0)),
+                     algorithm_factors=tuple(sorted(
+                         (str(k), float(v)) for k, v in model.get("factors", {}).items())))
+    where = f" on {model['measured_on']}" if model.get("measured_on") else ""
+    return replace(fabric, source=f"{fabric.source.split(':')[0]}: {fabric.intra.kind} within "
+                                  f"nodes, {fabric.inter.kind} x{fabric.nics_per_node} between "
+                                  f"nodes (calibrated{where})")
