@@ -24,11 +24,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from collectives.topofabric import TERMS, Term, apply_model, model_key
+from collectives.topofabric import TERMS, Term, model_key
 from collectives.types import CollectiveOp, FabricModel
 
 __all__ = ["Measurement", "read_bench", "predicted", "fit", "Fit", "TERMS", "Comparison",
-           "compare", "link_kinds", "model_table", "apply_model", "fabric_file"]
+           "compare", "link_kinds", "model_table", "fabric_file"]
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,6 @@ class Measurement:
     def nodes(self) -> int:
         return self.ranks // self.ranks_per_node
 
-    @property
-    def layout(self) -> str:
-        return f"{self.ranks} ranks, {self.nodes} node(s)"
-
 
 def link_kinds(source: str) -> tuple[str, str] | None:
     """``(intra, inter)`` link classes named by a fabric's ``source`` text ("... X within
@@ -65,6 +61,15 @@ def link_kinds(source: str) -> tuple[str, str] | None:
 
     m = re.search(r"(\w+) within nodes, (\w+) x\d+ between nodes", source or "")
     return (m.group(1), m.group(2)) if m else None
+
+
+def _run_kinds(run: dict) -> tuple[str, str] | None:
+    """``(intra, inter)`` link classes of the fabric one bench run was measured on: its
+    ``fabric_links``, or what its ``fabric_source`` names (results of older versions)."""
+    links = run.get("fabric_links")
+    if isinstance(links, dict):
+        return links.get("intra", ""), links.get("inter", "")
+    return link_kinds(run.get("fabric_source", ""))
 
 
 def read_bench(data: dict, where: str = "bench JSON") -> list[Measurement]:
@@ -80,9 +85,7 @@ def read_bench(data: dict, where: str = "bench JSON") -> list[Measurement]:
     op = CollectiveOp.parse(data["op"])
     itemsize = 2 if data.get("dtype") in ("float16", "bfloat16") else \
         int(np.dtype(data.get("dtype", "float32")).itemsize)
-    links = data.get("fabric_links")
-    kinds = (links.get("intra"), links.get("inter")) if isinstance(links, dict) else \
-        link_kinds(data.get("fabric_source", ""))
+    kinds = _run_kinds(data)
     emulated = int(data.get("nodes", 1)) > 1 and bool(kinds) and kinds[1] == "shm"
     out = []
     for row in data.get("rows", []):
@@ -207,8 +210,11 @@ def _informed(term: Term, rows, fabric: FabricModel) -> bool:
     """Whether some row's predicted time moves when ``term`` does."""
     value = term.value(fabric)
     bumped = term.set(fabric, term.floor + (value - term.floor) * 1.5)
-    return any(abs(predicted(m, bumped) - predicted(m, fabric)) > 1e-6 * predicted(m, fabric)
-               for m in rows)
+    for m in rows:
+        before = predicted(m, fabric)
+        if abs(predicted(m, bumped) - before) > 1e-6 * before:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -348,9 +354,7 @@ def measured_kinds(runs: list[dict]) -> tuple[str, str]:
     emulated nodes talk over shared memory). ValueError when runs disagree."""
     found = set()
     for run in runs:
-        links = run.get("fabric_links")
-        kinds = (links["intra"], links["inter"]) if isinstance(links, dict) else \
-            link_kinds(run.get("fabric_source", ""))
+        kinds = _run_kinds(run)
         if kinds is None:
             continue
         if int(run.get("nodes", 1)) == 1:

@@ -120,8 +120,8 @@ class FabricModel:
     concurrent flows gets at most ``node_bandwidth / f``); ``cache_bytes`` and
     ``cache_speedup``: when a call's working set on a node (every rank's send and
     receive buffers) fits in ``cache_bytes``, local rates (shared-memory links,
-    copies, reductions) are ``cache_speedup`` times faster, and in proportion
-    when part of it fits; ``cores_per_node``: with more ranks than cores on a
+    copies, reductions) are ``cache_speedup`` times faster (a larger one gets no
+    speedup: see :meth:`cache_factor`); ``cores_per_node``: with more ranks than cores on a
     node, every step waits ``switch_latency`` more for its peer to be scheduled,
     and software overheads stretch by ranks / cores. :meth:`effective` applies them
     to one request.

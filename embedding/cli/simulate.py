@@ -278,13 +278,7 @@ def _step(args) -> int:
 
 
 def _scale(args) -> int:
-    try:
-        counts = [int(x) for x in str(args.ranks).split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--ranks: expected rank counts like 8,16,32, got {args.ranks!r}") \
-            from None
-    if not counts or min(counts) < 1:
-        raise ValueError(f"--ranks: expected positive rank counts, got {args.ranks!r}")
+    counts = _counts(args.ranks, "--ranks", "rank counts like 8,16,32")
     job = _Job(args)
     first = counts[0]
     rows = []
@@ -427,13 +421,14 @@ def _plot(path: str, op, fabric, name: str, table) -> None:
     plt.close(fig)
 
 
-def _counts(text: str, what: str) -> list[int]:
+def _counts(text: str, what: str, expected: str) -> list[int]:
+    """Positive counts written comma-separated; ValueError naming ``what`` otherwise."""
     try:
         counts = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
         counts = []
     if not counts or min(counts) < 1:
-        raise ValueError(f"{what}: expected positive counts like 2,4, got {text!r}")
+        raise ValueError(f"{what}: expected {expected}, got {text!r}")
     return counts
 
 
@@ -447,8 +442,9 @@ def _measurements(args) -> list[dict]:
     if args.bench:
         runs = [run for path in args.bench for run in read_measurements(path)]
     else:
-        layouts = [(r, r // n) for r in _counts(args.ranks, "--ranks")
-                   for n in _counts(args.nodes, "--nodes") if r % n == 0 and n <= r]
+        layouts = [(r, r // n) for r in _counts(args.ranks, "--ranks", "rank counts like 2,4")
+                   for n in _counts(args.nodes, "--nodes", "node counts like 1,2")
+                   if r % n == 0 and n <= r]
         if not layouts:
             raise ValueError(f"--ranks {args.ranks} --nodes {args.nodes}: no rank count "
                              f"splits evenly over those nodes")
@@ -496,7 +492,7 @@ def _calibrate(args) -> int:
     import time
 
     from collectives.calibrate import OPS, fabric_file, fit, measured_kinds, model_table
-    from collectives.topofabric import spec_links
+    from collectives.topofabric import TERMS, model_key, spec_links
     from topology.spec import PRESETS_DIR, load_spec, preset_names
     from topology.sysfs import probe_cache_bytes
 
@@ -530,14 +526,13 @@ def _calibrate(args) -> int:
           f"{len(OPS)} collectives; {', '.join(f'{r}x{n}' for r, n in layouts)} ranks x "
           f"nodes) fitted to fabric {spec.name!r}")
     print(f"# {'term':<34} {'value':>12}  from")
-    kept = set(result.kept)
+    kept = {model_key(t) for t in TERMS if t.name in result.kept}
     for key, value in table.items():
-        term = key.removesuffix("_us").removesuffix("_gbs")
         if key in ("buffers", "measured_on", "measured", "factors") or key.startswith("fit_"):
             continue
         origin = "host (read)" if key in ("cache_mib", "cores_per_node") else \
             "link class" if key.endswith("_link") else \
-            "fabric spec (no measurement depends on it)" if term in kept else "measured"
+            "fabric spec (no measurement depends on it)" if key in kept else "measured"
         print(f"  {key:<34} {value!s:>12}  {origin}")
     for key, value in table["factors"].items():
         print(f"  {'factor ' + key:<34} {value:>12}  measured")

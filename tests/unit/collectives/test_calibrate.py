@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from collectives.calibrate import (Measurement, apply_model, compare, fit, measured_kinds,
-                                   predicted, read_bench, read_measurements)
+from collectives.calibrate import (Measurement, compare, fit, measured_kinds, predicted,
+                                   read_bench, read_measurements)
 from collectives.fabric import apply_calibration
 from collectives.simulate import bench_request
-from collectives.topofabric import spec_links
+from collectives.topofabric import apply_model, spec_links
 from collectives.types import CollectiveOp, FabricModel, Link, Request
 from neocomm.cli import main
 from topology.spec import SpecError, load_spec, parse_spec
