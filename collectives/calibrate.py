@@ -104,8 +104,8 @@ def predicted(m: Measurement, fabric: FabricModel) -> float:
     from collectives.simulate import bench_request
 
     fab = fabric.with_shape(m.ranks_per_node, m.nodes)
-    if m.emulated and fab.cores_per_node:  # the emulated nodes share the host's cores
-        fab = replace(fab, cores_per_node=max(1, fab.cores_per_node // m.nodes))
+    if m.emulated:
+        fab = fab.emulated()
     request = bench_request(m.op, m.size, m.itemsize, m.ranks, device=m.device, root=m.root)
     return call_seconds(m.op, m.algorithm, request, fab, api=m.api)
 

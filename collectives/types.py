@@ -234,6 +234,13 @@ class FabricModel:
                        call_overhead=self.call_overhead * over,
                        cache_speedup=1.0, cores_per_node=0)
 
+    def emulated(self) -> "FabricModel":
+        """This fabric with all its nodes emulated on one host, whose ``cores_per_node``
+        cores they share (each node gets its part)."""
+        if not self.cores_per_node:
+            return self
+        return replace(self, cores_per_node=max(1, self.cores_per_node // self.nodes))
+
     def with_shape(self, ranks_per_node: int, nodes: int) -> "FabricModel":
         """The same links for a group of another shape."""
         return replace(self, ranks_per_node=int(ranks_per_node), nodes=int(nodes))

@@ -26,14 +26,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from collectives.cost import estimate
-from collectives.types import CollectiveOp
+from collectives.types import CollectiveOp, Request
 from embedding.dense.types import DenseConfig, DenseOptimizerKind
 from embedding.planner.estimate import CostModel, Scope
 from embedding.planner.types import STEP_PARTS, Hardware, PlanReport
 from embedding.types import ShardingType
 
 __all__ = ["StepEstimate", "estimate_step", "dense_flops_per_sample", "measure_flop_rate",
-           "STEP_PARTS"]
+           "PARTS"]
+
+#: the parts of a predicted step: reading the batch (measured on CPU fabrics only, where
+#: the reader shares the rank's core), then the planner's parts
+PARTS = ("data",) + STEP_PARTS
 
 #: bytes one dense parameter streams per optimizer step (float32): parameter and gradient
 #: read, parameter written, plus each state array read and written
@@ -92,12 +96,22 @@ class StepEstimate:
                 "bound": self.bound}
 
 
+def _call_overhead(fabric, op: CollectiveOp) -> float:
+    """The fabric's fixed cost of one API call of ``op`` (calibrated fabrics; 0 otherwise),
+    as :func:`collectives.cost.call_seconds` charges it."""
+    return fabric.effective(Request(op, 0, 4, fabric.size)).call_overhead
+
+
 def estimate_step(report: PlanReport, hardware: Hardware, dense: DenseConfig,
                   global_batch: int, *, flop_rate: float,
                   optimizer: DenseOptimizerKind = DenseOptimizerKind.SGD,
-                  overlap: bool = True) -> StepEstimate:
+                  overlap: bool = True,
+                  profile: dict[int, dict[str, float]] | None = None) -> StepEstimate:
     """The step of ``report``'s plan on ``hardware`` (module doc). ``flop_rate``: the dense
-    compute's floating-point operations per second on one rank."""
+    compute's floating-point operations per second on one rank. ``profile``: per rank,
+    the seconds of each compute part measured on this host (:func:`embedding.profile.
+    profile_step`, which runs them beside the job's other ranks on a host); they replace the
+    priced lookups, dense and optimizer."""
     if not flop_rate > 0:
         raise ValueError(f"flop_rate: expected operations per second > 0, got {flop_rate}")
     cost = CostModel(hardware)
@@ -105,42 +119,50 @@ def estimate_step(report: PlanReport, hardware: Hardware, dense: DenseConfig,
     w = hardware.world_size
     local = global_batch / w
     kinds = {t.sharding for t in report.tables}
-    latency = {"input_dist": 0.0, "output_dist": 0.0, "emb_backward": 0.0, "grad_sync": 0.0}
+    latency = {"input_dist": 0.0, "output_dist": 0.0, "emb_backward": 0.0}
     for kind in kinds:
         for part, (op, scope) in zip(("input_dist", "output_dist", "emb_backward"),
                                      _CALLS.get(kind, ())):
-            latency[part] += cost.latency(op, scope)
+            latency[part] += cost.latency(op, scope) + _call_overhead(fabric, op)
     dense_bytes = dense.num_parameters * 4
     common = {
-        "dense": 3.0 * local * dense_flops_per_sample(dense) / flop_rate,
-        "sync": estimate(_AR, 16, fabric) if w > 1 else 0.0,
-        "grad_sync": (cost.seconds(_AR, _W, dense_bytes) + cost.latency(_AR, _W)) if w > 1
-        else 0.0,
-        "optimizer": dense.num_parameters * _OPTIMIZER_BYTES[optimizer] / hardware.lookup_rate,
+        "sync": estimate(_AR, 16, fabric) + _call_overhead(fabric, _AR) if w > 1 else 0.0,
+        "grad_sync": (cost.seconds(_AR, _W, dense_bytes) + cost.latency(_AR, _W) +
+                      _call_overhead(fabric, _AR)) if w > 1 else 0.0,
     }
+    if profile is None:
+        common["dense"] = 3.0 * local * dense_flops_per_sample(dense) / flop_rate
+        common["optimizer"] = (dense.num_parameters * _OPTIMIZER_BYTES[optimizer] /
+                               hardware.lookup_rate)
     best = None
     for rank in report.ranks:
-        raw = {p: 0.0 for p in STEP_PARTS}
+        raw = {p: 0.0 for p in PARTS}
         for part, secs in rank.parts:
             raw[part] += secs
-        for part, secs in latency.items():
-            raw[part] += secs
-        for part, secs in common.items():
-            raw[part] += secs
-        hidden = {p: 0.0 for p in STEP_PARTS}
+        if profile is not None:  # the measured compute replaces the priced lookups
+            update = rank.lookup_seconds - raw["lookup"]
+            raw["emb_backward"] = max(0.0, raw["emb_backward"] - update)
+            raw["lookup"] = 0.0
+            for part, secs in profile[rank.rank].items():
+                raw[part] += secs
+        for table in (latency, common):
+            for part, secs in table.items():
+                raw[part] += secs
+        hidden = {p: 0.0 for p in PARTS}
         if overlap:
             backward = raw["dense"] * 2.0 / 3.0
             hidden["grad_sync"] = min(raw["grad_sync"], backward)
             behind = raw["dense"] + raw["sync"] + raw["emb_backward"] + \
                 (raw["grad_sync"] - hidden["grad_sync"]) + raw["optimizer"]
-            hidden["input_dist"] = min(raw["input_dist"], behind)
-        visible = {p: raw[p] - hidden[p] for p in STEP_PARTS}
+            own = profile[rank.rank]["input_dist"] if profile is not None else 0.0
+            hidden["input_dist"] = min(raw["input_dist"] - own, behind)
+        visible = {p: raw[p] - hidden[p] for p in PARTS}
         total = sum(visible.values())
         if best is None or total > best[0]:
             best = (total, rank.rank, visible, hidden)
     total, slowest, visible, hidden = best
-    return StepEstimate(tuple((p, visible[p]) for p in STEP_PARTS),
-                        tuple((p, hidden[p]) for p in STEP_PARTS), total, int(global_batch),
+    return StepEstimate(tuple((p, visible[p]) for p in PARTS),
+                        tuple((p, hidden[p]) for p in PARTS), total, int(global_batch),
                         slowest)
 
 

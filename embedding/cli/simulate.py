@@ -109,6 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             q.add_argument("--tolerance", type=float, default=0.25,
                            help="largest |predicted / measured - 1| that passes, default 0.25")
+            q.add_argument("--step", action="store_true",
+                           help="validate the training step instead: neocomm train's measured "
+                           "step time beside simulate step's prediction, per layout")
+            q.add_argument("--config", metavar="TRAIN.toml", default=None,
+                           help="with --step: the training config (default: the built-in one)")
+            q.add_argument("--steps", type=positive_int, default=300,
+                           help="with --step: steps each training run makes (default 300)")
             q.add_argument("--json", metavar="FILE", default=None,
                            help="write every comparison as JSON")
     p = sub.add_parser("collective", help="predicted time, algbw and busbw of every algorithm "
@@ -190,16 +197,24 @@ class _Job:
                 from None
         self.flops, self.flops_source = self._dense_rate()
 
-    def step(self, ranks: int, batch: int):
-        """``(StepEstimate, PlanReport, Hardware)`` of ``ranks`` ranks at global ``batch``."""
+    def step(self, ranks: int, batch: int, *, nodes: int | None = None,
+             emulated: bool = False, profile: dict | None = None):
+        """``(StepEstimate, PlanReport, Hardware)`` of ``ranks`` ranks at global ``batch``,
+        on ``nodes`` nodes (default: ``--ranks-per-node``, else the fabric's GPUs per node);
+        ``emulated``: the nodes share this host (its cores and its threads); ``profile``:
+        the compute measured earlier (else measured now on fabrics without GPUs; kept in
+        :attr:`last_profile`)."""
         import dataclasses
 
         from embedding.simulate import estimate_step
         from embedding.train import ConfigError
         from embedding.train.setup import plan_for
 
-        rpn = self.args.ranks_per_node or max(1, min(self.target.devices_per_host, ranks))
-        if ranks % rpn:
+        if nodes:
+            rpn = ranks // nodes
+        else:
+            rpn = self.args.ranks_per_node or max(1, min(self.target.devices_per_host, ranks))
+        if ranks % rpn or not rpn:
             raise ValueError(f"--ranks-per-node: {rpn} does not divide {ranks} ranks")
         if batch % ranks:
             raise ValueError(f"batch size: {batch} samples do not split over {ranks} ranks")
@@ -215,9 +230,19 @@ class _Job:
                                                memory=self.args.memory)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+        if self.profiled:
+            from embedding.profile import profile_step
+
+            if emulated:
+                hardware = dataclasses.replace(hardware, fabric=hardware.fabric.emulated())
+            if profile is None:
+                profile = profile_step(cfg, self.data, self.tables, report.plan, batch,
+                                       ranks_on_host=ranks if emulated else rpn)
+        self.last_profile = profile or {}
         est = estimate_step(report, hardware, self.dense, batch, flop_rate=self.flops,
                             optimizer=self.cfg.dense_optimizer.kind,
-                            overlap=not self.args.no_overlap and self.cfg.train.overlap)
+                            overlap=not self.args.no_overlap and self.cfg.train.overlap,
+                            profile=profile)
         return est, report, hardware
 
     def _given_plan(self, cfg, path: str, ranks: int, rpn: int):
@@ -237,14 +262,19 @@ class _Job:
             raise ValueError(f"--plan: {path}: {exc}") from None
 
     def _dense_rate(self) -> tuple[float, str]:
-        """``(dense FLOP/s per rank, where the figure comes from)``."""
+        """``(dense FLOP/s per rank, where the figure comes from)``; on a fabric without
+        GPUs (and no ``--flops``), the step's compute is measured instead
+        (:mod:`embedding.profile`) and :attr:`profiled` is set."""
+        self.profiled = False
         if self.args.flops:
             return float(self.args.flops), "given (--flops)"
         if self.target.flop_rate:
             return self.target.flop_rate, "the GPU's peak FP32"
         from embedding.simulate import measure_flop_rate
 
-        return measure_flop_rate(), "a float32 matrix product measured on this host"
+        self.profiled = True
+        return measure_flop_rate(), ("a float32 matrix product measured on this host; "
+                                     "the compute parts are the trainer's own, measured here")
 
 
 def _ms(x: float) -> str:
@@ -442,12 +472,7 @@ def _measurements(args) -> list[dict]:
     if args.bench:
         runs = [run for path in args.bench for run in read_measurements(path)]
     else:
-        layouts = [(r, r // n) for r in _counts(args.ranks, "--ranks", "rank counts like 2,4")
-                   for n in _counts(args.nodes, "--nodes", "node counts like 1,2")
-                   if r % n == 0 and n <= r]
-        if not layouts:
-            raise ValueError(f"--ranks {args.ranks} --nodes {args.nodes}: no rank count "
-                             f"splits evenly over those nodes")
+        layouts = _layouts(args)
         with tempfile.TemporaryDirectory(prefix="neocomm-calibrate-") as where:
             try:
                 runs = run_benches(layouts, minbytes=args.minbytes, maxbytes=args.maxbytes,
@@ -544,6 +569,8 @@ def _calibrate(args) -> int:
 
 
 def _validate(args) -> int:
+    if args.step:
+        return _validate_step(args)
     from collectives.calibrate import compare, measured_kinds
     from collectives.topofabric import spec_links
     from topology.spec import load_spec
@@ -583,3 +610,89 @@ def _validate(args) -> int:
                           "tolerance": args.tolerance, "within": inside,
                           "rows": [c.to_dict() for c in table]})
     return 0 if inside == len(table) else 1
+
+
+def _layouts(args) -> list[tuple[int, int]]:
+    """``(ranks, ranks per node)`` of every ``--ranks`` x ``--nodes`` that splits evenly."""
+    layouts = [(r, r // n) for r in _counts(args.ranks, "--ranks", "rank counts like 2,4")
+               for n in _counts(args.nodes, "--nodes", "node counts like 1,2")
+               if r % n == 0 and n <= r]
+    if not layouts:
+        raise ValueError(f"--ranks {args.ranks} --nodes {args.nodes}: no rank count splits "
+                         f"evenly over those nodes")
+    return layouts
+
+
+def _training_runs(args) -> list[dict]:
+    """The training runs of ``--bench`` files (``--record`` of an earlier ``validate
+    --step``), or runs made here now, each with the profile of its compute taken beside it;
+    saved to ``--record`` when asked."""
+    import tempfile
+
+    from collectives.fabric import read_json
+    from embedding.profile import STEP_KIND, run_training
+
+    if args.bench:
+        runs = []
+        for path in args.bench:
+            data = read_json(path)
+            if not isinstance(data, dict) or data.get("kind") != STEP_KIND:
+                raise ValueError(f"--bench {path}: expected the training runs that "
+                                 f"`neocomm simulate validate --step --record` writes")
+            runs += data["runs"]
+        return runs
+    with tempfile.TemporaryDirectory(prefix="neocomm-validate-") as tmp:
+        try:
+            return run_training(_layouts(args), config=args.config, steps=args.steps,
+                                out_dir=tmp, hostfile=args.hostfile,
+                                echo=lambda c: print(f"# running: {c}", flush=True))
+        except RuntimeError as exc:
+            raise ValueError(str(exc)) from None
+
+
+def _validate_step(args) -> int:
+    import platform
+
+    from embedding.profile import STEP_KIND
+
+    if not 0 < args.tolerance < 10:
+        raise ValueError(f"--tolerance: expected a fraction like 0.25, got {args.tolerance}")
+    args.flops = None
+    args.ranks_per_node = args.memory = args.plan = args.batch_size = None
+    args.no_overlap = False
+    job = _Job(args)
+    if not job.profiled:
+        raise ValueError(f"--fabric {args.fabric}: the step is validated on the machine at "
+                         f"hand, a fabric without GPUs (cpu-host or its calibration)")
+    runs = _training_runs(args)
+    print(f"# neocomm simulate validate --step: {args.config or 'the default config'} on "
+          f"fabric {args.fabric!r}; pass: |predicted / measured - 1| <= {args.tolerance:.0%}")
+    print(f"# {'ranks':>5} {'nodes':>5} {'measured ms':>12} {'predicted ms':>12} {'ratio':>6}"
+          f"   parts (measured / predicted ms)")
+    rows, inside = [], 0
+    for run in runs:
+        profile = run.get("profile")
+        if profile is not None:
+            profile = {int(r): p for r, p in profile.items()}
+        est, _, _ = job.step(run["ranks"], job.batch, nodes=run["nodes"],
+                             emulated=run.get("emulated", True), profile=profile)
+        measured = run["median_step_ms"] / 1e3
+        ratio = est.step_seconds / measured
+        ok = abs(ratio - 1.0) <= args.tolerance
+        inside += ok
+        phases = run["median_phases_ms"]
+        detail = " ".join(f"{p} {phases.get(p, 0.0):.1f}/{t * 1e3:.1f}" for p, t in est.parts
+                          if phases.get(p, 0.0) >= 0.05 or t >= 5e-5)
+        print(f"  {run['ranks']:>5} {run['nodes']:>5} {measured * 1e3:>12.2f} "
+              f"{est.step_seconds * 1e3:>12.2f} {ratio:>6.2f}   {detail}"
+              + ("" if ok else "  off"))
+        run = dict(run, profile={str(r): p for r, p in job.last_profile.items()})
+        rows.append({"run": run, "predicted": est.to_dict(), "ratio": ratio})
+    print(f"# within {args.tolerance:.0%}: {inside} of {len(runs)} layouts")
+    if args.record:
+        _dump(args.record, {"kind": STEP_KIND, "host": platform.node(),
+                            "runs": [r["run"] for r in rows]})
+    if args.json:
+        _dump(args.json, {"kind": "neocomm-simulate-validate-step", "fabric": args.fabric,
+                          "tolerance": args.tolerance, "within": inside, "rows": rows})
+    return 0 if inside == len(runs) else 1

@@ -138,6 +138,7 @@ def score(choices: Sequence[Candidate], ranks: Sequence[Sequence[int]], hardware
     seconds = [fixed] * W
     mem = [MemoryEstimate(buffers=spread_m)] * W
     count = [0] * W
+    compute = [0.0] * W
     shared = [item for c in choices for item in c.spread_parts]  # every rank's own traffic
     parts = [list(shared) for _ in range(W)]
     tables, plans = [], []
@@ -147,13 +148,15 @@ def score(choices: Sequence[Candidate], ranks: Sequence[Sequence[int]], hardware
             seconds[r] += s.seconds
             mem[r] = mem[r] + s.memory
             count[r] += 1
+            compute[r] += s.lookup_seconds
             parts[r].extend(s.parts)
             shards.append(Shard(r, s.row_offset, s.num_rows, s.col_offset, s.num_cols))
         plans.append(TablePlan(c.table, c.sharding, tuple(shards)))
         tables.append(TableReport(c.table, c.sharding, c.describe(), tuple(sorted(set(rs))),
                                   sum(s.memory.total for s in c.shards), c.seconds))
     plan = ShardingPlan(W, hardware.ranks_per_node, tuple(plans))
-    per_rank = tuple(RankReport(r, mem[r], seconds[r], count[r], sum_parts(parts[r]))
+    per_rank = tuple(RankReport(r, mem[r], seconds[r], count[r], sum_parts(parts[r]),
+                                compute[r])
                      for r in range(W))
     return PlanReport(plan, method, per_rank, tuple(tables), hardware.usable_memory,
                       tuple(alternatives))

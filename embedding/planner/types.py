@@ -262,13 +262,16 @@ class Candidate:
 @dataclass(frozen=True)
 class RankReport:
     """Estimated load of one rank under a plan; ``parts`` the bandwidth and lookup time of
-    each training-step part (:data:`STEP_PARTS`; collective latencies not included)."""
+    each training-step part (:data:`STEP_PARTS`; collective latencies not included);
+    ``lookup_seconds`` the part of them that is the rank's own lookups and fused updates
+    (the rest moves bytes between ranks)."""
 
     rank: int
     memory: MemoryEstimate
     seconds: float
     shards: int
     parts: tuple[tuple[str, float], ...] = ()
+    lookup_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
