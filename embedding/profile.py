@@ -17,7 +17,8 @@ only the collectives with the calibrated link model:
   table and scaled by the share of the table's lookups it serves.
 
 Each rank runs as many threads as the job's ranks would (this host's cores
-over the ranks on it). :func:`profile_step` returns the seconds per step of
+over the ranks on it), beside co-running trainers that fill the host's other
+cores as the job's other ranks would. :func:`profile_step` returns the seconds per step of
 each part, per rank.
 """
 from __future__ import annotations
@@ -211,18 +212,25 @@ def profile_step(cfg, data, tables, plan, global_batch: int, *, ranks_on_host: i
     """``{rank: {part: seconds per step}}`` of ``plan``'s ranks, measured here (module doc).
 
     ``ranks_on_host``: the job's ranks on one host. They share its cores, caches
-    and memory, so the measurement runs beside ``ranks_on_host - 1`` copies of the
-    trainer (processes of their own, each a world of one, started first and
-    stopped after), with the threads per rank the trainer would take
-    (``train.threads`` when given). Ranks that hold the same shares are measured
-    once.
+    and memory, so the measurement runs beside as many copies of the trainer
+    (processes of their own, each a world of one, started first and stopped
+    after) as fill the host's cores, with the threads per rank the trainer would
+    take (``train.threads`` when given); with more ranks than cores, the ranks
+    take turns and every part stretches by ranks over cores. Ranks that hold the
+    same shares are measured once.
     """
     if global_batch % plan.world_size:
         raise ValueError(f"batch size: {global_batch} samples do not split over "
                          f"{plan.world_size} ranks")
+    from embedding.train.threads import default_threads
+
     threads = _threads(ranks_on_host, cfg.train.threads)
-    with _co_runners(cfg, global_batch // plan.world_size, threads, ranks_on_host - 1):
-        return _profile(cfg, data, tables, plan, global_batch, threads, steps, warmup)
+    cores = default_threads(1)
+    beside = min(ranks_on_host, cores) - 1
+    with _co_runners(cfg, global_batch // plan.world_size, threads, beside):
+        measured = _profile(cfg, data, tables, plan, global_batch, threads, steps, warmup)
+    stretch = max(1.0, ranks_on_host / cores)  # more ranks than cores take turns
+    return {r: {p: t * stretch for p, t in parts.items()} for r, parts in measured.items()}
 
 
 def _profile(cfg, data, tables, plan, global_batch, threads, steps, warmup) -> dict:
