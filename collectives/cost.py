@@ -69,8 +69,14 @@ def call_seconds(op: CollectiveOp, algorithm: str, request: Request, fabric: Fab
     every algorithm, so selection compares :func:`algorithm_cost` alone."""
     seconds = algorithm_cost(op, algorithm, request, fabric)
     if api:
-        seconds += fabric.effective(request).call_overhead
+        seconds += call_overhead(request, fabric)
     return seconds
+
+
+def call_overhead(request: Request, fabric: FabricModel) -> float:
+    """The fabric's fixed cost of one API call of ``request`` beyond its algorithm
+    (argument agreement, checks, selection); 0 on an uncalibrated fabric."""
+    return fabric.effective(request).call_overhead
 
 
 def costs(op: CollectiveOp, nbytes: int, fabric: FabricModel, *,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from statistics import median
 
 from embedding.types import ShardingType
 
@@ -52,29 +53,28 @@ def rank_shares(plan, tables) -> dict[int, dict[str, float]]:
     return out
 
 
-def _threads(ranks_on_host: int, threads: int) -> int:
-    from embedding.train.threads import default_threads
+def _one_rank_trainer(cfg, batch: int, threads: int, data=None):
+    """A trainer of ``cfg`` in a world of one, at ``batch`` samples with ``threads`` threads,
+    planning for itself, writing and evaluating nothing."""
+    from embedding.train.loop import Trainer
 
-    return threads or default_threads(ranks_on_host)
+    tr = dataclasses.replace(cfg.train, batch_size=batch, threads=threads, eval_every=0,
+                             log_every=10 ** 9, steps=10 ** 9)
+    plan = dataclasses.replace(cfg.plan, file="", shardings=[])
+    return Trainer(dataclasses.replace(cfg, train=tr, plan=plan), data=data,
+                   stream=io.StringIO(), outputs=False)
 
 
 def _trainer_parts(cfg, data, batch: int, threads: int, steps: int, warmup: int) -> dict:
     """Seconds per step of the trainer's own parts at ``batch`` samples, one rank."""
-    from embedding.train.loop import Trainer
-
-    tr = dataclasses.replace(cfg.train, batch_size=batch, threads=threads, eval_every=0,
-                             log_every=10 ** 9)
-    plan = dataclasses.replace(cfg.plan, file="", shardings=[])
-    trainer = Trainer(dataclasses.replace(cfg, train=tr, plan=plan), data=data,
-                      stream=io.StringIO(), outputs=False)
+    trainer = _one_rank_trainer(cfg, batch, threads, data)
     trainer.run(warmup, horizon=warmup + steps)
     trainer.timer.reset()
     per_step = []
     for _ in range(steps):
         trainer.run(1, horizon=trainer.step + 2)
-        per_step.append(trainer.timer.reset())
-    return {p: _median([{k.value: v for k, v in s.items()}[p] for s in per_step])
-            for p in _TRAINER_PARTS}
+        per_step.append({k.value: v for k, v in trainer.timer.reset().items()})
+    return {p: median(s[p] for s in per_step) for p in _TRAINER_PARTS}
 
 
 class _co_runners:
@@ -132,14 +132,8 @@ def co_run(config_toml: str, batch: int, threads: int) -> None:
     import tomllib
 
     from embedding.train.config import parse_config
-    from embedding.train.loop import Trainer
 
-    cfg = parse_config(tomllib.loads(config_toml))
-    tr = dataclasses.replace(cfg.train, batch_size=batch, threads=threads, eval_every=0,
-                             log_every=10 ** 9, steps=10 ** 9)
-    plan = dataclasses.replace(cfg.plan, file="", shardings=[])
-    trainer = Trainer(dataclasses.replace(cfg, train=tr, plan=plan), stream=io.StringIO(),
-                      outputs=False)
+    trainer = _one_rank_trainer(parse_config(tomllib.loads(config_toml)), batch, threads)
     trainer.run(1, horizon=2)
     print("ready", flush=True)
     sys.stdout.close()
@@ -152,13 +146,6 @@ def _fastest(measure, rounds: int = 2) -> dict:
     process runs is slower while its allocator and caches settle."""
     results = [measure() for _ in range(rounds)]
     return {p: min(r[p] for r in results) for p in results[0]}
-
-
-def _median(values) -> float:
-    """The median of ``values``: a step the host's other work slowed does not count."""
-    ordered = sorted(values)
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
 
 def _embedding_parts(cfg, data, tables, shares: dict[str, float], batch: int, threads: int,
@@ -200,7 +187,7 @@ def _embedding_parts(cfg, data, tables, shares: dict[str, float], batch: int, th
         stages.backward(grad, ctx, timer)
         per_step.append({p.value: s for p, s in timer.reset().items()})
     per_step = per_step[warmup:]
-    secs = {p: _median([s[p] for s in per_step]) for p in ("lookup", "emb_backward")}
+    secs = {p: median(s[p] for s in per_step) for p in ("lookup", "emb_backward")}
     ids = data.ids_per_sample or {}
     weight = {t.name: t.dim * float(ids.get(t.name, 1.0)) for t in held}
     scale = sum(shares[n] * w for n, w in weight.items()) / sum(weight.values())
@@ -224,7 +211,7 @@ def profile_step(cfg, data, tables, plan, global_batch: int, *, ranks_on_host: i
                          f"{plan.world_size} ranks")
     from embedding.train.threads import default_threads
 
-    threads = _threads(ranks_on_host, cfg.train.threads)
+    threads = cfg.train.threads or default_threads(ranks_on_host)
     cores = default_threads(1)
     beside = min(ranks_on_host, cores) - 1
     with _co_runners(cfg, global_batch // plan.world_size, threads, beside):
@@ -272,8 +259,8 @@ def read_training(metrics_path: str, skip: int = 1) -> dict:
                          f"more steps (or log more often)")
     parts = sorted({p for w in windows for p in w["phases_ms"]})
     return {"step_ms": [w["step_ms"] for w in windows],
-            "median_step_ms": _median([w["step_ms"] for w in windows]),
-            "median_phases_ms": {p: _median([w["phases_ms"].get(p, 0.0) for w in windows])
+            "median_step_ms": median(w["step_ms"] for w in windows),
+            "median_phases_ms": {p: median(w["phases_ms"].get(p, 0.0) for w in windows)
                                  for p in parts}}
 
 

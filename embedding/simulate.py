@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collectives.cost import estimate
+from collectives.cost import call_overhead, estimate
 from collectives.types import CollectiveOp, Request
 from embedding.dense.types import DenseConfig, DenseOptimizerKind
 from embedding.planner.estimate import CostModel, Scope
@@ -97,9 +97,8 @@ class StepEstimate:
 
 
 def _call_overhead(fabric, op: CollectiveOp) -> float:
-    """The fabric's fixed cost of one API call of ``op`` (calibrated fabrics; 0 otherwise),
-    as :func:`collectives.cost.call_seconds` charges it."""
-    return fabric.effective(Request(op, 0, 4, fabric.size)).call_overhead
+    """What one API call of ``op`` costs beyond its algorithm on ``fabric``."""
+    return call_overhead(Request(op, 0, 4, fabric.size), fabric)
 
 
 def estimate_step(report: PlanReport, hardware: Hardware, dense: DenseConfig,

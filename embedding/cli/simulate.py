@@ -195,6 +195,8 @@ class _Job:
         except ValueError as exc:  # worded as the planner words it
             raise ValueError(str(ConfigError(self.cfg.source, "plan.fabric", str(exc)))) \
                 from None
+        #: on a fabric without GPUs (and no --flops) the step's compute is measured here
+        self.profiled = not args.flops and not self.target.flop_rate
         self.flops, self.flops_source = self._dense_rate()
 
     def step(self, ranks: int, batch: int, *, nodes: int | None = None,
@@ -262,17 +264,13 @@ class _Job:
             raise ValueError(f"--plan: {path}: {exc}") from None
 
     def _dense_rate(self) -> tuple[float, str]:
-        """``(dense FLOP/s per rank, where the figure comes from)``; on a fabric without
-        GPUs (and no ``--flops``), the step's compute is measured instead
-        (:mod:`embedding.profile`) and :attr:`profiled` is set."""
-        self.profiled = False
+        """``(dense FLOP/s per rank, where the figure comes from)``."""
         if self.args.flops:
             return float(self.args.flops), "given (--flops)"
         if self.target.flop_rate:
             return self.target.flop_rate, "the GPU's peak FP32"
         from embedding.simulate import measure_flop_rate
 
-        self.profiled = True
         return measure_flop_rate(), ("a float32 matrix product measured on this host; "
                                      "the compute parts are the trainer's own, measured here")
 
@@ -569,14 +567,14 @@ def _calibrate(args) -> int:
 
 
 def _validate(args) -> int:
+    if not 0 < args.tolerance < 10:
+        raise ValueError(f"--tolerance: expected a fraction like 0.25, got {args.tolerance}")
     if args.step:
         return _validate_step(args)
     from collectives.calibrate import compare, measured_kinds
     from collectives.topofabric import spec_links
     from topology.spec import load_spec
 
-    if not 0 < args.tolerance < 10:
-        raise ValueError(f"--tolerance: expected a fraction like 0.25, got {args.tolerance}")
     spec = load_spec(args.fabric)
     runs = _measurements(args)
     rows = _rows(runs, args.device)
@@ -655,8 +653,6 @@ def _validate_step(args) -> int:
 
     from embedding.profile import STEP_KIND
 
-    if not 0 < args.tolerance < 10:
-        raise ValueError(f"--tolerance: expected a fraction like 0.25, got {args.tolerance}")
     args.flops = None
     args.ranks_per_node = args.memory = args.plan = args.batch_size = None
     args.no_overlap = False
