@@ -10,10 +10,12 @@ import enum
 import json
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from neocomm.errors import NeocommError
 
 __all__ = ["Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig", "ShardingType",
-           "Shard", "TablePlan", "ShardingPlan", "IdPolicy", "BatchError", "enum_arg",
+           "Shard", "Tier", "CachePolicy", "TableMemory", "TablePlan", "ShardingPlan", "IdPolicy", "BatchError", "enum_arg",
            "check_pooling"]
 
 
@@ -153,13 +155,82 @@ class Shard:
     num_cols: int
 
 
+class Tier(enum.Enum):
+    """Where a table's rows live.
+
+    ``DEVICE``: in the memory of the rank's array backend (GPU memory with
+    ``device="cuda"``). ``HOST``: in host memory; each step's rows are copied
+    to the device, updated there and written back. ``CACHED``: in host memory
+    with a device cache of ``cache_rows`` rows per shard in front.
+    """
+
+    DEVICE = "device"
+    HOST = "host"
+    CACHED = "cached"
+
+
+class CachePolicy(enum.Enum):
+    """Which cached row a miss evicts: least recently used, or least frequently used."""
+
+    LRU = "lru"
+    LFU = "lfu"
+
+
+@dataclass(frozen=True)
+class TableMemory:
+    """The memory tier of one table's shards and, for ``CACHED``, their device cache.
+
+    ``cache_rows``: rows of the device cache of each shard (``CACHED`` only;
+    a shard with fewer rows caches them all). ``policy``: eviction order.
+    ``admit_after``: a missed row enters the cache on its ``admit_after``-th
+    access (1: at once); until then it is staged for its step only.
+    """
+
+    tier: Tier = Tier.DEVICE
+    cache_rows: int = 0
+    policy: CachePolicy = CachePolicy.LRU
+    admit_after: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.tier, Tier):
+            object.__setattr__(self, "tier", enum_arg(Tier, self.tier, "tier"))
+        if not isinstance(self.policy, CachePolicy):
+            object.__setattr__(self, "policy", enum_arg(CachePolicy, self.policy, "policy"))
+
+    @property
+    def tiered(self) -> bool:
+        """Rows live in host memory (``HOST`` or ``CACHED``)."""
+        return self.tier is not Tier.DEVICE
+
+    def check(self, table: str, num_rows: int | None = None) -> None:
+        """ValueError naming ``table`` and the setting when the settings do not fit together."""
+        rows = self.cache_rows
+        if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 0:
+            raise ValueError(f"cache_rows of table {table!r}: expected a row count >= 0, got "
+                             f"{rows!r}")
+        if self.tier is Tier.CACHED and rows < 1:
+            raise ValueError(f"cache_rows of table {table!r}: a cached table needs a cache of "
+                             f"at least 1 row, got {rows}")
+        if self.tier is not Tier.CACHED and rows:
+            raise ValueError(f"cache_rows of table {table!r}: only a cached table has a cache; "
+                             f"tier {self.tier.value!r} got cache_rows={rows}")
+        if num_rows is not None and rows > num_rows:
+            raise ValueError(f"cache_rows of table {table!r}: the cache ({rows} rows) is larger "
+                             f"than the table ({num_rows} rows)")
+        a = self.admit_after
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or a < 1:
+            raise ValueError(f"admit_after of table {table!r}: expected an access count >= 1, "
+                             f"got {a!r}")
+
+
 @dataclass(frozen=True)
 class TablePlan:
-    """Where the shards of one table live."""
+    """Where the shards of one table live, and in which memory tier."""
 
     table: str
     sharding: ShardingType
     shards: tuple[Shard, ...]
+    memory: TableMemory = TableMemory()
 
     def __post_init__(self):
         if not isinstance(self.sharding, ShardingType):
@@ -167,6 +238,20 @@ class TablePlan:
                                                           f"sharding of table {self.table!r}"))
         object.__setattr__(self, "shards", tuple(
             s if isinstance(s, Shard) else Shard(**s) for s in self.shards))
+        if isinstance(self.memory, dict):
+            try:
+                object.__setattr__(self, "memory", TableMemory(**self.memory))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"memory of table {self.table!r}: {exc}") from None
+        if not isinstance(self.memory, TableMemory):
+            raise TypeError(f"memory of table {self.table!r}: expected a TableMemory, got "
+                            f"{type(self.memory).__name__}")
+        self.memory.check(self.table)
+        if self.memory.tiered and self.sharding is ShardingType.DATA_PARALLEL:
+            raise ValueError(f"tier of table {self.table!r}: a data-parallel table is "
+                             f"replicated in device memory on every rank; tier "
+                             f"{self.memory.tier.value!r} needs a table-, row- or column-wise "
+                             f"sharding")
 
     @property
     def ranks(self) -> tuple[int, ...]:
