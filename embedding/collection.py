@@ -190,11 +190,7 @@ class ShardedEmbeddingCollection:
 
         total = CacheStats()
         for store in self.tiered_stores():
-            got = store.take_stats()
-            total.lookups += got.lookups
-            total.hits += got.hits
-            total.bytes_in += got.bytes_in
-            total.bytes_out += got.bytes_out
+            total.add(store.take_stats())
         return total
 
     def prefetch(self, batch: "DistributedBatch") -> None:

@@ -28,6 +28,7 @@ arrays (what checkpoints and ``load_table`` read and write).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 from typing import Sequence
 
@@ -36,7 +37,7 @@ import numpy as np
 from embedding.kernels.cache import RowCache
 from embedding.kernels.fused import FusedTables
 from embedding.kernels.layout import Bags
-from embedding.optim import state_specs
+from embedding.optim import row_bytes, state_specs
 from embedding.types import TableMemory
 
 __all__ = ["TieredTables", "CacheStats"]
@@ -48,13 +49,20 @@ class CacheStats:
 
     ``lookups``: unique rows a step needed, summed over steps; ``hits``: of
     those, rows found in the cache; ``bytes_in``/``bytes_out``: bytes copied
-    host → device and device → host (weights and optimizer state).
+    host → device and device → host (weights and optimizer state);
+    ``seconds``: time spent placing rows and copying them (wall clock).
     """
 
     lookups: int = 0
     hits: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: "CacheStats") -> None:
+        """Add ``other``'s counters to these."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     @property
     def hit_rate(self) -> float:
@@ -105,7 +113,8 @@ class TieredTables:
         self.stats = CacheStats()
         self._steps: deque[_Step] = deque()
         self._prefetched: dict[int, _Step] = {}
-        self._row_bytes = [self._bytes_per_row(t) for t in range(self.layout.num_tables)]
+        self._row_bytes = [row_bytes(c.kind, d, self.dtype)
+                           for c, d in zip(self.optimizers, self.layout.dims)]
         self.work = self._device_tables()
         self.xp = self.work.xp
 
@@ -128,6 +137,18 @@ class TieredTables:
         """Table ``t``'s host view of optimizer state ``name``, after a write-back."""
         self.flush()
         return self.host.state_view(t, name)
+
+    @property
+    def weights(self):
+        """The flat host weights of every table (as ``FusedTables.weights``), written back."""
+        self.flush()
+        return self.host.weights
+
+    @property
+    def state(self) -> dict:
+        """The host optimizer state arrays (as ``FusedTables.state``), written back."""
+        self.flush()
+        return self.host.state
 
     def flush(self) -> None:
         """Write every dirty cached row back to the host and empty the caches.
@@ -248,6 +269,7 @@ class TieredTables:
         return step
 
     def _open(self, source, unique: list) -> _Step:
+        t0 = time.perf_counter()
         grown, decided = False, []
         for t, rows in enumerate(unique):
             got, g = self.caches[t].acquire(rows)
@@ -262,6 +284,7 @@ class TieredTables:
             self.stats.lookups += int(got.rows.size)
             self.stats.hits += got.hits
             slots.append(got.slots)
+        self.stats.seconds += time.perf_counter() - t0
         return _Step(source, None, slots)
 
     def _current(self, bags) -> _Step:
@@ -281,10 +304,12 @@ class TieredTables:
         return self._steps[0]
 
     def _close(self, step: _Step, newest: bool = False) -> None:
+        t0 = time.perf_counter()
         if not newest:
             self._steps.popleft()
         for t, slots in enumerate(step.slots):
             self._copy_out(t, *self.caches[t].release(slots))
+        self.stats.seconds += time.perf_counter() - t0
 
     def _device_tables(self, old: FusedTables | None = None) -> FusedTables:
         work = FusedTables([c.slots for c in self.caches], self.layout.dims, self.optimizers,
@@ -297,14 +322,6 @@ class TieredTables:
                 for spec in state_specs(self.optimizers[t].kind):
                     work.state_view(t, spec.name)[:n] = old.state_view(t, spec.name)
         return work
-
-    def _bytes_per_row(self, t: int) -> int:
-        d = self.layout.dims[t]
-        n = d * self.dtype.itemsize
-        for spec in state_specs(self.optimizers[t].kind):
-            item = np.dtype(spec.dtype or self.dtype).itemsize
-            n += item * (1 if spec.per_row else d)
-        return n
 
     def _copy_in(self, t: int, rows: np.ndarray, slots: np.ndarray) -> None:
         if not rows.size:

@@ -16,6 +16,7 @@ from embedding.train.types import ConfigError, TrainConfig, TrainingError
 from embedding.types import IdPolicy, Pooling, ShardingPlan, TableConfig
 
 __all__ = ["fail_together", "problem_kind", "build_tables", "tables_of", "make_plan", "plan_for",
+           "apply_tiers",
            "make_reader", "ranks_per_node_of", "read_plan", "planner_inputs",
            "host_memory", "check_disk_room"]
 
@@ -175,14 +176,59 @@ def _plan_locally(cfg: TrainConfig, tables, group, ids_per_sample=None) -> Shard
         except PlanError as exc:
             raise ConfigError(cfg.source, "plan.file", f"{cfg.plan.file} does not fit this job: "
                               f"{exc}") from None
-        return plan
+        return apply_tiers(cfg, plan, tables)
     from embedding.planner import PlanDoesNotFitError
 
     try:
         report = plan_for(cfg, tables, group.size, rpn, ids_per_sample)[0]
     except PlanDoesNotFitError as exc:
         raise TrainingError(f"the planner found no plan: {exc}", tensor="plan") from None
-    return report.plan
+    return apply_tiers(cfg, report.plan, tables)
+
+
+def apply_tiers(cfg: TrainConfig, plan: ShardingPlan, tables) -> ShardingPlan:
+    """``plan`` with ``[tables]``'s memory tier on the tables it covers (see
+    :class:`~embedding.train.types.TablesConfig`); ConfigError naming the key and table."""
+    import dataclasses
+
+    from embedding.optim import row_bytes
+    from embedding.train.config import cache_rows
+    from embedding.types import ShardingType, TableMemory, Tier
+
+    tc = cfg.tables
+    tier = Tier(tc.tier)
+    if tier is Tier.CACHED and not tc.cache:
+        raise ConfigError(cfg.source, "tables.cache", "tier \"cached\" needs a cache size "
+                          "(\"5%\", \"4096\" rows or \"64MiB\")")
+    if tier is not Tier.CACHED and tc.cache:
+        raise ConfigError(cfg.source, "tables.cache", f"only tier \"cached\" has a cache; "
+                          f"tier is {tc.tier!r}")
+    if tier is Tier.DEVICE:
+        return plan
+    by_name = {t.name: t for t in tables}
+    out = []
+    for tp in plan.tables:
+        t = by_name[tp.table]
+        if (tp.memory.tiered or tp.sharding is ShardingType.DATA_PARALLEL
+                or t.num_rows < tc.tier_min_rows):
+            out.append(tp)
+            continue
+        rows = 0
+        if tier is Tier.CACHED:
+            shard_rows = max(s.num_rows for s in tp.shards)
+            try:
+                rows = cache_rows(tc.cache, shard_rows,
+                                  row_bytes(t.optimizer.kind, t.dim, t.dtype))
+            except ValueError as exc:
+                raise ConfigError(cfg.source, "tables.cache", str(exc)) from None
+            if rows > t.num_rows:
+                raise ConfigError(cfg.source, "tables.cache",
+                                  f"{tc.cache!r} is {rows} rows, more than table {t.name!r} "
+                                  f"has ({t.num_rows}); lower it or raise tables.tier_min_rows")
+            rows = min(rows, shard_rows)
+        mem = TableMemory(tier, rows, tc.cache_policy, tc.admit_after)
+        out.append(dataclasses.replace(tp, memory=mem))
+    return dataclasses.replace(plan, tables=tuple(out))
 
 
 def plan_for(cfg: TrainConfig, tables, world_size: int, ranks_per_node: int,

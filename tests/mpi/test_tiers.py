@@ -156,3 +156,63 @@ def test_checkpoint_moves_tables_across_tiers(world, all_ranks, tmp_path_factory
     states = [shard_state(whole), shard_state(after)]
     same = all(np.array_equal(a, b) for a, b in zip(*states))
     all_ranks(same, "a resumed run across tiers differs from the uninterrupted one")
+
+
+# -- the trainer ----------------------------------------------------------------------
+@pytest.mark.parametrize("tier, cache", [("cached", "5%"), ("cached", "3"), ("host", ""),
+                                         ("cached", "2KiB")])
+def test_trainer_with_host_resident_tables_trains_the_same(world, tmp_path, all_ranks, tier,
+                                                            cache):
+    """Same losses and tables, bit for bit, as device memory; the log reports the cache."""
+    from embedding.train.metrics import read_metrics
+    from test_train import STEPS, shared_dir, small_config, train
+
+    base = shared_dir(world, tmp_path)
+    sparse = {"kind": "adam", "lr": 0.05}
+    dev = train(small_config(f"{base}/dev", sparse_optimizer=sparse), world.world)
+    tables = {"tier": tier, "cache": cache, "tier_min_rows": 60, "cache_policy": "lfu"}
+    tiered = train(small_config(f"{base}/tiered", tables=tables, sparse_optimizer=sparse),
+                   world.world)
+    kinds = {tp.table: tp.memory.tier.value for tp in tiered.plan.tables}
+    all_ranks(sorted(kinds.values()).count(tier) == 2, f"tiers per table: {kinds}")
+    all_ranks(tiered.losses == dev.losses, f"{tiered.losses} vs {dev.losses}")
+    a = shard_state(dev.coll) + [dev.model.flat_params]
+    b = shard_state(tiered.coll) + [tiered.model.flat_params]
+    all_ranks(len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b)),
+              "tables or dense model differ after training")
+    if world.rank == 0:
+        recs = [r for r in read_metrics(f"{base}/tiered/metrics.jsonl") if r["event"] == "train"]
+        # (a step's rows come in while the step before it runs: counted in that record)
+        ok = len(recs) == STEPS and all(r["cache"]["lookups_per_step"] > 0 and
+                                        r["cache"]["h2d_bytes_per_step"] > 0
+                                        for r in recs[:-1])
+        ok = ok and all(0 <= r["cache"]["step_share"] <= 1 for r in recs)
+        hits = [r["cache"]["hit_rate"] for r in recs]
+        ok = ok and (max(hits) > 0) == (tier == "cached")
+        msg = f"cache records: {[r.get('cache') for r in recs]}"
+    else:
+        ok, msg = True, ""
+    all_ranks(ok, msg)
+
+
+@pytest.mark.parametrize("tables, key, words", [
+    ({"tier": "cached"}, "tables.cache", "needs a cache size"),
+    ({"tier": "host", "cache": "5%"}, "tables.cache", "only tier"),
+    ({"tier": "cached", "cache": "500"}, "tables.cache", "more than table"),
+    ({"tier": "cached", "cache": "150%"}, "tables.cache", "(0%, 100%]"),
+    ({"tier": "cached", "cache": "12B"}, "tables.cache", "holds no row"),
+    ({"tier": "disk"}, "tables.tier", "'disk'"),
+    ({"cache_policy": "fifo"}, "tables.cache_policy", "'fifo'"),
+])
+def test_bad_tier_settings_fail_on_every_rank_before_training(world, tmp_path, all_ranks,
+                                                               tables, key, words):
+    from embedding.train import ConfigError
+    from test_train import shared_dir, small_config, train
+
+    base = shared_dir(world, tmp_path)
+    try:
+        train(small_config(f"{base}/bad", tables=tables), world.world)
+        msg = ""
+    except ConfigError as exc:
+        msg = str(exc)
+    all_ranks(key in msg and words in msg, f"expected {key} / {words!r}, got {msg!r}")
