@@ -71,6 +71,7 @@ class RowCache:
         counting = policy is CachePolicy.LFU or self.admit_after > 1
         self.counts = np.zeros(self.num_rows, np.int64) if counting else None
         self._tick = 0
+        self._filled = 0  # cache slots [_filled, capacity) have never held a row
 
     @property
     def slots(self) -> int:
@@ -100,13 +101,21 @@ class RowCache:
         evict_rows = evict_slots = np.zeros(0, np.int64)
         admitted = np.zeros(0, np.int64)
         if admit.size and self.capacity:
-            free = np.flatnonzero(self.pins[:self.capacity] == 0)
-            n = min(admit.size, free.size)
+            fresh = self.capacity - self._filled  # never-used slots: no search, no eviction
+            if admit.size <= fresh:
+                free, n = None, admit.size
+            else:
+                free = np.flatnonzero(self.pins[:self.capacity] == 0)
+                n = min(admit.size, free.size)
             if n:
-                if self.policy is CachePolicy.LFU:
+                if self.policy is CachePolicy.LFU and n < admit.size:
                     # the most used rows enter first when not all fit
                     admit = admit[np.argsort(-self.counts[admit], kind="stable")]
-                taken = self._victims(free, n)
+                if free is None:
+                    taken = np.arange(self._filled, self._filled + n, dtype=np.int64)
+                else:
+                    taken = self._victims(free, n)
+                self._filled = max(self._filled, int(taken.max()) + 1)
                 admitted = admit[:n]
                 old = self.slot_row[taken]
                 leaving = old >= 0
@@ -162,6 +171,7 @@ class RowCache:
         self.row_slot[rows] = _NONE
         self.slot_row[used] = _NONE
         self.dirty[used] = False
+        self._filled = 0
         return rows[back], used[back]
 
     # -- internals ------------------------------------------------------------------

@@ -228,3 +228,32 @@ def test_tier_settings_are_checked_with_the_table_named():
     bad = Bags(np.array([7]), np.array([0, 1, 1, 1]), (1, 0, 2), (0, 4, 8), (False,) * 3, 1, 16)
     with pytest.raises(ValueError, match="id 7 of table1 is outside"):
         tiered.lookup(bad)
+
+
+def test_cache_benchmark_runs_and_reports_every_setting(tmp_path):
+    """scripts/bench_cache.py on a small case: one row per (ids, cache), ratios to device."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "scripts" / "bench_cache.py"
+    spec = importlib.util.spec_from_file_location("bench_cache", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "cache.json"
+    rc = bench.main(["--tables", "2", "--rows", "500", "--dim", "8", "--batch", "64",
+                     "--cache", "1", "50", "--dists", "zipf1.2", "uniform", "--warmup", "2",
+                     "--iters", "3", "--json", str(out), "--plot", str(tmp_path / "c.png")])
+    assert rc == 0 and (tmp_path / "c.png").stat().st_size > 0
+    res = json.loads(out.read_text())["results"]
+    assert [(r["ids"], r["cache_pct"]) for r in res] == [
+        ("zipf1.2", None), ("zipf1.2", 1), ("zipf1.2", 50),
+        ("uniform", None), ("uniform", 1), ("uniform", 50)]
+    dev = {r["ids"]: r["samples_per_s"] for r in res if r["cache_pct"] is None}
+    for r in res:
+        assert r["ratio"] == pytest.approx(r["samples_per_s"] / dev[r["ids"]])
+        if r["cache_pct"] is not None:
+            assert 0 <= r["hit_rate"] <= 1 and r["h2d_mb_per_step"] > 0
+    # the skewed ids hit a half-table cache more often than uniform ones
+    hit = {(r["ids"], r["cache_pct"]): r.get("hit_rate") for r in res}
+    assert hit[("zipf1.2", 50)] > hit[("uniform", 50)]
