@@ -155,11 +155,13 @@ class TieredTables:
 
         Emptying them keeps the host the only copy, so that whoever writes the
         host arrays next (a checkpoint load) is not shadowed by a stale row.
+        Steps still open (looked up, not updated) are dropped first, as a
+        skipped backward is: a later backward of one raises.
         """
-        if self._steps or self._prefetched:
-            raise RuntimeError(f"{self!r}: cannot write the cache back while "
-                               f"{len(self._steps) + len(self._prefetched)} step(s) are "
-                               f"between their lookup and their update")
+        self.drop_steps()
+        for step in self._prefetched.values():
+            self._close(step, newest=True)
+        self._prefetched.clear()
         for t, cache in enumerate(self.caches):
             self._copy_out(t, *cache.drain())
 

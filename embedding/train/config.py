@@ -227,7 +227,8 @@ SCHEMA: dict[str, dict[str, Check]] = {
               "eval_batch_size": _int(0), "log_every": _int(1), "overlap": _bool,
               "bucket_kib": _int(1), "dedup": _bool, "threads": _int(0), "seed": _int(0),
               "device": _str(["cpu", "cuda"])},
-    "plan": {"file": _str(), "fabric": _str(), "memory": _size_text, "shardings": _shardings},
+    "plan": {"file": _str(), "fabric": _str(), "memory": _size_text,
+             "host_memory": _size_text, "shardings": _shardings},
     "checkpoint": {"dir": _str(), "every": _int(0), "keep": _int(1), "resume": _str()},
     "output": {"dir": _str(), "plot": _bool},
 }

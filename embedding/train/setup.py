@@ -16,7 +16,7 @@ from embedding.train.types import ConfigError, TrainConfig, TrainingError
 from embedding.types import IdPolicy, Pooling, ShardingPlan, TableConfig
 
 __all__ = ["fail_together", "problem_kind", "build_tables", "tables_of", "make_plan", "plan_for",
-           "apply_tiers",
+           "apply_tiers", "check_host_memory",
            "make_reader", "ranks_per_node_of", "read_plan", "planner_inputs",
            "host_memory", "check_disk_room"]
 
@@ -136,12 +136,53 @@ def make_plan(cfg: TrainConfig, tables: Sequence[TableConfig], group,
     plan, exc = None, None
     try:
         plan = _plan_locally(cfg, tables, group, ids_per_sample)
+        check_host_memory(cfg, plan, tables, [tuple(n) for n in group.nodes])
     except (ConfigError, TrainingError, ValueError, OSError) as e:
         exc = e
     digest = zlib.crc32(plan.to_json().encode()) & 0x7FFFFFFF if plan is not None else 0
     fail_together(group, "sharding plan", exc, signature=[("plan", digest)] if exc is None
                   else [])
     return plan
+
+
+def check_host_memory(cfg: TrainConfig, plan: ShardingPlan, tables, nodes) -> None:
+    """ConfigError when the host-resident shards of some node need more than
+    ``plan.host_memory`` (default: this host's memory); names the node, its ranks and the
+    largest tables. The same verdict on every rank: every node is checked."""
+    from embedding.optim import row_bytes
+    from embedding.train.config import parse_size
+    from neocomm.room import format_bytes
+
+    by_name = {t.name: t for t in tables}
+    per_rank: dict[int, dict[str, int]] = {}
+    for tp in plan.tables:
+        if not tp.memory.tiered:
+            continue
+        t = by_name[tp.table]
+        for sh in tp.shards:
+            n = sh.num_rows * row_bytes(t.optimizer.kind, sh.num_cols, t.dtype)
+            mine = per_rank.setdefault(sh.rank, {})
+            mine[t.name] = mine.get(t.name, 0) + n
+    if not per_rank:
+        return
+    budget = parse_size(cfg.plan.host_memory) if cfg.plan.host_memory else host_memory()
+    for i, ranks in enumerate(nodes):
+        need: dict[str, int] = {}
+        for r in ranks:
+            for name, n in per_rank.get(r, {}).items():
+                need[name] = need.get(name, 0) + n
+        total = sum(need.values())
+        if total > budget:
+            top = sorted(need.items(), key=lambda kv: -kv[1])[:3]
+            what = ", ".join(f"{k} {format_bytes(v)}" for k, v in top)
+            key = "plan.host_memory" if cfg.plan.host_memory else "tables.tier"
+            raise ConfigError(cfg.source, key,
+                              f"the host-resident tables need {format_bytes(total)} of host "
+                              f"memory on node {i} (ranks {list(ranks)}; {what}), more than "
+                              f"the {format_bytes(budget)} there by {format_bytes(total - budget)}"
+                              f"; keep more tables in device memory (tables.tier_min_rows), "
+                              f"shard over more nodes or "
+                              f"{'raise' if cfg.plan.host_memory else 'set'} plan.host_memory")
 
 
 def ranks_per_node_of(group) -> int:

@@ -171,11 +171,13 @@ class LoopConfig:
 @dataclass(frozen=True)
 class PlanConfig:
     """``[plan]``: a plan file, or the planner's target (``fabric``), memory per rank and
-    the sharding types it may choose from (``shardings``; empty: any)."""
+    the sharding types it may choose from (``shardings``; empty: any). ``host_memory``:
+    host memory per node for host-resident tables (empty: the host's physical memory)."""
 
     file: str = ""
     fabric: str = "cpu-host"
     memory: str = ""
+    host_memory: str = ""
     shardings: tuple[str, ...] = ()
 
 

@@ -203,6 +203,7 @@ def test_trainer_with_host_resident_tables_trains_the_same(world, tmp_path, all_
     ({"tier": "cached", "cache": "12B"}, "tables.cache", "holds no row"),
     ({"tier": "disk"}, "tables.tier", "'disk'"),
     ({"cache_policy": "fifo"}, "tables.cache_policy", "'fifo'"),
+    ({"tier": "host", "host_memory": "8KiB"}, "plan.host_memory", "more than the 8 KiB there"),
 ])
 def test_bad_tier_settings_fail_on_every_rank_before_training(world, tmp_path, all_ranks,
                                                                tables, key, words):
@@ -210,8 +211,10 @@ def test_bad_tier_settings_fail_on_every_rank_before_training(world, tmp_path, a
     from test_train import shared_dir, small_config, train
 
     base = shared_dir(world, tmp_path)
+    tables = dict(tables)
+    plan = {"host_memory": tables.pop("host_memory")} if "host_memory" in tables else {}
     try:
-        train(small_config(f"{base}/bad", tables=tables), world.world)
+        train(small_config(f"{base}/bad", tables=tables, plan=plan), world.world)
         msg = ""
     except ConfigError as exc:
         msg = str(exc)
