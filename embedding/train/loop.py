@@ -134,7 +134,8 @@ class Trainer:
                                 grad_alloc=symmetric_grads(group, self.coll.xp))
         self.optimizer = make_optimizer(config.dense_optimizer)
         self.stages = EmbeddingStages(self.coll)
-        self._tiered = bool(self.coll.tiered_stores())
+        # from the plan, the same on every rank (a rank may hold no host-resident shard)
+        self._tiered = any(tp.memory.tiered for tp in self.plan.tables)
         self.overlap = tr.overlap
         self.grads = GradSync(self.model, group, overlap=tr.overlap)
         self.timer = PhaseTimer()

@@ -27,8 +27,11 @@ MIXES = ["tw", "rw", "cw", "twrw", "twcw", "mixed", "mixed_hier"]
 
 
 def shard_state(coll) -> list[np.ndarray]:
+    """Weights and optimizer state of every local shard, in (table, shard) order (host and
+    device tables of one sharding type live in different stores, in another order)."""
     out = []
-    for s in coll.local_shards():
+    for s in sorted(coll.local_shards(), key=lambda s: (s.table, s.shard.row_offset,
+                                                          s.shard.col_offset)):
         out.append(np.array(s.weight))
         table = next(t for t in coll.tables if t.name == s.table)
         for spec in state_specs(table.optimizer.kind):
