@@ -176,7 +176,8 @@ class ShardedEmbeddingCollection:
         return [s for strat in self.strategies for s in strat.local_shards()]
 
     def load_table(self, name: str, weights) -> None:
-        """Set table ``name`` from its full ``[num_rows, dim]`` weights (each rank takes its shards)."""
+        """Set table ``name`` from its full ``[num_rows, dim]`` weights (each rank takes its
+        shards' rows and columns)."""
         table = next((t for t in self.tables if t.name == name), None)
         if table is None:
             raise KeyError(f"table {name!r} is not in this collection")
