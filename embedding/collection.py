@@ -35,7 +35,7 @@ from embedding.sharding import STRATEGIES, ShardingEnv
 from embedding.sharding.base import LocalShard
 from embedding.types import IdPolicy, ShardingPlan, ShardingType, TableConfig, enum_arg
 
-__all__ = ["ShardedEmbeddingCollection", "DistributedBatch", "init_weights", "STAGES"]
+__all__ = ["ShardedEmbeddingCollection", "DistributedBatch", "init_weights", "assign", "STAGES"]
 
 #: The stages of a step, as named to a ``timer``: ``timer(stage)`` is entered around each.
 STAGES = ("input_dist", "lookup", "output_dist", "backward")
@@ -143,20 +143,25 @@ class ShardedEmbeddingCollection:
                                     f"id_policy[{t.name!r}]") for t in self.tables}
         self._rows = {f: t.num_rows for t in self.tables for f in t.features}
         self._policy = {f: pol[t.name] for t in self.tables for f in t.features}
-        # Strategies, in a fixed order on every rank.
-        by_type: dict[ShardingType, list] = {}
+        # Strategies, in a fixed order on every rank: one per sharding type and memory
+        # (tables in device memory, then host-resident ones, each with its own store).
+        by_type: dict[tuple[ShardingType, bool], list] = {}
         for t in self.tables:
             tp = plan.table(t.name)
-            by_type.setdefault(tp.sharding, []).append((t, tp))
+            if tp.memory.tiered:
+                tp.memory.check(t.name, t.num_rows)
+            by_type.setdefault((tp.sharding, tp.memory.tiered), []).append((t, tp))
         self.strategies = []
         self._maps = []
         for stype, cls in STRATEGIES.items():
-            if stype not in by_type:
-                continue
-            ts, ps = zip(*by_type[stype])
-            strat = cls(ts, ps, self.env)
-            self.strategies.append(strat)
-            self._maps.append([(f.col, self._cols[f.name][0], f.dim) for f in strat.features])
+            for tiered in (False, True):
+                if (stype, tiered) not in by_type:
+                    continue
+                ts, ps = zip(*by_type[(stype, tiered)])
+                strat = cls(ts, ps, self.env)
+                self.strategies.append(strat)
+                self._maps.append([(f.col, self._cols[f.name][0], f.dim)
+                                   for f in strat.features])
         self._identity = (len(self.strategies) == 1
                           and all(a == b for a, b, _ in self._maps[0]))
         self._last_ctx = None
@@ -170,6 +175,40 @@ class ShardedEmbeddingCollection:
     def split(self, pooled) -> dict:
         """``{feature: pooled[:, cols]}`` (views)."""
         return {f: pooled[:, c:c + d] for f, (c, d) in self._cols.items()}
+
+    def tiered_stores(self) -> list:
+        """The :class:`~embedding.kernels.tiered.TieredTables` of host-resident tables."""
+        from embedding.kernels.tiered import TieredTables
+
+        return [s.fused for s in self.strategies
+                if isinstance(getattr(s, "fused", None), TieredTables)]
+
+    def take_cache_stats(self):
+        """Cache counters of every host-resident table since the last call, summed
+        (:class:`~embedding.kernels.tiered.CacheStats`; all zero without such tables)."""
+        from embedding.kernels.tiered import CacheStats
+
+        total = CacheStats()
+        for store in self.tiered_stores():
+            total.add(store.take_stats())
+        return total
+
+    def prefetch(self, batch: "DistributedBatch") -> None:
+        """Finish ``batch``'s input dist and bring its host-resident rows in now.
+
+        Call it while the previous batch computes (after its forward, any time
+        before its backward): the rows the previous batch reads stay where
+        they are, and the forward of ``batch`` then waits on no host copy.
+        Without host-resident tables it only waits for the ids.
+        """
+        if not isinstance(batch, DistributedBatch):
+            raise TypeError(f"batch: expected a DistributedBatch, got {type(batch).__name__}")
+        dist = batch.wait()._dist
+        for strat, d in zip(self.strategies, dist):
+            store = getattr(strat, "fused", None)
+            bags = strat.bags_of(d)
+            if store is not None and bags is not None:
+                store.prefetch(bags)
 
     def local_shards(self) -> list[LocalShard]:
         """Every shard this rank holds (weights and optimizer state through ``tables``)."""
@@ -188,8 +227,7 @@ class ShardedEmbeddingCollection:
         for s in self.local_shards():
             if s.table == name:
                 sh = s.shard
-                s.weight[...] = self.xp.asarray(weights[sh.row_slice, sh.col_slice],
-                                                dtype=self.env.dtype)
+                assign(s.weight, weights[sh.row_slice, sh.col_slice])
 
     def gather_table(self, name: str) -> np.ndarray:
         """Table ``name``'s whole ``[num_rows, dim]`` weights, on every rank (collective).
@@ -247,12 +285,13 @@ class ShardedEmbeddingCollection:
         return pooled
 
     def forward_with_context(self, batch: KeyedJagged | DistributedBatch, *,
-                             timer: Timer | None = None):
+                             timer: Timer | None = None, grad: bool = True):
         """``(pooled, ctx)``; pass ``ctx`` to :meth:`backward` (for pipelined use).
 
         ``timer(stage)``, when given, is entered around the ``input_dist``
         wait, the local ``lookup`` and the ``output_dist`` wait, so a trainer
-        can time each stage.
+        can time each stage. ``grad=False`` (evaluation): no backward will
+        follow, so host-resident tables release this batch's rows at once.
         """
         timer = timer or _untimed
         if isinstance(batch, KeyedJagged):
@@ -265,10 +304,13 @@ class ShardedEmbeddingCollection:
         batch._used = True
         with timer("input_dist"):
             dist = batch.wait()._dist
+        stores = [] if grad else [(st, st.open_steps()) for st in self.tiered_stores()]
         with timer("lookup"):
             pending = [s.forward(d) for s, d in zip(self.strategies, dist)]
         with timer("output_dist"):
             results = [p.wait() for p in pending]
+        for store, before in stores:
+            store.drop_steps(keep=before)
         b = batch.batch_size
         if self._identity:
             pooled = results[0][0]
@@ -308,6 +350,17 @@ class ShardedEmbeddingCollection:
                 p.wait()
 
 
+def assign(dst, src) -> None:
+    """``dst[...] = src`` across array backends (a host-resident shard is NumPy on a GPU rank)."""
+    if isinstance(dst, np.ndarray):
+        dst[...] = src if isinstance(src, np.ndarray) else (
+            src.get() if hasattr(src, "get") else np.asarray(src))
+    else:
+        import cupy
+
+        dst[...] = cupy.asarray(src, dtype=dst.dtype)
+
+
 # -- initialisation -------------------------------------------------------------
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -332,7 +385,7 @@ def init_weights(coll: ShardedEmbeddingCollection, seed: int = 0) -> None:
             block = _uniform_block(seed, table.name, table.dim, rows, sh.col_offset,
                                    sh.col_offset + sh.num_cols)
             bound = np.sqrt(1.0 / table.num_rows)
-            w[r0:r1] = coll.xp.asarray(((2.0 * block - 1.0) * bound).astype(coll.env.dtype))
+            assign(w[r0:r1], (2.0 * block - 1.0) * bound)
 
 
 def _uniform_block(seed: int, name: str, dim: int, rows: np.ndarray, c0: int, c1: int

@@ -30,7 +30,7 @@ import numpy as np
 
 from embedding.types import OptimizerConfig, OptimizerKind, enum_arg
 
-__all__ = ["StateSpec", "state_specs", "sparse_update", "dense_reference_update"]
+__all__ = ["StateSpec", "state_specs", "row_bytes", "sparse_update", "dense_reference_update"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,15 @@ _SPECS = {
 def state_specs(kind: OptimizerKind) -> tuple[StateSpec, ...]:
     """The state arrays optimizer ``kind`` keeps (all start at zero)."""
     return _SPECS[enum_arg(OptimizerKind, kind, "kind")]
+
+
+def row_bytes(kind: OptimizerKind, dim: int, dtype) -> int:
+    """Bytes of one table row of ``dim`` elements of ``dtype`` with its optimizer state."""
+    item = np.dtype(dtype).itemsize
+    n = dim * item
+    for spec in state_specs(kind):
+        n += (1 if spec.per_row else dim) * np.dtype(spec.dtype or dtype).itemsize
+    return n
 
 
 def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,

@@ -151,7 +151,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         """Pooled embeddings of this rank's batch, ``[B, out_dim]`` (collective)."""
         batch = features if hasattr(features, "pending") else as_keyed_jagged(features)
         if not torch.is_grad_enabled():
-            return to_torch(self.collection.forward_with_context(batch)[0])
+            return to_torch(self.collection.forward_with_context(batch, grad=False)[0])
         return _Pool.apply(self._anchor, self, batch)
 
     def split(self, pooled: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -100,6 +100,13 @@ class FusedTables:
                                                                             lay.dims[t])
 
     # -- kernels --------------------------------------------------------
+    def prefetch(self, bags: Bags) -> None:
+        """Nothing to do: every row is in this store's memory (see ``TieredTables``)."""
+
+    def gather(self, pairs) -> list:
+        """Rows ``ids`` of table ``t`` (``[len(ids), dim]``) for each ``(t, ids)``."""
+        return [self.weight(t)[self.xp.asarray(ids)] for t, ids in pairs]
+
     def lookup(self, bags: Bags, out=None):
         """Pooled lookup of every bag (``[G * B, out_dim]``)."""
         return self._impl.pooled_lookup(self.layout, self.weights, bags, out, **self._kw())

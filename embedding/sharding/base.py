@@ -24,7 +24,7 @@ from typing import Callable, ClassVar, Sequence
 import numpy as np
 
 from embedding.jagged import KeyedJagged
-from embedding.kernels import FusedTables
+from embedding.kernels import Bags, FusedTables
 from embedding.kernels.segments import positions_of_segments
 from embedding.types import (Pooling, Shard, ShardingType, TableConfig, TablePlan,
                              check_pooling)
@@ -161,7 +161,15 @@ class ShardingEnv:
                 found = sub
         return found
 
-    def fused(self, rows, dims, optimizers, names) -> FusedTables:
+    def fused(self, rows, dims, optimizers, names, memory=None):
+        """The store of a strategy's local shards: ``FusedTables`` in device memory, or
+        :class:`~embedding.kernels.tiered.TieredTables` when ``memory`` (one
+        :class:`~embedding.types.TableMemory` per table) puts them in host memory."""
+        if memory is not None and any(m.tiered for m in memory):
+            from embedding.kernels.tiered import TieredTables
+
+            return TieredTables(rows, dims, optimizers, memory, dtype=self.dtype.name,
+                                device=self.device, names=names, threads=self.threads)
         return FusedTables(rows, dims, optimizers, dtype=self.dtype.name, device=self.device,
                            names=names, threads=self.threads)
 
@@ -218,6 +226,15 @@ class ShardingStrategy(abc.ABC):
     @abc.abstractmethod
     def local_shards(self) -> list[LocalShard]:
         """The shards this rank holds."""
+
+    def bags_of(self, batch) -> Bags | None:
+        """The bags this rank's shards will look up for a distributed ``batch`` (None: no
+        lookup of bags, e.g. with deduplication the owners gather rows instead)."""
+        if isinstance(batch, Bags):
+            return batch
+        if isinstance(batch, tuple) and batch and isinstance(batch[0], Bags):
+            return batch[0]
+        return None
 
 
 # -- jagged packing ------------------------------------------------------------

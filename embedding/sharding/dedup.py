@@ -137,16 +137,12 @@ class DedupPlan:
         c = collectives_api()
         req, owned = batch
         mine = s._by_owner[env.rank]
-        blocks = []
         send_counts = np.zeros(env.size, np.int64)
-        for g in range(env.size):
-            for k, i in enumerate(mine):
-                slot = s.slots[i]
-                ids = owned.ids[g][k]
-                w = s.fused.weight(slot.local_table)
-                rows = w[xp.asarray(ids)] if ids.size else xp.zeros((0, w.shape[1]), w.dtype)
-                blocks.append(rows.reshape(-1))
-                send_counts[g] += rows.size
+        pairs = [(s.slots[i].local_table, owned.ids[g][k])
+                 for g in range(env.size) for k, i in enumerate(mine)]
+        blocks = [rows.reshape(-1) for rows in s.fused.gather(pairs)] if pairs else []
+        for n, block in enumerate(blocks):
+            send_counts[n // len(mine)] += block.size
         sendbuf = xp.concatenate(blocks) if blocks else xp.zeros(0, env.dtype)
         order = [i for r in range(env.size) for i in s._by_owner[r]]
         dims = [s.slots[i].shard.num_cols for i in order]

@@ -159,7 +159,8 @@ class RowWiseSharding(ShardingStrategy):
         self._local = local
         self.fused = env.fused([s.num_rows for s in local], [t.dim for t in self.tables],
                                [t.optimizer for t in self.tables],
-                               [t.name for t in self.tables])
+                               [t.name for t in self.tables],
+                               [p.memory for p in self.plans])
         tindex = {t.name: i for i, t in enumerate(self.tables)}
         self._feature_table = [tindex[f.table] for f in self.features]
 

@@ -88,7 +88,8 @@ class SlotWiseSharding(ShardingStrategy):
         self.fused = env.fused([sh.num_rows for _, sh in local], [sh.num_cols for _, sh in local],
                                [self.tables[ti].optimizer for ti, _ in local],
                                [f"{self.tables[ti].name}[{sh.col_offset}:"
-                                f"{sh.col_offset + sh.num_cols}]" for ti, sh in local]
+                                f"{sh.col_offset + sh.num_cols}]" for ti, sh in local],
+                               [self.plans[ti].memory for ti, _ in local]
                                ) if local else None
         self._local = local
         table_index = {t.name: i for i, t in enumerate(self.tables)}

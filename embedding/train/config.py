@@ -45,11 +45,12 @@ from embedding.dense.types import DenseOptimizerConfig, DenseOptimizerKind
 from embedding.train.types import (CheckpointConfig, ConfigError, DataConfig, DataSource,
                                    LoopConfig, ModelConfig, OutputConfig, PlanConfig,
                                    TablesConfig, TrainConfig)
-from embedding.types import IdPolicy, OptimizerConfig, OptimizerKind, Pooling
+from embedding.types import (CachePolicy, IdPolicy, OptimizerConfig, OptimizerKind, Pooling,
+                             Tier)
 from neocomm.config import parse_size
 
 __all__ = ["load_config", "parse_config", "apply_overrides", "config_to_dict", "to_toml",
-           "parse_size"]
+           "parse_size", "cache_rows"]
 
 Check = Callable[[Any], Any]  # returns the converted value or raises ValueError(reason)
 
@@ -143,6 +144,46 @@ def _size_text(v):
     return v
 
 
+def _cache_text(v):
+    """A cache size: ``"5%"`` of the rows, ``"4096"`` rows or ``"64MiB"``; ints are rows."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = str(v)
+    if not isinstance(v, str):
+        raise ValueError(f"expected a cache size such as \"5%\", \"4096\" (rows) or "
+                         f"\"64MiB\", got {type(v).__name__} {v!r}")
+    if v:
+        cache_rows(v, 1, 1)  # raises with the reason
+    return v
+
+
+def cache_rows(text: str, shard_rows: int, row_bytes: int) -> int:
+    """Rows of a device cache of ``text`` (see ``[tables] cache``) for a shard of
+    ``shard_rows`` rows of ``row_bytes`` bytes each (with optimizer state); at least 1."""
+    import math
+
+    s = text.strip()
+    if s.endswith("%"):
+        try:
+            pct = float(s[:-1])
+        except ValueError:
+            pct = -1.0
+        if not 0 < pct <= 100:
+            raise ValueError(f"expected a share in (0%, 100%], got {text!r}")
+        return max(1, math.ceil(pct / 100 * shard_rows))
+    if s.isdigit():
+        if int(s) < 1:
+            raise ValueError(f"expected at least 1 row, got {text!r}")
+        return int(s)
+    try:
+        size = parse_size(s)
+    except ValueError:
+        raise ValueError(f"expected a cache size such as \"5%\", \"4096\" (rows) or "
+                         f"\"64MiB\", got {text!r}") from None
+    if size < row_bytes:
+        raise ValueError(f"{text!r} holds no row of {row_bytes} bytes")
+    return size // row_bytes
+
+
 def _source(v):
     choices = [s.value for s in DataSource]
     if v in choices:
@@ -169,7 +210,10 @@ SCHEMA: dict[str, dict[str, Check]] = {
              "sparse": sparse_features},  # these raise SchemaError, naming their own key
     "tables": {"preset": _str(), "rows": _rows, "cap": _int(0),
                "pooling": _str([p.value for p in Pooling]),
-               "id_policy": _str([p.value for p in IdPolicy])},
+               "id_policy": _str([p.value for p in IdPolicy]),
+               "tier": _str([t.value for t in Tier]), "tier_min_rows": _int(0),
+               "cache": _cache_text, "cache_policy": _str([p.value for p in CachePolicy]),
+               "admit_after": _int(1)},
     "model": {"embedding_dim": _int(1), "bottom_mlp": _widths, "top_mlp": _widths,
               "dtype": _str(["float32", "float64"])},
     "sparse_optimizer": {"kind": _str(_SPARSE_KINDS), "lr": _float(positive=True),
@@ -183,7 +227,8 @@ SCHEMA: dict[str, dict[str, Check]] = {
               "eval_batch_size": _int(0), "log_every": _int(1), "overlap": _bool,
               "bucket_kib": _int(1), "dedup": _bool, "threads": _int(0), "seed": _int(0),
               "device": _str(["cpu", "cuda"])},
-    "plan": {"file": _str(), "fabric": _str(), "memory": _size_text, "shardings": _shardings},
+    "plan": {"file": _str(), "fabric": _str(), "memory": _size_text,
+             "host_memory": _size_text, "shardings": _shardings},
     "checkpoint": {"dir": _str(), "every": _int(0), "keep": _int(1), "resume": _str()},
     "output": {"dir": _str(), "plot": _bool},
 }

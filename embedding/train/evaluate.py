@@ -102,7 +102,7 @@ def score(trainer, dataset, what: str = "evaluation") -> tuple[np.ndarray, np.nd
     cur = start() if nb else None
     for j in range(nb):
         prep, dist = cur
-        pooled, _ = stages.forward(dist, timer)
+        pooled, _ = stages.forward(dist, timer, grad=False)
         if j + 1 < nb:
             cur = start()
         b = prep.batch.batch_size

@@ -134,6 +134,7 @@ class Trainer:
                                 grad_alloc=symmetric_grads(group, self.coll.xp))
         self.optimizer = make_optimizer(config.dense_optimizer)
         self.stages = EmbeddingStages(self.coll)
+        self._tiered = bool(self.coll.tiered_stores())
         self.overlap = tr.overlap
         self.grads = GradSync(self.model, group, overlap=tr.overlap)
         self.timer = PhaseTimer()
@@ -222,6 +223,9 @@ class Trainer:
                                         pooled.reshape(b, f, self.cfg.model.embedding_dim))
             loss, dlogits = bce_with_logits(logits, xp.asarray(batch.labels))
             d_pooled = self.model.backward(dlogits, hook=self.grads.hook())
+        if self._pending is not None and self._tiered:
+            with timer(Phase.INPUT_DIST):  # the next batch's host-resident rows come in now
+                self.coll.prefetch(self._pending[1])
         with timer(Phase.SYNC):
             loss = self._agree_step(step, loss, d_pooled, prep.problem)
         d_pooled = d_pooled.reshape(b, -1)
@@ -241,6 +245,24 @@ class Trainer:
         if not self.overlap and has_next:
             self._pending = self._start(step + 1)
         return loss
+
+    def _cache_record(self, steps: int, seconds: float) -> dict:
+        """The host-resident tables' counters since the last record, over every rank
+        (collective): hit rate, bytes per step each way, mean ms per step per rank in cache
+        work and its share of the step."""
+        import collectives
+
+        s = self.coll.take_cache_stats()
+        buf = np.array([s.lookups, s.hits, s.bytes_in, s.bytes_out, s.seconds], np.float64)
+        if self.size > 1:
+            collectives.all_reduce(buf, group=self.group)
+        ms = 1e3 * buf[4] / self.size / steps
+        return {"hit_rate": round(buf[1] / buf[0], 4) if buf[0] else 0.0,
+                "lookups_per_step": int(buf[0] // steps),
+                "h2d_bytes_per_step": int(buf[2] // steps),
+                "d2h_bytes_per_step": int(buf[3] // steps),
+                "ms_per_step": round(ms, 3),
+                "step_share": round(ms / (1e3 * seconds / steps), 4) if seconds > 0 else 0.0}
 
     def _agree_step(self, step: int, loss, d_pooled, problem) -> float:
         """One AllReduce: the global loss, and whether any rank has a problem."""
@@ -304,12 +326,13 @@ class Trainer:
             if step % cfg.log_every == 0 or step == total:
                 phases = self.timer.reset()
                 dt = now - t_log
+                extra = {"cache": self._cache_record(n_log, dt)} if self._tiered else {}
                 self.metrics.write("train", step=step, loss=loss,
                                    loss_avg=float(np.mean(losses)),
                                    samples_per_s=cfg.batch_size * n_log / max(dt, 1e-9),
                                    step_ms=1e3 * dt / n_log,
                                    phases_ms={p.value: round(1e3 * s / n_log, 3)
-                                              for p, s in phases.items()})
+                                              for p, s in phases.items()}, **extra)
                 t_log, n_log, losses = now, 0, []
             if cfg.eval_every and step % cfg.eval_every == 0 and step < total:
                 self._evaluate_and_log()

@@ -8,7 +8,9 @@ has ``event`` and ``time`` (seconds since the epoch):
   (synthetic data: the planted model's AUC on the held-out records);
 * ``train``: ``step``, ``loss`` (global mean loss of that step), ``loss_avg``
   (mean over the steps since the last record), ``samples_per_s`` (global),
-  ``step_ms`` and ``phases_ms`` (rank 0's mean per step of each phase);
+  ``step_ms`` and ``phases_ms`` (rank 0's mean per step of each phase); with
+  host-resident tables ``cache`` (hit rate, bytes each way per step over all
+  ranks, ms per step per rank and its share of the step);
 * ``eval``: ``step``, ``auc``, ``log_loss``, ``accuracy``, ``records`` (of the first
   evaluation set) and ``sets``: the same numbers for every evaluation set by name;
 * ``checkpoint``: ``step``, ``path``, ``seconds``;

@@ -16,6 +16,7 @@ from embedding.train.types import ConfigError, TrainConfig, TrainingError
 from embedding.types import IdPolicy, Pooling, ShardingPlan, TableConfig
 
 __all__ = ["fail_together", "problem_kind", "build_tables", "tables_of", "make_plan", "plan_for",
+           "apply_tiers", "check_host_memory",
            "make_reader", "ranks_per_node_of", "read_plan", "planner_inputs",
            "host_memory", "check_disk_room"]
 
@@ -135,12 +136,53 @@ def make_plan(cfg: TrainConfig, tables: Sequence[TableConfig], group,
     plan, exc = None, None
     try:
         plan = _plan_locally(cfg, tables, group, ids_per_sample)
+        check_host_memory(cfg, plan, tables, [tuple(n) for n in group.nodes])
     except (ConfigError, TrainingError, ValueError, OSError) as e:
         exc = e
     digest = zlib.crc32(plan.to_json().encode()) & 0x7FFFFFFF if plan is not None else 0
     fail_together(group, "sharding plan", exc, signature=[("plan", digest)] if exc is None
                   else [])
     return plan
+
+
+def check_host_memory(cfg: TrainConfig, plan: ShardingPlan, tables, nodes) -> None:
+    """ConfigError when the host-resident shards of some node need more than
+    ``plan.host_memory`` (default: this host's memory); names the node, its ranks and the
+    largest tables. The same verdict on every rank: every node is checked."""
+    from embedding.optim import row_bytes
+    from embedding.train.config import parse_size
+    from neocomm.room import format_bytes
+
+    by_name = {t.name: t for t in tables}
+    per_rank: dict[int, dict[str, int]] = {}
+    for tp in plan.tables:
+        if not tp.memory.tiered:
+            continue
+        t = by_name[tp.table]
+        for sh in tp.shards:
+            n = sh.num_rows * row_bytes(t.optimizer.kind, sh.num_cols, t.dtype)
+            mine = per_rank.setdefault(sh.rank, {})
+            mine[t.name] = mine.get(t.name, 0) + n
+    if not per_rank:
+        return
+    budget = parse_size(cfg.plan.host_memory) if cfg.plan.host_memory else host_memory()
+    for i, ranks in enumerate(nodes):
+        need: dict[str, int] = {}
+        for r in ranks:
+            for name, n in per_rank.get(r, {}).items():
+                need[name] = need.get(name, 0) + n
+        total = sum(need.values())
+        if total > budget:
+            top = sorted(need.items(), key=lambda kv: -kv[1])[:3]
+            what = ", ".join(f"{k} {format_bytes(v)}" for k, v in top)
+            key = "plan.host_memory" if cfg.plan.host_memory else "tables.tier"
+            raise ConfigError(cfg.source, key,
+                              f"the host-resident tables need {format_bytes(total)} of host "
+                              f"memory on node {i} (ranks {list(ranks)}; {what}), more than "
+                              f"the {format_bytes(budget)} there by {format_bytes(total - budget)}"
+                              f"; keep more tables in device memory (tables.tier_min_rows), "
+                              f"shard over more nodes or "
+                              f"{'raise' if cfg.plan.host_memory else 'set'} plan.host_memory")
 
 
 def ranks_per_node_of(group) -> int:
@@ -175,14 +217,59 @@ def _plan_locally(cfg: TrainConfig, tables, group, ids_per_sample=None) -> Shard
         except PlanError as exc:
             raise ConfigError(cfg.source, "plan.file", f"{cfg.plan.file} does not fit this job: "
                               f"{exc}") from None
-        return plan
+        return apply_tiers(cfg, plan, tables)
     from embedding.planner import PlanDoesNotFitError
 
     try:
         report = plan_for(cfg, tables, group.size, rpn, ids_per_sample)[0]
     except PlanDoesNotFitError as exc:
         raise TrainingError(f"the planner found no plan: {exc}", tensor="plan") from None
-    return report.plan
+    return apply_tiers(cfg, report.plan, tables)
+
+
+def apply_tiers(cfg: TrainConfig, plan: ShardingPlan, tables) -> ShardingPlan:
+    """``plan`` with ``[tables]``'s memory tier on the tables it covers (see
+    :class:`~embedding.train.types.TablesConfig`); ConfigError naming the key and table."""
+    import dataclasses
+
+    from embedding.optim import row_bytes
+    from embedding.train.config import cache_rows
+    from embedding.types import ShardingType, TableMemory, Tier
+
+    tc = cfg.tables
+    tier = Tier(tc.tier)
+    if tier is Tier.CACHED and not tc.cache:
+        raise ConfigError(cfg.source, "tables.cache", "tier \"cached\" needs a cache size "
+                          "(\"5%\", \"4096\" rows or \"64MiB\")")
+    if tier is not Tier.CACHED and tc.cache:
+        raise ConfigError(cfg.source, "tables.cache", f"only tier \"cached\" has a cache; "
+                          f"tier is {tc.tier!r}")
+    if tier is Tier.DEVICE:
+        return plan
+    by_name = {t.name: t for t in tables}
+    out = []
+    for tp in plan.tables:
+        t = by_name[tp.table]
+        if (tp.memory.tiered or tp.sharding is ShardingType.DATA_PARALLEL
+                or t.num_rows < tc.tier_min_rows):
+            out.append(tp)
+            continue
+        rows = 0
+        if tier is Tier.CACHED:
+            shard_rows = max(s.num_rows for s in tp.shards)
+            try:
+                rows = cache_rows(tc.cache, shard_rows,
+                                  row_bytes(t.optimizer.kind, t.dim, t.dtype))
+            except ValueError as exc:
+                raise ConfigError(cfg.source, "tables.cache", str(exc)) from None
+            if rows > t.num_rows:
+                raise ConfigError(cfg.source, "tables.cache",
+                                  f"{tc.cache!r} is {rows} rows, more than table {t.name!r} "
+                                  f"has ({t.num_rows}); lower it or raise tables.tier_min_rows")
+            rows = min(rows, shard_rows)
+        mem = TableMemory(tier, rows, tc.cache_policy, tc.admit_after)
+        out.append(dataclasses.replace(tp, memory=mem))
+    return dataclasses.replace(plan, tables=tuple(out))
 
 
 def plan_for(cfg: TrainConfig, tables, world_size: int, ranks_per_node: int,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from embedding.collection import assign
 from embedding.checkpoint import (CheckpointMismatchError, read_for_plan, shard_slice)
 from embedding.dense._xp import to_numpy
 from embedding.optim import state_specs
@@ -140,12 +141,11 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
     loaded = 0
     for s in collection.local_shards():
         i = _shard_index(plan, s.table, s.shard)
-        xp = collection.xp
-        s.weight[...] = xp.asarray(parts[(s.table, "weight", i)])
+        assign(s.weight, parts[(s.table, "weight", i)])
         loaded += int(s.weight.size)
         for spec in state_specs(s.tables.optimizers[s.index].kind):
             view = s.tables.state_view(s.index, spec.name)
-            view[...] = xp.asarray(parts[(s.table, spec.name, i)])
+            assign(view, parts[(s.table, spec.name, i)])
             loaded += int(view.size)
     return loaded
 

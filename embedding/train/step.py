@@ -69,8 +69,9 @@ class EmbeddingStages:
         """Check ``kjt`` on every rank and start its input dist (returns at once)."""
         return self.coll.input_dist(kjt)
 
-    def forward(self, dist, timer: PhaseTimer):
-        return self.coll.forward_with_context(dist, timer=lambda s: timer(self._PHASES[s]))
+    def forward(self, dist, timer: PhaseTimer, grad: bool = True):
+        return self.coll.forward_with_context(dist, timer=lambda s: timer(self._PHASES[s]),
+                                              grad=grad)
 
     def backward(self, grad, ctx, timer: PhaseTimer) -> None:
         grad = self.coll.xp.asarray(grad).reshape(ctx[1], self.out_dim)

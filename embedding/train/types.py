@@ -110,6 +110,14 @@ class TablesConfig:
 
     ``cap`` limits every table's rows (0: no limit); ``id_policy`` says what
     ids outside a table do (``error``, ``modulo``, ``hash``).
+
+    Memory tier of the tables with at least ``tier_min_rows`` rows (the
+    others, and data-parallel tables, stay in device memory): ``tier``
+    ``device``, ``host`` or ``cached``. A cached table's device cache per
+    shard is ``cache``: a share of the shard's rows (``"5%"``), a row count
+    (``"4096"``) or bytes of rows with their optimizer state (``"64MiB"``);
+    ``cache_policy`` ``lru`` or ``lfu``; a row enters the cache on its
+    ``admit_after``-th access. A plan file's own tiers win over these.
     """
 
     preset: str = "criteo-1tb-1000x"
@@ -117,6 +125,11 @@ class TablesConfig:
     cap: int = 0
     pooling: str = "sum"
     id_policy: str = "error"
+    tier: str = "device"
+    tier_min_rows: int = 0
+    cache: str = ""
+    cache_policy: str = "lru"
+    admit_after: int = 1
 
 
 @dataclass(frozen=True)
@@ -158,11 +171,13 @@ class LoopConfig:
 @dataclass(frozen=True)
 class PlanConfig:
     """``[plan]``: a plan file, or the planner's target (``fabric``), memory per rank and
-    the sharding types it may choose from (``shardings``; empty: any)."""
+    the sharding types it may choose from (``shardings``; empty: any). ``host_memory``:
+    host memory per node for host-resident tables (empty: the host's physical memory)."""
 
     file: str = ""
     fabric: str = "cpu-host"
     memory: str = ""
+    host_memory: str = ""
     shardings: tuple[str, ...] = ()
 
 

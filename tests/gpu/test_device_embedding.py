@@ -39,10 +39,13 @@ def _close(got, want) -> float:
     return float(np.max(np.abs(got - want) / (1 + np.abs(want)), initial=0))
 
 
-def _run(world, all_ranks, mix, kind, *, dedup=False, pipelined=False, steps=2, pools=S.POOLS):
+def _run(world, all_ranks, mix, kind, *, dedup=False, pipelined=False, steps=2, pools=S.POOLS,
+         cache=None):
     group = world.world
     tables = S.make_tables(kind, pools)
     plan = S.make_plan(tables, mix, group)
+    if cache is not None:  # host-resident tables: NumPy on the host, a CuPy cache in front
+        plan = S.tiered_plan(plan, tables, cache)
     host = ShardedEmbeddingCollection(tables, plan, group, dedup=dedup)
     dev = ShardedEmbeddingCollection(tables, plan, group, dedup=dedup, device="cuda")
     rng = np.random.default_rng(99)
@@ -60,6 +63,9 @@ def _run(world, all_ranks, mix, kind, *, dedup=False, pipelined=False, steps=2, 
                                               dev.forward_with_context(nxt[1]))
             if i + 1 < steps:
                 nxt = (host.input_dist(kjts[i + 1]), dev.input_dist(kjts[i + 1]))
+                if cache is not None:
+                    host.prefetch(nxt[0])
+                    dev.prefetch(nxt[1])
         else:
             out_h, ctx_h = host.forward(kjts[i]), None
             out_d, ctx_d = dev.forward(kjts[i]), None
@@ -101,3 +107,15 @@ def test_device_max_pooling_matches_numpy(world, all_ranks, mix, dedup):
 def test_device_pipelined_input_dist_matches_numpy(world, all_ranks, mix):
     S.skip_if_uneven(mix, world)
     _run(world, all_ranks, mix, OptimizerKind.ADAM, pipelined=True, steps=3)
+
+
+@pytest.mark.parametrize("kind", list(OptimizerKind), ids=lambda k: k.value)
+@pytest.mark.parametrize("mix, cache, dedup, pipelined", [
+    ("tw", 1, False, False), ("rw", 4, False, True), ("cw", 2, True, False),
+    ("twrw", "all", False, False), ("twcw", 1, True, False), ("mixed", 3, False, True),
+    ("mixed_hier", 2, False, True)])
+def test_device_tiered_tables_match_numpy(world, all_ranks, mix, cache, dedup, pipelined,
+                                          kind):
+    """Host rows with a device cache: the CuPy cache, its copies and the kernels on slots."""
+    S.skip_if_uneven(mix, world)
+    _run(world, all_ranks, mix, kind, dedup=dedup, pipelined=pipelined, steps=3, cache=cache)

@@ -11,6 +11,8 @@ reference. Runs at any world size and node layout:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -18,8 +20,9 @@ from embedding.collection import ShardedEmbeddingCollection
 from embedding.jagged import KeyedJagged
 from embedding.kernels.reference import bag_grads, pool_bags
 from embedding.optim import dense_reference_update, state_specs
-from embedding.types import (OptimizerConfig, OptimizerKind, Pooling, Shard,
-                             ShardingPlan, ShardingType, TableConfig, TablePlan, cyclic_shards)
+from embedding.types import (CachePolicy, OptimizerConfig, OptimizerKind, Pooling, Shard,
+                             ShardingPlan, ShardingType, TableConfig, TableMemory, TablePlan,
+                             Tier, cyclic_shards)
 
 ST = ShardingType
 BATCH = 5
@@ -108,6 +111,22 @@ def make_plan(tables, mix: str, group) -> ShardingPlan:
     plans = tuple(table_plan(t, i, kinds[i], group.size, nodes, uneven)
                   for i, t in enumerate(tables))
     return ShardingPlan(group.size, len(nodes[0]), plans)
+
+
+def tiered_plan(plan: ShardingPlan, tables, cache, policy=CachePolicy.LRU) -> ShardingPlan:
+    """Even tables cached (``cache``: rows, or "all"), odd ones host; data-parallel stays."""
+    out = []
+    for i, (tp, t) in enumerate(zip(plan.tables, tables)):
+        if tp.sharding is ShardingType.DATA_PARALLEL:
+            out.append(tp)
+            continue
+        if i % 2:
+            mem = TableMemory(Tier.HOST)
+        else:
+            rows = t.num_rows if cache == "all" else cache
+            mem = TableMemory(Tier.CACHED, rows, policy, admit_after=1 + i // 2)
+        out.append(dataclasses.replace(tp, memory=mem))
+    return dataclasses.replace(plan, tables=tuple(out))
 
 
 # -- data and reference ------------------------------------------------------------

@@ -15,15 +15,19 @@ from embedding.torch import ShardedEmbeddingBagCollection
 from embedding.types import OptimizerKind
 
 from test_sharding import (BATCH, MAX_POOLS, MIXES, POOLS, Reference, global_batch,
-                           local_kjt, make_plan, make_tables, skip_if_uneven)
+                           local_kjt, make_plan, make_tables, skip_if_uneven, tiered_plan)
 from test_train import own_group
 
 
-def _train(world, all_ranks, mix, kind, pools=POOLS, steps=2):
-    """The module against the float64 dense reference (loss = sum(pooled * G))."""
+def _train(world, all_ranks, mix, kind, pools=POOLS, steps=2, cache=None):
+    """The module against the float64 dense reference (loss = sum(pooled * G)); ``cache``:
+    the tables in host memory (see ``tiered_plan``)."""
     group = world.world
     tables = make_tables(kind, pools)
-    mod = ShardedEmbeddingBagCollection(tables, make_plan(tables, mix, group), group)
+    plan = make_plan(tables, mix, group)
+    if cache is not None:
+        plan = tiered_plan(plan, tables, cache)
+    mod = ShardedEmbeddingBagCollection(tables, plan, group)
     rng = np.random.default_rng(77)
     ref = Reference(tables, rng)
     mod.load_state_dict({f"embedding_bags.{t.name}.weight": torch.from_numpy(ref.w[t.name])
@@ -37,6 +41,10 @@ def _train(world, all_ranks, mix, kind, pools=POOLS, steps=2):
         err = float(np.max(np.abs(pooled.detach().numpy() - want) / (1 + np.abs(want)),
                            initial=0))
         all_ranks(err < 1e-10, f"{mix}/{kind.value} step {i}: forward differs by {err}")
+        if cache is not None:  # evaluation, and a forward nobody takes the gradient of
+            with torch.no_grad():
+                mod(local_kjt(bags, weights, group.rank))
+            mod(local_kjt(bags, weights, group.rank))
         (pooled * torch.from_numpy(g[sl])).sum().backward()
         ref.step(bags, weights, g)
     sd = mod.state_dict()
@@ -53,6 +61,14 @@ def test_every_sharding_trains_through_autograd(world, all_ranks, mix, kind):
     skip_if_uneven(mix, world)
     # float64 tables: the module's tensors are float64 too
     _train(world, all_ranks, mix, kind)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("mix", ["tw", "rw", "mixed"])
+def test_host_resident_tables_through_autograd(world, all_ranks, mix):
+    """Cached and host tables train through autograd; a no_grad forward between steps and a
+    forward whose backward is skipped leave no step open."""
+    _train(world, all_ranks, mix, OptimizerKind.ADAM, steps=3, cache=2)
 
 
 @pytest.mark.mpi(min_size=1)

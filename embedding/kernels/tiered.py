@@ -1,0 +1,352 @@
+"""Local shards whose rows live in host memory, with a device cache in front.
+
+:class:`TieredTables` has the interface of
+:class:`~embedding.kernels.fused.FusedTables` for tables whose
+:class:`~embedding.types.TableMemory` tier is ``host`` or ``cached``. The
+rows and their optimizer state live in a host (NumPy) ``FusedTables``; the
+kernels run on a device ``FusedTables`` whose table ``t`` holds the slots of
+a :class:`~embedding.kernels.cache.RowCache` (the cache, then the staging
+slots of the step). A step runs as:
+
+1. ``lookup(bags)`` (or an earlier ``prefetch(bags)``): the unique rows of
+   each table get slots; missing rows are copied host → device (weights and
+   optimizer state), evicted dirty rows device → host first; the bags' ids
+   are rewritten to slots and the unchanged fused kernel pools them;
+2. ``backward_update(bags, grad)`` or ``aggregate`` + ``update``: the kernel
+   updates the slots; they are marked dirty, the step's rows are unpinned,
+   and staging rows go back to the host.
+
+Because rows are moved, never recomputed, and every kernel treats a row the
+same under any numbering, training is bitwise equal to training with the
+tables in device memory, for any cache size (1 row included) and policy.
+Steps are finished in the order they were looked up: the backward of a step
+drops the older steps still open (their backward was skipped, as in
+evaluation), so a later backward of a dropped step raises. ``weight(t)`` and
+``state_view(t, name)`` write the cache back, empty it, and return the host
+arrays (what checkpoints and ``load_table`` read and write).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from typing import Sequence
+
+import numpy as np
+
+from embedding.kernels.cache import RowCache
+from embedding.kernels.fused import FusedTables
+from embedding.kernels.layout import Bags
+from embedding.optim import row_bytes, state_specs
+from embedding.types import TableMemory
+
+__all__ = ["TieredTables", "CacheStats"]
+
+
+@dataclasses.dataclass
+class CacheStats:
+    """Counters since the store was made (or :meth:`TieredTables.take_stats`).
+
+    ``lookups``: unique rows a step needed, summed over steps; ``hits``: of
+    those, rows found in the cache; ``bytes_in``/``bytes_out``: bytes copied
+    host → device and device → host (weights and optimizer state);
+    ``seconds``: time spent placing rows and copying them (wall clock).
+    """
+
+    lookups: int = 0
+    hits: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: "CacheStats") -> None:
+        """Add ``other``'s counters to these."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+class _Step:
+    """One step's rows between its lookup and its update."""
+
+    __slots__ = ("source", "bags", "slots")
+
+    def __init__(self, source, bags, slots):
+        self.source = source        # the caller's Bags (or None for ``gather``)
+        self.bags = bags            # the same with ids rewritten to slots
+        self.slots = slots          # per table: the slots pinned (int64)
+
+
+class TieredTables:
+    """Host-resident tables with a device cache, in place of ``FusedTables`` (module doc).
+
+    ``memory[t]`` is table ``t``'s :class:`~embedding.types.TableMemory`
+    (``host`` or ``cached``); its cache is ``min(cache_rows, rows[t])`` rows.
+    Other arguments as for ``FusedTables``.
+    """
+
+    def __init__(self, rows: Sequence[int], dims: Sequence[int], optimizer,
+                 memory: Sequence[TableMemory], dtype: str = "float32", device: str = "cpu",
+                 names: Sequence[str] | None = None, threads: int = 1):
+        self.host = FusedTables(rows, dims, optimizer, dtype=dtype, device="cpu", names=names,
+                                threads=threads)
+        self.layout = self.host.layout
+        self.optimizers = self.host.optimizers
+        self.names = self.host.names
+        self.dtype = self.host.dtype
+        self.device = device
+        self.threads = self.host.threads
+        memory = tuple(memory)
+        if len(memory) != self.layout.num_tables:
+            raise ValueError(f"memory: expected one TableMemory per table "
+                             f"({self.layout.num_tables}), got {len(memory)}")
+        for name, m in zip(self.names, memory):
+            if not m.tiered:
+                raise ValueError(f"memory of {name}: TieredTables holds host and cached "
+                                 f"tables, got tier {m.tier.value!r}")
+        self.memory = memory
+        self.caches = [RowCache(r, min(m.cache_rows, r), m.policy, m.admit_after)
+                       for r, m in zip(self.layout.rows, memory)]
+        self.stats = CacheStats()
+        self._steps: deque[_Step] = deque()
+        self._prefetched: dict[int, _Step] = {}
+        self._row_bytes = [row_bytes(c.kind, d, self.dtype)
+                           for c, d in zip(self.optimizers, self.layout.dims)]
+        self.work = self._device_tables()
+        self.xp = self.work.xp
+
+    def __repr__(self) -> str:
+        tiers = "/".join(sorted({m.tier.value for m in self.memory}))
+        return (f"TieredTables({len(self.names)} tables, {self.layout.total_rows} rows, "
+                f"{self.dtype.name}, {tiers}, {self.device})")
+
+    @property
+    def num_tables(self) -> int:
+        return self.layout.num_tables
+
+    # -- host views (checkpoints, init, load) --------------------------------------------
+    def weight(self, t: int):
+        """Table ``t``'s host ``[rows, dim]`` weights, after the cache is written back."""
+        self.flush()
+        return self.host.weight(t)
+
+    def state_view(self, t: int, name: str):
+        """Table ``t``'s host view of optimizer state ``name``, after a write-back."""
+        self.flush()
+        return self.host.state_view(t, name)
+
+    @property
+    def weights(self):
+        """The flat host weights of every table (as ``FusedTables.weights``), written back."""
+        self.flush()
+        return self.host.weights
+
+    @property
+    def state(self) -> dict:
+        """The host optimizer state arrays (as ``FusedTables.state``), written back."""
+        self.flush()
+        return self.host.state
+
+    def flush(self) -> None:
+        """Write every dirty cached row back to the host and empty the caches.
+
+        Emptying them keeps the host the only copy, so that whoever writes the
+        host arrays next (a checkpoint load) is not shadowed by a stale row.
+        Steps still open (looked up, not updated) are dropped first, as a
+        skipped backward is: a later backward of one raises.
+        """
+        self.drop_steps()
+        for step in self._prefetched.values():
+            self._close(step, newest=True)
+        self._prefetched.clear()
+        for t, cache in enumerate(self.caches):
+            self._copy_out(t, *cache.drain())
+
+    def take_stats(self) -> CacheStats:
+        """The counters so far; they restart at zero."""
+        out, self.stats = self.stats, CacheStats()
+        return out
+
+    # -- the step ------------------------------------------------------------------------
+    def prefetch(self, bags: Bags) -> None:
+        """Bring the rows of ``bags`` in now, ahead of its ``lookup`` (module doc)."""
+        if id(bags) not in self._prefetched:
+            self._prefetched[id(bags)] = self._acquire(bags)
+
+    def lookup(self, bags: Bags, out=None):
+        """Pooled lookup of every bag, as ``FusedTables.lookup``; the step stays open."""
+        step = self._prefetched.pop(id(bags), None) or self._acquire(bags)
+        self._steps.append(step)
+        return self.work.lookup(step.bags, out)
+
+    def gather(self, pairs) -> list:
+        """Rows ``ids`` of table ``t`` for each ``(t, ids)``; opens a step like ``lookup``."""
+        per = [[] for _ in range(self.num_tables)]
+        for t, ids in pairs:
+            per[t].append(np.asarray(ids, np.int64))
+        step = self._open(None, [np.unique(np.concatenate(p)) if p else np.zeros(0, np.int64)
+                                 for p in per])
+        self._steps.append(step)
+        out = []
+        for t, ids in pairs:
+            cache = self.caches[t]
+            w = self.work.weight(t)
+            out.append(w[self.xp.asarray(cache.row_slot[np.asarray(ids, np.int64)])])
+        return out
+
+    def aggregate(self, bags: Bags, grad_out):
+        """Per table ``(rows, grads)`` of the bags' summed gradients, rows ascending."""
+        step = self._current(bags)
+        out = []
+        for t, (slots, g) in enumerate(self.work.aggregate(step.bags, grad_out)):
+            s = _host(slots)
+            rows = self.caches[t].slot_row[s]
+            order = np.argsort(rows, kind="stable")
+            out.append((self.xp.asarray(rows[order]), g[self.xp.asarray(order)]))
+        return out
+
+    def update(self, sparse, unique: bool = True, row_terms=None) -> None:
+        """Optimizer step on per-table ``(rows, grads)`` of the oldest open step; closes it."""
+        step = self._current(None)
+        mapped = []
+        for t, (rows, g) in enumerate(sparse):
+            r = _host(rows).astype(np.int64, copy=False)
+            slots = self.caches[t].row_slot[r] if r.size else np.zeros(0, np.int64)
+            if np.any(slots < 0):
+                raise ValueError(f"sparse: rows of {self.names[t]} that the step did not "
+                                 f"look up: {r[slots < 0][:5].tolist()}")
+            mapped.append((self.xp.asarray(slots), g))
+            self.caches[t].mark_dirty(slots)
+        self.work.update(mapped, unique, row_terms)
+        self._close(step)
+
+    def backward_update(self, bags: Bags, grad_out) -> None:
+        """Fused backward + optimizer on the rows of the oldest open step; closes it."""
+        step = self._current(bags)
+        self.work.backward_update(step.bags, grad_out)
+        for t, slots in enumerate(step.slots):
+            self.caches[t].mark_dirty(slots)
+        self._close(step)
+
+    def open_steps(self) -> int:
+        """Steps looked up (or gathered) and not yet updated."""
+        return len(self._steps)
+
+    def drop_steps(self, keep: int = 0) -> None:
+        """Close the open steps after the first ``keep`` without an update (forward only)."""
+        while len(self._steps) > keep:
+            self._close(self._steps.pop(), newest=True)
+
+    # -- internals -------------------------------------------------------------------------
+    def _acquire(self, bags: Bags) -> _Step:
+        bags.check(self.layout)
+        idx = _host(bags.indices).astype(np.int64, copy=False)
+        offsets = _host(bags.offsets).astype(np.int64, copy=False)
+        table_of = np.zeros(0, np.int64)
+        if bags.num_bags:  # ids of block (group, slot) are one run: its table's
+            per_block = np.diff(offsets[::bags.batch_size])
+            block_table = np.tile(np.asarray(bags.slot_table, np.int64), bags.num_groups)
+            table_of = np.repeat(block_table, per_block)
+        inverse, unique = [None] * self.num_tables, []
+        for t in range(self.num_tables):
+            mask = table_of == t
+            ids = idx[mask]
+            if ids.size and (ids.min() < 0 or ids.max() >= self.layout.rows[t]):
+                bad = ids[(ids < 0) | (ids >= self.layout.rows[t])][0]
+                raise ValueError(f"bags: id {int(bad)} of {self.names[t]} is outside "
+                                 f"[0, {self.layout.rows[t]})")
+            u, inv = np.unique(ids, return_inverse=True)
+            unique.append(u)
+            inverse[t] = (mask, inv)
+        step = self._open(bags, unique)
+        new = np.empty_like(idx)
+        for t, (mask, inv) in enumerate(inverse):
+            if inv.size:
+                new[mask] = self.caches[t].row_slot[unique[t]][inv]
+        step.bags = dataclasses.replace(bags, indices=self.xp.asarray(new) if
+                                        self.device == "cuda" else new)
+        return step
+
+    def _open(self, source, unique: list) -> _Step:
+        t0 = time.perf_counter()
+        grown, decided = False, []
+        for t, rows in enumerate(unique):
+            got, g = self.caches[t].acquire(rows)
+            decided.append(got)
+            grown |= g
+        if grown:
+            self.work = self._device_tables(self.work)
+        slots = []
+        for t, got in enumerate(decided):
+            self._copy_out(t, got.evict_rows, got.evict_slots)
+            self._copy_in(t, got.fetch_rows, got.fetch_slots)
+            self.stats.lookups += int(got.rows.size)
+            self.stats.hits += got.hits
+            slots.append(got.slots)
+        self.stats.seconds += time.perf_counter() - t0
+        return _Step(source, None, slots)
+
+    def _current(self, bags) -> _Step:
+        """The step ``bags`` opened (the oldest open step for ``None``); older steps, whose
+        backward was skipped, are dropped."""
+        if bags is None:
+            if not self._steps:
+                raise ValueError("update: no lookup of a host-resident table is open")
+            return self._steps[0]
+        k = next((i for i, s in enumerate(self._steps) if s.source is bags), None)
+        if k is None:
+            raise ValueError("backward: these bags are not an open step's; host-resident "
+                             "tables finish steps in the order they were looked up (a step "
+                             "whose backward is skipped is dropped at a later step's)")
+        for _ in range(k):
+            self._close(self._steps[0])
+        return self._steps[0]
+
+    def _close(self, step: _Step, newest: bool = False) -> None:
+        t0 = time.perf_counter()
+        if not newest:
+            self._steps.popleft()
+        for t, slots in enumerate(step.slots):
+            self._copy_out(t, *self.caches[t].release(slots))
+        self.stats.seconds += time.perf_counter() - t0
+
+    def _device_tables(self, old: FusedTables | None = None) -> FusedTables:
+        work = FusedTables([c.slots for c in self.caches], self.layout.dims, self.optimizers,
+                           dtype=self.dtype.name, device=self.device, names=self.names,
+                           threads=self.threads)
+        if old is not None:  # more staging slots: the existing slots keep their rows
+            for t in range(self.num_tables):
+                n = old.layout.rows[t]
+                work.weight(t)[:n] = old.weight(t)
+                for spec in state_specs(self.optimizers[t].kind):
+                    work.state_view(t, spec.name)[:n] = old.state_view(t, spec.name)
+        return work
+
+    def _copy_in(self, t: int, rows: np.ndarray, slots: np.ndarray) -> None:
+        if not rows.size:
+            return
+        xp = self.xp
+        s = xp.asarray(slots)
+        self.work.weight(t)[s] = xp.asarray(self.host.weight(t)[rows])
+        for spec in state_specs(self.optimizers[t].kind):
+            self.work.state_view(t, spec.name)[s] = xp.asarray(
+                self.host.state_view(t, spec.name)[rows])
+        self.stats.bytes_in += int(rows.size) * self._row_bytes[t]
+
+    def _copy_out(self, t: int, rows: np.ndarray, slots: np.ndarray) -> None:
+        if not rows.size:
+            return
+        s = self.xp.asarray(slots)
+        self.host.weight(t)[rows] = _host(self.work.weight(t)[s])
+        for spec in state_specs(self.optimizers[t].kind):
+            self.host.state_view(t, spec.name)[rows] = _host(
+                self.work.state_view(t, spec.name)[s])
+        self.stats.bytes_out += int(rows.size) * self._row_bytes[t]
+
+
+def _host(arr) -> np.ndarray:
+    """A NumPy copy (or view) of a NumPy or CuPy array."""
+    return arr if isinstance(arr, np.ndarray) else arr.get()
