@@ -215,7 +215,8 @@ class ShardedEmbeddingCollection:
         return [s for strat in self.strategies for s in strat.local_shards()]
 
     def load_table(self, name: str, weights) -> None:
-        """Set table ``name`` from its full ``[num_rows, dim]`` weights (each rank takes its shards)."""
+        """Set table ``name`` from its full ``[num_rows, dim]`` weights (each rank takes its
+        shards' rows and columns)."""
         table = next((t for t in self.tables if t.name == name), None)
         if table is None:
             raise KeyError(f"table {name!r} is not in this collection")
@@ -226,8 +227,7 @@ class ShardedEmbeddingCollection:
         for s in self.local_shards():
             if s.table == name:
                 sh = s.shard
-                assign(s.weight, weights[sh.row_offset:sh.row_offset + sh.num_rows,
-                                         sh.col_offset:sh.col_offset + sh.num_cols])
+                assign(s.weight, weights[sh.row_slice, sh.col_slice])
 
     def gather_table(self, name: str) -> np.ndarray:
         """Table ``name``'s whole ``[num_rows, dim]`` weights, on every rank (collective).
@@ -250,8 +250,7 @@ class ShardedEmbeddingCollection:
         out = np.empty((table.num_rows, table.dim), self.env.dtype)
         for part in self.env.group.comm.allgather(mine):
             for sh, w in part:
-                out[sh.row_offset:sh.row_offset + sh.num_rows,
-                    sh.col_offset:sh.col_offset + sh.num_cols] = w
+                out[sh.row_slice, sh.col_slice] = w
         return out
 
     # -- the step --------------------------------------------------------------------
@@ -371,8 +370,9 @@ def init_weights(coll: ShardedEmbeddingCollection, seed: int = 0) -> None:
     """Uniform ``±sqrt(1/num_rows)`` weights (TorchRec's default), identical for any plan.
 
     Element ``(r, c)`` of table ``t`` is a counter-based hash of (seed,
-    table name, ``r * dim + c``), so every shard computes its own piece and
-    a table reads the same under any sharding.
+    table name, ``r * dim + c``) for the table row ``r`` (a strided shard's
+    local row ``i`` is table row ``row_offset + i * row_stride``), so every
+    shard computes its own piece and a table reads the same under any sharding.
     """
     for s in coll.local_shards():
         table = next(t for t in coll.tables if t.name == s.table)
@@ -381,17 +381,18 @@ def init_weights(coll: ShardedEmbeddingCollection, seed: int = 0) -> None:
         chunk = max(1, (1 << 20) // max(sh.num_cols, 1))
         for r0 in range(0, sh.num_rows, chunk):
             r1 = min(sh.num_rows, r0 + chunk)
-            block = _uniform_block(seed, table.name, table.dim, sh.row_offset + r0,
-                                   sh.row_offset + r1, sh.col_offset,
+            rows = sh.row_offset + np.arange(r0, r1, dtype=np.int64) * sh.row_stride
+            block = _uniform_block(seed, table.name, table.dim, rows, sh.col_offset,
                                    sh.col_offset + sh.num_cols)
             bound = np.sqrt(1.0 / table.num_rows)
             assign(w[r0:r1], (2.0 * block - 1.0) * bound)
 
 
-def _uniform_block(seed: int, name: str, dim: int, r0: int, r1: int, c0: int, c1: int
+def _uniform_block(seed: int, name: str, dim: int, rows: np.ndarray, c0: int, c1: int
                    ) -> np.ndarray:
+    """Uniform [0, 1) numbers of the elements of table rows ``rows`` × columns ``[c0, c1)``."""
     salt = np.uint64((zlib.crc32(name.encode()) << 32) ^ (int(seed) & 0xFFFFFFFF))
-    idx = (np.arange(r0, r1, dtype=np.uint64)[:, None] * np.uint64(dim)
+    idx = (np.asarray(rows).astype(np.uint64)[:, None] * np.uint64(dim)
            + np.arange(c0, c1, dtype=np.uint64)[None, :])
     with np.errstate(over="ignore"):
         x = idx ^ salt

@@ -52,6 +52,7 @@ _CALLS = {ShardingType.TABLE_WISE: ((_A2A, _W), (_A2A, _W), (_A2A, _W)),
           ShardingType.COLUMN_WISE: ((_A2A, _W), (_A2A, _W), (_A2A, _W)),
           ShardingType.TABLE_COLUMN_WISE: ((_A2A, _W), (_A2A, _W), (_A2A, _W)),
           ShardingType.ROW_WISE: ((_A2A, _W), (_RS, _W), (_AG, _W)),
+          ShardingType.CYCLIC_ROW_WISE: ((_A2A, _W), (_RS, _W), (_AG, _W)),
           ShardingType.TABLE_ROW_WISE: ((_A2A, _W), (_RS, _N), (_AG, _N))}
 
 

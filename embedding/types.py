@@ -15,8 +15,8 @@ import numpy as np
 from neocomm.errors import NeocommError
 
 __all__ = ["Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig", "ShardingType",
-           "Shard", "Tier", "CachePolicy", "TableMemory", "TablePlan", "ShardingPlan", "IdPolicy", "BatchError", "enum_arg",
-           "check_pooling"]
+           "Shard", "Tier", "CachePolicy", "TableMemory", "TablePlan", "ShardingPlan", "IdPolicy",
+           "BatchError", "enum_arg", "check_pooling", "cyclic_shards"]
 
 
 def enum_arg(cls: type[enum.Enum], value, name: str):
@@ -127,12 +127,14 @@ class ShardingType(enum.Enum):
     DATA_PARALLEL = "data_parallel"      # replicated on every rank
     TABLE_ROW_WISE = "table_row_wise"    # one node, row-wise within the node
     TABLE_COLUMN_WISE = "table_column_wise"  # column slices on the ranks of one node
+    CYCLIC_ROW_WISE = "cyclic_row_wise"  # row r on rank r mod N of the group, local row r // N
 
 
 #: Shardings that split a bag's ids across ranks and add the ranks' partial pools: they
 #: pool by sum or mean only (a maximum would need every rank's partial maximum and its
 #: position in the bag for the gradient).
-_PARTIAL_POOLS = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+_PARTIAL_POOLS = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE,
+                  ShardingType.CYCLIC_ROW_WISE)
 
 
 def check_pooling(table: str, pooling: Pooling, sharding: ShardingType) -> None:
@@ -146,13 +148,57 @@ def check_pooling(table: str, pooling: Pooling, sharding: ShardingType) -> None:
 
 @dataclass(frozen=True)
 class Shard:
-    """Rows ``[row_offset, row_offset + num_rows)`` × columns ``[col_offset, col_offset + num_cols)`` on ``rank``."""
+    """Rows ``row_offset + i * row_stride`` (``i < num_rows``) × columns ``[col_offset,
+    col_offset + num_cols)`` of a table, held on ``rank``.
+
+    Local row ``i`` of the shard is table row ``row_offset + i * row_stride``. A
+    contiguous shard has ``row_stride`` 1 (rows ``[row_offset, row_offset + num_rows)``);
+    only cyclic row-wise shards are strided (:func:`cyclic_shards`).
+    """
 
     rank: int
     row_offset: int
     num_rows: int
     col_offset: int
     num_cols: int
+    row_stride: int = 1
+
+    def __post_init__(self):
+        st = self.row_stride
+        if isinstance(st, bool) or not isinstance(st, (int, np.integer)) or st < 1:
+            raise ValueError(f"row_stride: expected an int >= 1, got {st!r}")
+
+    @property
+    def row_slice(self) -> slice:
+        """The shard's rows as a slice of the table's row axis (a step for a strided shard)."""
+        return slice(self.row_offset, self.row_offset + self.num_rows * self.row_stride,
+                     self.row_stride)
+
+    @property
+    def col_slice(self) -> slice:
+        """The shard's columns as a slice of the table's column axis."""
+        return slice(self.col_offset, self.col_offset + self.num_cols)
+
+    def rows(self) -> np.ndarray:
+        """The table rows of the shard's local rows, in local order (int64)."""
+        return self.row_offset + np.arange(self.num_rows, dtype=np.int64) * self.row_stride
+
+
+def cyclic_shards(num_rows: int, dim: int, size: int) -> tuple[Shard, ...]:
+    """The shards of a cyclic row-wise table of ``num_rows`` × ``dim`` on ``size`` ranks.
+
+    Rank ``k`` holds rows ``k, k + size, k + 2 * size …``: ``Shard(k, row_offset=k,
+    num_rows=ceil((num_rows - k) / size), col_offset=0, num_cols=dim, row_stride=size)``
+    (no rows when ``k >= num_rows``).
+
+    >>> [s.num_rows for s in cyclic_shards(10, 4, 4)]
+    [3, 3, 2, 2]
+    """
+    n, size = int(num_rows), int(size)
+    if size < 1:
+        raise ValueError(f"size: expected a group of >= 1 ranks, got {size}")
+    return tuple(Shard(k, k, max(0, -(-(n - k) // size)), 0, int(dim), size)
+                 for k in range(size))
 
 
 class Tier(enum.Enum):
@@ -238,6 +284,13 @@ class TablePlan:
                                                           f"sharding of table {self.table!r}"))
         object.__setattr__(self, "shards", tuple(
             s if isinstance(s, Shard) else Shard(**s) for s in self.shards))
+        if self.sharding is not ShardingType.CYCLIC_ROW_WISE:
+            for s in self.shards:
+                if s.row_stride != 1:
+                    raise ValueError(f"row_stride of a shard of table {self.table!r}: only "
+                                     f"{ShardingType.CYCLIC_ROW_WISE.value} shards are "
+                                     f"strided, got row_stride={s.row_stride} on rank "
+                                     f"{s.rank} ({self.sharding.value})")
         if isinstance(self.memory, dict):
             try:
                 object.__setattr__(self, "memory", TableMemory(**self.memory))
@@ -277,12 +330,19 @@ class ShardingPlan:
         raise KeyError(f"table {name!r} is not in the plan")
 
     def to_json(self) -> str:
+        """The plan as JSON; a contiguous shard leaves out its ``row_stride`` (1), so plans
+        without cyclic tables read as they did before strides existed."""
         def enc(o):
             if isinstance(o, enum.Enum):
                 return o.value
             raise TypeError(type(o))
 
-        return json.dumps(asdict(self), default=enc, indent=1)
+        d = asdict(self)
+        for t in d["tables"]:
+            for s in t["shards"]:
+                if s["row_stride"] == 1:
+                    del s["row_stride"]
+        return json.dumps(d, default=enc, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "ShardingPlan":

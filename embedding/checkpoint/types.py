@@ -14,10 +14,14 @@ from embedding.types import ShardingPlan, TableConfig
 from neocomm.errors import NeocommError
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST", "MARKER", "TensorSlice", "FileRecord",
-           "Manifest", "CheckpointError", "ChecksumError", "CheckpointMismatchError"]
+           "Manifest", "CheckpointError", "ChecksumError", "CheckpointMismatchError",
+           "manifest_version"]
 
 FORMAT = "neocomm-checkpoint"
-FORMAT_VERSION = 1
+#: The newest manifest version this code reads and writes. Version 2 adds strided tensor
+#: slices (cyclic row-wise shards); a checkpoint without them is written as version 1,
+#: which readers that predate strides read as before.
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 MARKER = "COMPLETE"
 
@@ -51,43 +55,70 @@ class CheckpointMismatchError(CheckpointError):
 class TensorSlice:
     """Which part of a global tensor (``table``'s ``tensor``) an array holds.
 
-    The array's element ``i`` is the global element ``offset + i`` of a
-    tensor of ``global_shape``: for an embedding shard of rows
-    ``[r, r + n)`` and columns ``[c, c + m)`` of a ``R x D`` table,
-    ``offset = (r, c)`` and ``global_shape = (R, D)``. Per-row optimizer
-    state is 1-D: ``offset = (r,)``, ``global_shape = (R,)``.
+    The array's element ``i`` is the global element ``offset + i * stride``
+    (per dimension) of a tensor of ``global_shape``: for an embedding shard
+    of rows ``[r, r + n)`` and columns ``[c, c + m)`` of a ``R x D`` table,
+    ``offset = (r, c)``, ``stride = (1, 1)`` and ``global_shape = (R, D)``;
+    a cyclic row-wise shard of rows ``k, k + N, …`` has ``offset = (k, 0)``
+    and ``stride = (N, 1)``. Per-row optimizer state is 1-D: ``offset =
+    (r,)``, ``global_shape = (R,)``. ``stride`` defaults to all ones.
     """
 
     table: str
     tensor: str
     offset: tuple[int, ...]
     global_shape: tuple[int, ...]
+    stride: tuple[int, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "offset", tuple(int(x) for x in self.offset))
         object.__setattr__(self, "global_shape", tuple(int(x) for x in self.global_shape))
+        object.__setattr__(self, "stride", tuple(int(x) for x in self.stride)
+                           or (1,) * len(self.global_shape))
         if not self.table or not self.tensor:
             raise ValueError("table/tensor: a tensor slice needs a table and a tensor name")
         if len(self.offset) != len(self.global_shape):
             raise ValueError(f"offset: expected {len(self.global_shape)} coordinates for global "
                              f"shape {self.global_shape}, got {self.offset}")
+        if len(self.stride) != len(self.global_shape) or any(s < 1 for s in self.stride):
+            raise ValueError(f"stride: expected {len(self.global_shape)} steps >= 1 for global "
+                             f"shape {self.global_shape}, got {self.stride}")
+
+    @property
+    def strided(self) -> bool:
+        """Some dimension steps by more than one element."""
+        return any(s != 1 for s in self.stride)
 
     def check_shape(self, shape: tuple[int, ...], name: str) -> None:
-        """ValueError unless an array of ``shape`` fits inside the global tensor at ``offset``."""
+        """ValueError unless an array of ``shape`` fits inside the global tensor at ``offset``
+        with ``stride``."""
         if len(shape) != len(self.global_shape) or any(
-                o < 0 or s < 0 or o + s > g for o, s, g in zip(self.offset, shape,
-                                                                self.global_shape)):
+                o < 0 or n < 0 or (n and o + (n - 1) * st >= g)
+                for o, n, st, g in zip(self.offset, shape, self.stride, self.global_shape)):
+            step = f" with stride {self.stride}" if self.strided else ""
             raise ValueError(f"slices[{name!r}]: an array of shape {tuple(shape)} at offset "
-                             f"{self.offset} does not fit in {self.table}/{self.tensor} of "
-                             f"shape {self.global_shape}")
+                             f"{self.offset}{step} does not fit in {self.table}/{self.tensor} "
+                             f"of shape {self.global_shape}")
 
     def to_dict(self) -> dict:
-        return {"table": self.table, "tensor": self.tensor, "offset": list(self.offset),
-                "global_shape": list(self.global_shape)}
+        """The slice as JSON; ``stride`` only when some step is not 1."""
+        d = {"table": self.table, "tensor": self.tensor, "offset": list(self.offset),
+             "global_shape": list(self.global_shape)}
+        if self.strided:
+            d["stride"] = list(self.stride)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "TensorSlice":
-        return cls(d["table"], d["tensor"], tuple(d["offset"]), tuple(d["global_shape"]))
+        return cls(d["table"], d["tensor"], tuple(d["offset"]), tuple(d["global_shape"]),
+                   tuple(d.get("stride") or ()))
+
+
+def manifest_version(files) -> int:
+    """The manifest version a checkpoint of ``files`` (:class:`FileRecord`) is written as:
+    :data:`FORMAT_VERSION` when a slice is strided, else 1."""
+    strided = any(f.slice is not None and f.slice.strided for f in files)
+    return FORMAT_VERSION if strided else 1
 
 
 @dataclass(frozen=True)
@@ -155,9 +186,9 @@ class Manifest:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             got = d.get("format") if isinstance(d, dict) else None
             raise CheckpointError(f"manifest format is {got!r}, expected {FORMAT!r}", path=path)
-        if int(d.get("version", -1)) != FORMAT_VERSION:
+        if int(d.get("version", -1)) not in range(1, FORMAT_VERSION + 1):
             raise CheckpointError(f"manifest version {d.get('version')} is not supported (this "
-                                  f"reader knows {FORMAT_VERSION})", path=path)
+                                  f"reader knows 1 to {FORMAT_VERSION})", path=path)
         try:
             plan = (ShardingPlan.from_json(json.dumps(d["plan"])) if d.get("plan") else None)
             return cls(step=int(d["step"]), world_size=int(d["world_size"]),

@@ -31,7 +31,7 @@ import numpy as np
 from embedding.checkpoint.checksum import CHECKSUMS, Hasher, HashingFile, file_checksum
 from embedding.checkpoint.reader import list_checkpoints
 from embedding.checkpoint.types import (MANIFEST, MARKER, CheckpointError, FileRecord, Manifest,
-                                        TensorSlice)
+                                        TensorSlice, manifest_version)
 
 __all__ = ["CheckpointWriter", "save_checkpoint", "checkpoint_name", "prune", "file_checksum",
            "CHECKSUMS"]
@@ -162,7 +162,7 @@ class CheckpointWriter:
             raise TypeError(f"state: expected JSON-serialisable values: {exc}") from None
         manifest = Manifest(step=self.step, world_size=self.world_size, files=tuple(files),
                             tables=tuple(tables), plan=plan, state=dict(state or {}),
-                            created=time.time())
+                            created=time.time(), version=manifest_version(files))
         text = _write_json(self.tmp / MANIFEST, manifest.to_json())
         _write_json(self.tmp / MARKER, {"manifest_sha256": hashlib.sha256(
             text.encode()).hexdigest()})

@@ -109,6 +109,8 @@ def run(args) -> int:
         where = ""
         if rec.slice is not None:
             where = f" {rec.slice.table}/{rec.slice.tensor}@{list(rec.slice.offset)}"
+            if rec.slice.strided:
+                where += f" step {list(rec.slice.stride)}"
         extra = f" (found {act})" if st not in ("ok", "ok (size)") and act else ""
         print(f"  {rec.path:<44} {_size(rec.bytes):>10}  {rec.checksum}  {st.upper()}"
               f"{extra}  [{rec.name}{where}]")

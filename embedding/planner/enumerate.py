@@ -9,6 +9,7 @@ sharding                  placement   shards
 table-wise                free        1: the whole table
 column-wise ×k            free        k column slices of ``dim / k``, distinct ranks
 row-wise                  every rank  W row blocks
+cyclic row-wise           every rank  W row sets: row r on rank r mod W
 data-parallel             every rank  W replicas
 table-row-wise            one node    R row blocks on the ranks of one node
 table-column-wise ×k      one node    k column slices on ranks of one node
@@ -18,7 +19,16 @@ table-column-wise ×k      one node    k column slices on ranks of one node
 whose slices are at least ``min_column_dim`` wide, or is the table's fixed
 ``column_slices``. Hierarchical candidates are offered when there is more
 than one node. A table whose table-wise shard does not fit one device is
-offered row-wise and table-row-wise only: it is split by rows, never placed whole.
+offered row-wise, cyclic row-wise and table-row-wise only: it is split by rows,
+never placed whole.
+
+Cyclic row-wise is priced as row-wise: its shards hold the same number of rows
+rank by rank, and the planner models every row of a table as equally likely
+to be looked up, so both spread the lookups alike. (Under skewed ids cyclic
+spreads them evenly where contiguous blocks load the rank of the hot rows;
+the planner has no measure of skew.) It follows row-wise in the candidate
+list, so at equal cost the planner keeps contiguous row-wise; ask for cyclic
+with a table's ``shardings``.
 """
 from __future__ import annotations
 
@@ -27,14 +37,14 @@ from embedding.planner.estimate import CostModel, Scope, shard_memory, touch_byt
 from embedding.planner.estimate import itemsize as _itemsize
 from embedding.planner.types import (Candidate, Hardware, PlacementKind, PlanDoesNotFitError,
                                      ShardEstimate, TableConstraints, Workload, sum_parts)
-from embedding.types import Pooling, ShardingType, TableConfig, check_pooling
+from embedding.types import Pooling, ShardingType, TableConfig, check_pooling, cyclic_shards
 
 __all__ = ["enumerate_candidates", "row_blocks", "column_splits"]
 
 _A2A, _RS, _AG, _AR = (CollectiveOp.ALL_TO_ALL, CollectiveOp.REDUCE_SCATTER,
                        CollectiveOp.ALL_GATHER, CollectiveOp.ALL_REDUCE)
 _W, _N = Scope.WORLD, Scope.NODE
-_SPLIT = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+_SPLIT = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.CYCLIC_ROW_WISE)
 _GIB = float(1 << 30)
 
 
@@ -69,7 +79,8 @@ class _Builder:
         self.s = _itemsize(table.dtype)
         self.W, self.R = hw.world_size, hw.ranks_per_node
 
-    def _shard(self, rows, row_off, cols, col_off, lookups, buffers, comm) -> ShardEstimate:
+    def _shard(self, rows, row_off, cols, col_off, lookups, buffers, comm,
+               row_stride: int = 1) -> ShardEstimate:
         """``comm``: ``(part, op, scope, bytes)`` of each collective the shard's traffic
         travels in, ``part`` the step part it belongs to (:data:`STEP_PARTS`)."""
         mem = shard_memory(self.t, rows, cols, buffers=int(buffers))
@@ -81,7 +92,7 @@ class _Builder:
                             ("emb_backward", self.cost.lookup_seconds(lookups * (touch - read)))]
                            + priced)
         return ShardEstimate(row_off, rows, col_off, cols, mem, look,
-                             sum(t for _, t in priced), parts)
+                             sum(t for _, t in priced), parts, row_stride)
 
     def _spread(self, ids: float, rows: float) -> tuple[float, int, tuple]:
         """What every rank pays: its ``ids`` bytes out, its pooled ``rows`` bytes in (and
@@ -115,12 +126,17 @@ class _Builder:
         return Candidate(self.t.name, sharding, placement, tuple(shards), secs, mem, ops, parts)
 
     def rows(self, sharding: ShardingType) -> Candidate:
-        """Row-wise over the world or table-row-wise over one node."""
+        """Row-wise or cyclic row-wise over the world, or table-row-wise over one node."""
         B, L, I, s, dim = self.B, self.L, self.I, self.s, self.t.dim
         node = sharding is ShardingType.TABLE_ROW_WISE
         parts = self.R if node else self.W
+        if sharding is ShardingType.CYCLIC_ROW_WISE:
+            blocks = [(c.row_offset, c.num_rows, c.row_stride)
+                      for c in cyclic_shards(self.t.num_rows, dim, parts)]
+        else:
+            blocks = [(offset, rows, 1) for offset, rows in row_blocks(self.t.num_rows, parts)]
         shards = []
-        for offset, rows in row_blocks(self.t.num_rows, parts):
+        for offset, rows, stride in blocks:
             frac = rows / self.t.num_rows
             if node:  # reduce inside the node, then one all-to-all across nodes
                 comm = [("input_dist", _A2A, _W, B * L * I * frac),
@@ -133,7 +149,7 @@ class _Builder:
                         ("output_dist", _RS, _W, B * dim * s),
                         ("emb_backward", _AG, _W, B * dim * s)]
             shards.append(self._shard(rows, offset, dim, 0, B * L * frac,
-                                      B * L * I * frac + 2 * B * dim * s, comm))
+                                      B * L * I * frac + 2 * B * dim * s, comm, stride))
         if node:
             secs, mem, sp = self._spread(B / self.W * L * I, B / self.W * dim * s)
             ops = ((_A2A, _W), (_RS, _N), (_AG, _N))
@@ -201,6 +217,9 @@ def enumerate_candidates(table: TableConfig, hardware: Hardware, workload: Workl
     if ShardingType.ROW_WISE in allowed and hw.world_size > 1 \
             and table.num_rows >= hw.world_size:
         out.append(b.rows(ShardingType.ROW_WISE))
+    if ShardingType.CYCLIC_ROW_WISE in allowed and hw.world_size > 1 \
+            and table.num_rows >= hw.world_size:
+        out.append(b.rows(ShardingType.CYCLIC_ROW_WISE))
     if ShardingType.TABLE_ROW_WISE in allowed and hw.ranks_per_node > 1 \
             and table.num_rows >= hw.ranks_per_node and (multi_node or explicit):
         out.append(b.rows(ShardingType.TABLE_ROW_WISE))

@@ -2,7 +2,7 @@
 ranks with a partitioner, and score the result.
 
 Placement goes from the least to the most freedom: every-rank candidates
-(row-wise, data-parallel) first, since their ranks are fixed; then one-node
+(row-wise, cyclic row-wise, data-parallel) first, since their ranks are fixed; then one-node
 candidates (hierarchical), partitioned over nodes; then free shards
 (table-wise, column slices), partitioned over ranks on top of what is
 already there. Each partition minimises the largest per-rank time under the
@@ -150,7 +150,8 @@ def score(choices: Sequence[Candidate], ranks: Sequence[Sequence[int]], hardware
             count[r] += 1
             compute[r] += s.lookup_seconds
             parts[r].extend(s.parts)
-            shards.append(Shard(r, s.row_offset, s.num_rows, s.col_offset, s.num_cols))
+            shards.append(Shard(r, s.row_offset, s.num_rows, s.col_offset, s.num_cols,
+                                s.row_stride))
         plans.append(TablePlan(c.table, c.sharding, tuple(shards)))
         tables.append(TableReport(c.table, c.sharding, c.describe(), tuple(sorted(set(rs))),
                                   sum(s.memory.total for s in c.shards), c.seconds))

@@ -311,11 +311,12 @@ def evaluate_plan(plan: ShardingPlan, tables: Sequence[TableConfig], hardware: H
                      if c.sharding is tp.sharding and len(c.shards) == len(tp.shards)), None)
         blocks = {}
         for s in tp.shards:
-            blocks.setdefault((s.row_offset, s.num_rows, s.col_offset, s.num_cols),
-                              []).append(s.rank)
+            blocks.setdefault((s.row_offset, s.num_rows, s.row_stride, s.col_offset,
+                               s.num_cols), []).append(s.rank)
         picked = []
         for s in (cand.shards if cand is not None else ()):
-            owners = blocks.get((s.row_offset, s.num_rows, s.col_offset, s.num_cols))
+            owners = blocks.get((s.row_offset, s.num_rows, s.row_stride, s.col_offset,
+                                 s.num_cols))
             if not owners:
                 break
             picked.append(owners.pop(0))

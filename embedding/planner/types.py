@@ -201,6 +201,8 @@ class ShardEstimate:
     parts (:data:`STEP_PARTS`): ``input_dist`` (ids), ``lookup`` (the forward
     read), ``output_dist`` (pooled rows), ``emb_backward`` (their gradients and the
     fused update), ``grad_sync`` (a data-parallel table's gradient AllReduce).
+    ``row_stride``: the step between the shard's rows (1 but for cyclic row-wise,
+    as in :class:`~embedding.types.Shard`).
     """
 
     row_offset: int
@@ -211,6 +213,7 @@ class ShardEstimate:
     lookup_seconds: float = 0.0
     comm_seconds: float = 0.0
     parts: tuple[tuple[str, float], ...] = ()
+    row_stride: int = 1
 
     @property
     def seconds(self) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from embedding.planner.types import PlanMismatchError
-from embedding.types import ShardingPlan, ShardingType, TableConfig
+from embedding.types import ShardingPlan, ShardingType, TableConfig, cyclic_shards
 
 __all__ = ["validate_plan"]
 
@@ -16,7 +16,8 @@ def validate_plan(plan: ShardingPlan, world_size: int, *, ranks_per_node: int | 
     Checks: the plan's world size (and ranks per node, when given) equal the
     world's; every shard's rank is in the world; with ``tables``, the plan
     names exactly these tables and the shards of each cover its rows × columns
-    (every element once, or one whole replica per rank for data-parallel tables).
+    (every element once, or one whole replica per rank for data-parallel tables;
+    cyclic row-wise shards as :func:`~embedding.types.cyclic_shards` lays them out).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size: expected a positive int, got {world_size!r}")
@@ -57,10 +58,28 @@ def _coverage(tp, table: TableConfig, world_size: int) -> str | None:
     """Why the shards of ``tp`` do not tile ``table`` (None when they do).
 
     Data-parallel: one full replica on each of ``world_size`` distinct ranks.
-    Otherwise: the column slices tile ``[0, dim)`` and, within each slice, the
-    row blocks tile ``[0, num_rows)`` — every element exactly once.
+    Cyclic row-wise: on every rank ``k`` the rows ``k, k + world_size, …``
+    (:func:`~embedding.types.cyclic_shards`). Otherwise: the column slices
+    tile ``[0, dim)`` and, within each slice, the row blocks tile ``[0,
+    num_rows)`` — every element exactly once.
     """
     rows, dim = table.num_rows, table.dim
+    if tp.sharding is ShardingType.CYCLIC_ROW_WISE:
+        ranks = sorted(s.rank for s in tp.shards)
+        if ranks != list(range(world_size)):
+            return (f"cyclic row-wise needs one shard on each of the {world_size} ranks, got "
+                    f"shards on ranks {ranks}")
+        mine = {s.rank: s for s in tp.shards}
+        for want in cyclic_shards(rows, dim, world_size):
+            got = mine[want.rank]
+            if got != want:
+                return (f"the cyclic row-wise shard on rank {want.rank} must be rows "
+                        f"{want.rank}, {want.rank} + {world_size}, … ({want.num_rows} rows, "
+                        f"row_offset={want.row_offset}, row_stride={want.row_stride}) at full "
+                        f"width, got {got.num_rows} rows, row_offset={got.row_offset}, "
+                        f"row_stride={got.row_stride}, columns [{got.col_offset}, "
+                        f"{got.col_offset + got.num_cols})")
+        return None
     if tp.sharding is ShardingType.DATA_PARALLEL:
         if any((s.row_offset, s.num_rows, s.col_offset, s.num_cols) != (0, rows, 0, dim)
                for s in tp.shards):

@@ -7,6 +7,7 @@ is adding a module and one entry here.
 """
 from embedding.sharding.base import Pending, ShardingEnv, ShardingStrategy
 from embedding.sharding.column_wise import ColumnWiseSharding
+from embedding.sharding.cyclic_row_wise import CyclicRowWiseSharding
 from embedding.sharding.data_parallel import DataParallelSharding
 from embedding.sharding.row_wise import RowWiseSharding
 from embedding.sharding.table_column_wise import TableColumnWiseSharding
@@ -16,7 +17,7 @@ from embedding.types import ShardingType
 
 __all__ = ["STRATEGIES", "ShardingStrategy", "ShardingEnv", "Pending", "TableWiseSharding",
            "RowWiseSharding", "ColumnWiseSharding", "DataParallelSharding",
-           "TableRowWiseSharding", "TableColumnWiseSharding"]
+           "TableRowWiseSharding", "TableColumnWiseSharding", "CyclicRowWiseSharding"]
 
 #: The strategy class of each sharding type, in the order a collection runs them.
 STRATEGIES: dict[ShardingType, type[ShardingStrategy]] = {
@@ -26,4 +27,5 @@ STRATEGIES: dict[ShardingType, type[ShardingStrategy]] = {
     ShardingType.TABLE_COLUMN_WISE: TableColumnWiseSharding,
     ShardingType.ROW_WISE: RowWiseSharding,
     ShardingType.TABLE_ROW_WISE: TableRowWiseSharding,
+    ShardingType.CYCLIC_ROW_WISE: CyclicRowWiseSharding,
 }

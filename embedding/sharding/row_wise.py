@@ -18,10 +18,16 @@ Backward: the gradient of each rank's batch (mean columns scaled by
 ``1/length``) is AllGathered, since every rank holds partial sums of every
 batch; each rank then updates its own rows. Blocks may be uneven, and a
 rank may hold no rows of a table.
+
+Where a row lives is the one thing a subclass changes (:meth:`RowWiseSharding._layout`,
+a :data:`Route` per table): cyclic row-wise
+(:mod:`~embedding.sharding.cyclic_row_wise`) runs the same steps with rows dealt
+round-robin over the ranks.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -32,7 +38,30 @@ from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingS
                                      collectives_api, pack_jagged, unpack_jagged)
 from embedding.types import Pooling, Shard, ShardingType, TableConfig, TablePlan
 
-__all__ = ["RowWiseSharding", "check_row_partition", "bucketize", "mean_scale"]
+__all__ = ["RowWiseSharding", "Route", "RowBlocks", "check_row_partition", "bucketize",
+           "mean_scale"]
+
+#: Where the rows of one table live: ``route(ids) -> (dest, local)``, for int64 table rows
+#: ``ids``, the destination index holding each row and its row within that destination's
+#: shard (both int64, the shape of ``ids``).
+Route = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True, eq=False)
+class RowBlocks:
+    """The :data:`Route` of contiguous row blocks: block ``j`` starts at table row
+    ``starts[j]`` (ascending, ``starts[0] == 0``) and is held by destination ``dest[j]``.
+
+    >>> RowBlocks(np.array([0, 5]), np.array([1, 0]))(np.array([2, 7]))
+    (array([1, 0]), array([2, 2]))
+    """
+
+    starts: np.ndarray
+    dest: np.ndarray
+
+    def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        blk = np.searchsorted(self.starts, ids, side="right") - 1
+        return self.dest[blk], ids - self.starts[blk]
 
 
 def check_row_partition(table: TableConfig, plan: TablePlan, ranks: Sequence[int]
@@ -66,15 +95,16 @@ def check_row_partition(table: TableConfig, plan: TablePlan, ranks: Sequence[int
     return shards
 
 
-def bucketize(feats: Sequence[JaggedFeature], blocks: Sequence[tuple[np.ndarray, np.ndarray]],
-              num_dest: int, batch: int):
+def bucketize(feats: Sequence[JaggedFeature], routes: Sequence[Route], num_dest: int,
+              batch: int):
     """Route every id to the destination holding its row.
 
-    ``blocks[f] = (starts, dest)``: the first global row of each block of
-    feature ``f``'s table (ascending) and the destination index (in
-    ``[0, num_dest)``) holding it. Returns ``(lengths [num_dest, F, B],
-    local_ids, weights_or_None, counts [num_dest])`` with ids grouped by
-    destination, then feature, then bag, as block-local rows.
+    ``routes[f]`` maps the ids of feature ``f``'s table to destination
+    indices in ``[0, num_dest)`` and rows local to that destination's shard
+    (a :class:`RowBlocks`, or the cyclic route of
+    :mod:`~embedding.sharding.cyclic_row_wise`). Returns ``(lengths
+    [num_dest, F, B], local_ids, weights_or_None, counts [num_dest])`` with
+    ids grouped by destination, then feature, then bag, as shard-local rows.
     """
     nf = len(feats)
     sizes = [f.values.size for f in feats]
@@ -83,13 +113,10 @@ def bucketize(feats: Sequence[JaggedFeature], blocks: Sequence[tuple[np.ndarray,
     local = np.empty(total, np.int64)
     key = np.empty(total, np.int64)
     at = 0
-    for fi, (f, (starts, owners)) in enumerate(zip(feats, blocks)):
+    for fi, (f, route) in enumerate(zip(feats, routes)):
         v = f.values
         n = v.size
-        blk = np.searchsorted(starts, v, side="right") - 1
-        d = owners[blk]
-        dest[at:at + n] = d
-        local[at:at + n] = v - starts[blk]
+        dest[at:at + n], local[at:at + n] = route(v)
         key[at:at + n] = fi * batch + np.repeat(np.arange(batch, dtype=np.int64), f.lengths)
         at += n
     order = stable_argsort(dest, max(num_dest - 1, 0))
@@ -123,14 +150,12 @@ class RowWiseSharding(ShardingStrategy):
     def __init__(self, tables: Sequence[TableConfig], plans: Sequence[TablePlan],
                  env: ShardingEnv):
         super().__init__(tables, plans, env)
-        self._blocks = []     # per table: (starts, dest ranks)
+        self._routes: list[Route] = []   # per table: id -> (rank, local row)
         local = []
         for t, p in zip(self.tables, self.plans):
-            shards = check_row_partition(t, p, range(env.size))
-            self._blocks.append((np.array([s.row_offset for s in shards], np.int64),
-                                 np.array([s.rank for s in shards], np.int64)))
-            mine = [s for s in shards if s.rank == env.rank]
-            local.append(mine[0] if mine else Shard(env.rank, 0, 0, 0, t.dim))
+            route, mine = self._layout(t, p)
+            self._routes.append(route)
+            local.append(mine)
         self._local = local
         self.fused = env.fused([s.num_rows for s in local], [t.dim for t in self.tables],
                                [t.optimizer for t in self.tables],
@@ -138,6 +163,16 @@ class RowWiseSharding(ShardingStrategy):
                                [p.memory for p in self.plans])
         tindex = {t.name: i for i, t in enumerate(self.tables)}
         self._feature_table = [tindex[f.table] for f in self.features]
+
+    def _layout(self, table: TableConfig, plan: TablePlan) -> tuple[Route, Shard]:
+        """The route of ``table``'s ids to group ranks and this rank's shard of it (no rows
+        when it holds none); ValueError naming the table when ``plan`` does not fit."""
+        env = self.env
+        shards = check_row_partition(table, plan, range(env.size))
+        route = RowBlocks(np.array([s.row_offset for s in shards], np.int64),
+                          np.array([s.rank for s in shards], np.int64))
+        mine = [s for s in shards if s.rank == env.rank]
+        return route, (mine[0] if mine else Shard(env.rank, 0, 0, 0, table.dim))
 
     def local_shards(self) -> list[LocalShard]:
         return [LocalShard(t.name, s, self.fused, i)
@@ -148,8 +183,8 @@ class RowWiseSharding(ShardingStrategy):
         env = self.env
         b = kjt.batch_size
         feats = [kjt.feature(f.name) for f in self.features]
-        blocks = [self._blocks[ti] for ti in self._feature_table]
-        lengths, ids, weights, counts = bucketize(feats, blocks, env.size, b)
+        routes = [self._routes[ti] for ti in self._feature_table]
+        lengths, ids, weights, counts = bucketize(feats, routes, env.size, b)
         parts = [[(lengths[r].reshape(-1), ids[sum(counts[:r]):sum(counts[:r + 1])])]
                  for r in range(env.size)]
         buf, send_counts = pack_jagged(parts)

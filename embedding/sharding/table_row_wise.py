@@ -27,7 +27,7 @@ from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags
 from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingStrategy,
                                      collectives_api, pack_jagged, unpack_jagged)
-from embedding.sharding.row_wise import bucketize, check_row_partition, mean_scale
+from embedding.sharding.row_wise import RowBlocks, bucketize, check_row_partition, mean_scale
 from embedding.types import Shard, ShardingType, TableConfig, TablePlan
 
 __all__ = ["TableRowWiseSharding"]
@@ -56,8 +56,9 @@ class TableRowWiseSharding(ShardingStrategy):
             m = nodes.pop()
             shards = check_row_partition(t, p, env.nodes[m])
             self._table_node.append(m)
-            self._blocks.append((np.array([s.row_offset for s in shards], np.int64),
-                                 np.array([env.local_of[s.rank] for s in shards], np.int64)))
+            self._blocks.append(RowBlocks(np.array([s.row_offset for s in shards], np.int64),
+                                          np.array([env.local_of[s.rank] for s in shards],
+                                                   np.int64)))
             shards_of.append(shards)
         tindex = {t.name: i for i, t in enumerate(self.tables)}
         # Features of each node's tables, in strategy order, and their columns per node.

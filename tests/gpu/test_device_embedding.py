@@ -103,7 +103,7 @@ def test_device_max_pooling_matches_numpy(world, all_ranks, mix, dedup):
     _run(world, all_ranks, mix, OptimizerKind.ADAM, dedup=dedup, pools=S.MAX_POOLS, steps=3)
 
 
-@pytest.mark.parametrize("mix", ["mixed", "mixed_hier"])
+@pytest.mark.parametrize("mix", ["mixed", "mixed_hier", "mixed_cyc"])
 def test_device_pipelined_input_dist_matches_numpy(world, all_ranks, mix):
     S.skip_if_uneven(mix, world)
     _run(world, all_ranks, mix, OptimizerKind.ADAM, pipelined=True, steps=3)

@@ -42,7 +42,8 @@ def _train(cfg, world):
 @pytest.mark.parametrize("sharding,overlap", [("table_wise", True), ("row_wise", False),
                                               ("column_wise", True),
                                               ("table_row_wise", True),
-                                              ("data_parallel", False)])
+                                              ("data_parallel", False),
+                                              ("cyclic_row_wise", True)])
 def test_device_training_matches_numpy(world, all_ranks, tmp_path, monkeypatch, backend,
                                        sharding, overlap):
     if sharding == "table_row_wise" and not world.uniform:

@@ -22,7 +22,7 @@ from embedding.kernels.reference import bag_grads, pool_bags
 from embedding.optim import dense_reference_update, state_specs
 from embedding.types import (CachePolicy, OptimizerConfig, OptimizerKind, Pooling, Shard,
                              ShardingPlan, ShardingType, TableConfig, TableMemory, TablePlan,
-                             Tier)
+                             Tier, cyclic_shards)
 
 ST = ShardingType
 BATCH = 5
@@ -69,6 +69,8 @@ def table_plan(t: TableConfig, i: int, st: ST, size: int, nodes, uneven=False) -
         order = list(range(size))[::-1] if i % 2 else list(range(size))
         return TablePlan(t.name, st, tuple(Shard(order[k], c[k], c[k + 1] - c[k], 0, t.dim)
                                            for k in range(size)))
+    if st is ST.CYCLIC_ROW_WISE:
+        return TablePlan(t.name, st, cyclic_shards(t.num_rows, t.dim, size))
     if st is ST.COLUMN_WISE:
         parts = min(3, t.dim)
         c = _col_cuts(t.dim, parts) if uneven else _cuts(t.dim, parts, False)
@@ -97,6 +99,8 @@ MIXES = {
     "twcw": [ST.TABLE_COLUMN_WISE] * 4,
     "mixed": [ST.TABLE_WISE, ST.ROW_WISE, ST.COLUMN_WISE, ST.DATA_PARALLEL],
     "mixed_hier": [ST.TABLE_ROW_WISE, ST.TABLE_COLUMN_WISE, ST.ROW_WISE, ST.TABLE_WISE],
+    "cyc": [ST.CYCLIC_ROW_WISE] * 4,
+    "mixed_cyc": [ST.CYCLIC_ROW_WISE, ST.ROW_WISE, ST.TABLE_WISE, ST.CYCLIC_ROW_WISE],
 }
 
 
@@ -189,8 +193,7 @@ def compare_shards(coll, ref, all_ranks, what: str, rtol: float = RTOL):
     worst = 0.0
     for s in coll.local_shards():
         sh = s.shard
-        rows = slice(sh.row_offset, sh.row_offset + sh.num_rows)
-        cols = slice(sh.col_offset, sh.col_offset + sh.num_cols)
+        rows, cols = sh.row_slice, sh.col_slice
         expect = ref.w[s.table][rows, cols]
         worst = max(worst, float(np.max(np.abs(s.weight - expect) / (1 + np.abs(expect)),
                                         initial=0)))
@@ -252,7 +255,7 @@ def test_matches_dense_reference(world, all_ranks, mix, kind):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("mix", ["tw", "rw", "cw", "dp", "twcw", "mixed"])
+@pytest.mark.parametrize("mix", ["tw", "rw", "cw", "dp", "twcw", "mixed", "cyc"])
 def test_per_id_weights(world, all_ranks, mix):
     run_steps(world, all_ranks, mix, OptimizerKind.ROWWISE_ADAGRAD, weighted=True)
 
@@ -276,7 +279,7 @@ def test_max_pooling_matches_reference(world, all_ranks, mix, dedup, kind):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("mix", ["rw", "twrw"])
+@pytest.mark.parametrize("mix", ["rw", "twrw", "cyc"])
 def test_row_wise_refuses_max_pooling(world, all_ranks, mix):
     skip_if_uneven(mix, world)
     tables = make_tables(OptimizerKind.SGD, MAX_POOLS)
@@ -288,7 +291,7 @@ def test_row_wise_refuses_max_pooling(world, all_ranks, mix):
 
 
 @pytest.mark.mpi(min_size=1)
-@pytest.mark.parametrize("mix", ["mixed", "mixed_hier"])
+@pytest.mark.parametrize("mix", ["mixed", "mixed_hier", "mixed_cyc"])
 def test_pipelined_input_dist(world, all_ranks, mix):
     """input_dist of batch i+1 started before the backward of batch i gives the same result."""
     skip_if_uneven(mix, world)
@@ -319,3 +322,55 @@ def test_table_row_wise_rejects_uneven_nodes(world, all_ranks):
 def test_float32_tables_track_the_reference(world, all_ranks, kind):
     mix = "mixed_hier" if world.uniform else "mixed"
     run_steps(world, all_ranks, mix, kind, dtype="float32", rtol=1e-4, weighted=True)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind", list(OptimizerKind), ids=lambda k: k.value)
+def test_cyclic_row_wise_matches_table_wise(world, all_ranks, kind):
+    """The same tables cyclic row-wise and table-wise, fed the same weighted batches: the
+    pooled output of every step, and the tables and optimizer state after several steps,
+    agree with each other and with the dense reference."""
+    group = world.world
+    tables = make_tables(kind)
+    colls = {mix: ShardedEmbeddingCollection(tables, make_plan(tables, mix, group), group)
+             for mix in ("cyc", "tw")}
+    rng = np.random.default_rng(4321)
+    ref = Reference(tables, rng)
+    for coll in colls.values():
+        for t in tables:
+            coll.load_table(t.name, ref.w[t.name])
+    sl = slice(group.rank * BATCH, (group.rank + 1) * BATCH)
+    for i in range(4):
+        bags, weights = global_batch(rng, tables, group.size, weighted=True)
+        grad = rng.standard_normal((BATCH * group.size, colls["tw"].out_dim))
+        expect = ref.forward(bags, weights)[sl]
+        out = {mix: coll.forward(local_kjt(bags, weights, group.rank))
+               for mix, coll in colls.items()}
+        err = max(float(np.max(np.abs(o - expect) / (1 + np.abs(expect)), initial=0))
+                  for o in out.values())
+        gap = float(np.max(np.abs(out["cyc"] - out["tw"]), initial=0))
+        all_ranks(err < RTOL and gap < RTOL, f"{kind.value} step {i}: forward off the "
+                  f"reference by {err}, cyclic vs table-wise by {gap}")
+        for coll in colls.values():
+            coll.backward(grad[sl])
+        ref.step(bags, weights, grad)
+    for mix, coll in colls.items():
+        compare_shards(coll, ref, all_ranks, f"{mix}/{kind.value}")
+    for t in tables:
+        a, b = colls["cyc"].gather_table(t.name), colls["tw"].gather_table(t.name)
+        gap = float(np.max(np.abs(a - b), initial=0))
+        all_ranks(gap < RTOL, f"table {t.name}: cyclic and table-wise differ by {gap}")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_initial_weights_do_not_depend_on_the_plan(world, all_ranks):
+    """init_weights hashes the table element, so cyclic, row-wise, table-wise and mixed
+    plans start from the very same tables."""
+    group = world.world
+    tables = make_tables(OptimizerKind.ADAM, POOLS)
+    got = {}
+    for mix in ("tw", "rw_uneven", "cyc", "mixed_cyc", "cw"):
+        coll = ShardedEmbeddingCollection(tables, make_plan(tables, mix, group), group, seed=7)
+        got[mix] = [coll.gather_table(t.name) for t in tables]
+    same = all(np.array_equal(a, b) for mix in got for a, b in zip(got[mix], got["tw"]))
+    all_ranks(same, "initial tables differ between plans")

@@ -23,7 +23,7 @@ from test_sharding import (BATCH, global_batch, local_kjt, make_plan, make_table
                            skip_if_uneven, tiered_plan)
 
 pytestmark = pytest.mark.mpi(min_size=1)
-MIXES = ["tw", "rw", "cw", "twrw", "twcw", "mixed", "mixed_hier"]
+MIXES = ["tw", "rw", "cw", "twrw", "twcw", "cyc", "mixed", "mixed_hier", "mixed_cyc"]
 
 
 def shard_state(coll) -> list[np.ndarray]:

@@ -5,7 +5,9 @@
 At 4 ranks: written by 4, loaded by 2 ranks under a plan that mixes
 row-wise, column-wise, data-parallel and table-wise tables, written again
 by those 2, loaded back by 4: every weight and optimizer state is bitwise
-what the 4 ranks had.
+what the 4 ranks had. At any size: written cyclic row-wise, loaded under
+contiguous row-wise and table-wise tables, written again and loaded back
+cyclic, bitwise too.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 
 from embedding.checkpoint import load_checkpoint, read_box
 from embedding.train import Trainer, parse_config
-from embedding.types import Shard, ShardingPlan, ShardingType, TablePlan
+from embedding.types import Shard, ShardingPlan, ShardingType, TablePlan, cyclic_shards
 
 ROWS = (50, 70, 30, 200)
 DIM = 8
@@ -106,3 +108,90 @@ def test_checkpoint_moves_to_half_the_ranks_and_back(world, tmp_path, all_ranks)
     diff = sorted(k for k in a if k not in b or not np.array_equal(a[k], b[k]))
     all_ranks(not diff, f"after 4 -> half -> back: differs in {diff}")
     back.close()
+
+
+def cyclic_plan(size: int, per_node: int) -> ShardingPlan:
+    return ShardingPlan(size, per_node, tuple(
+        TablePlan(f"f{i}", ShardingType.CYCLIC_ROW_WISE, cyclic_shards(rows, DIM, size))
+        for i, rows in enumerate(ROWS)))
+
+
+def contiguous_plan(size: int, per_node: int) -> ShardingPlan:
+    """f0 and f3 in contiguous row blocks (uneven), f1 and f2 whole on one rank each."""
+    out = []
+    for i, rows in enumerate(ROWS):
+        if i in (1, 2):
+            out.append(TablePlan(f"f{i}", ShardingType.TABLE_WISE,
+                                 (Shard((i + 1) % size, 0, rows, 0, DIM),)))
+            continue
+        w = np.arange(1, size + 1)
+        cuts = np.r_[0, np.cumsum(w) * rows // w.sum()]
+        out.append(TablePlan(f"f{i}", ShardingType.ROW_WISE, tuple(
+            Shard(r, int(cuts[r]), int(cuts[r + 1] - cuts[r]), 0, DIM) for r in range(size))))
+    return ShardingPlan(size, per_node, tuple(out))
+
+
+def whole_state(t, world) -> dict:
+    """Every table's weights and sparse optimizer state, whole, and the dense state;
+    ``covered`` is False when the shards leave an element of a table out."""
+    mine = [(s.table, s.shard, {"weight": np.array(s.weight),
+                                **{n: np.array(s.tables.state_view(s.index, n))
+                                   for n in s.tables.state}})
+            for s in t.coll.local_shards()]
+    out = {"dense": t.model.flat_params.copy(), "step": np.array(t.step)}
+    for k, v in t.optimizer.state_dict().items():
+        out[f"dense_opt/{k}"] = np.asarray(v).copy()
+    seen = {}
+    for part in world.comm.allgather(mine):
+        for table, sh, arrays in part:
+            for name, a in arrays.items():
+                key = f"{table}/{name}"
+                if key not in out:
+                    rows = dict(zip(("f0", "f1", "f2", "f3"), ROWS))[table]
+                    out[key] = np.zeros((rows,) + a.shape[1:], a.dtype)
+                    seen[key] = np.zeros(out[key].shape, bool)
+                index = (sh.row_slice, sh.col_slice) if a.ndim == 2 else sh.row_slice
+                out[key][index] = a
+                seen[key][index] = True
+    out["covered"] = np.array(all(m.all() for m in seen.values()) and len(seen) >= 4)
+    return out
+
+
+def _plan_file(world, path: str, plan: ShardingPlan) -> str:
+    if world.rank == 0:
+        with open(path, "w") as fh:
+            fh.write(plan.to_json())
+    world.comm.Barrier()
+    return path
+
+
+def test_cyclic_checkpoint_resumes_contiguous_and_back(world, tmp_path, all_ranks):
+    """Trained and saved cyclic row-wise, resumed under contiguous row-wise and table-wise
+    tables, saved again and resumed cyclic: the tables, their optimizer state and the
+    dense model are bitwise the first run's at every hop."""
+    base = world.comm.bcast(str(tmp_path) if world.rank == 0 else None, root=0)
+    per_node = len(world.world.nodes[0])
+    cyc = _plan_file(world, f"{base}/cyclic.json", cyclic_plan(world.size, per_node))
+    rw = _plan_file(world, f"{base}/contiguous.json", contiguous_plan(world.size, per_node))
+    first = Trainer(small_config(f"{base}/cyc", plan={"file": cyc}), world.world)
+    first.train()
+    first.close()
+    all_ranks({p.sharding for p in first.coll.plan.tables} == {ShardingType.CYCLIC_ROW_WISE},
+              "the first run is not cyclic")
+    want = whole_state(first, world)
+    all_ranks(bool(want["covered"]), "the cyclic shards do not cover the tables")
+    with open(f"{base}/cyc/checkpoints/step-000000000005/manifest.json") as fh:
+        manifest = json.load(fh)
+    all_ranks(manifest["version"] == (2 if world.size > 1 else 1), f"{manifest['version']}")
+    hops = [("contiguous", rw, f"{base}/cyc/checkpoints/step-000000000005"),
+            ("cyclic again", cyc, None)]
+    for i, (what, plan_file, source) in enumerate(hops):
+        t = Trainer(small_config(f"{base}/hop{i}", plan={"file": plan_file},
+                                 checkpoint={"dir": f"{base}/hop{i}/checkpoints"}),
+                    world.world)
+        t.resume(source or f"{base}/hop{i - 1}/checkpoints/step-000000000005")
+        got = whole_state(t, world)
+        diff = sorted(k for k in want if k not in got or not np.array_equal(want[k], got[k]))
+        all_ranks(not diff and t.step == 5, f"resumed {what}: differs in {diff}")
+        t.save()
+        t.close()

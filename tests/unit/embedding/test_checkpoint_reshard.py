@@ -1,4 +1,7 @@
-"""Checkpoints written by a 4-rank plan, read back for 2- and 3-rank plans: every element."""
+"""Checkpoints written by a 4-rank plan, read back for 2- and 3-rank plans: every element.
+
+Also between contiguous and cyclic row-wise plans (strided slices), both ways.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +9,8 @@ import pytest
 
 from embedding.checkpoint import (CheckpointError, CheckpointWriter, TensorSlice, load_checkpoint,
                                   read_box, read_for_plan, shard_slice)
-from embedding.types import Shard, ShardingPlan, ShardingType, TablePlan, TableConfig
+from embedding.types import (Shard, ShardingPlan, ShardingType, TablePlan, TableConfig,
+                             cyclic_shards)
 
 ST = ShardingType
 TABLES = {"t0": (10, 8), "t1": (7, 6), "t2": (5, 4), "t3": (6, 3), "t4": (9, 4)}
@@ -53,22 +57,36 @@ def plan3():
     ))
 
 
+def plan_cyclic(size):
+    """Every table cyclic row-wise over ``size`` ranks."""
+    return ShardingPlan(size, size, tuple(
+        TablePlan(n, ST.CYCLIC_ROW_WISE, cyclic_shards(r, d, size))
+        for n, (r, d) in TABLES.items()))
+
+
+def plan_cyclic_mixed():
+    """Three ranks: t0 and t4 cyclic, the others contiguous."""
+    return ShardingPlan(3, 3, (
+        TablePlan("t0", ST.CYCLIC_ROW_WISE, cyclic_shards(10, 8, 3)),
+        tp("t1", ST.COLUMN_WISE, (0, 0, 7, 0, 3), (2, 0, 7, 3, 3)),
+        tp("t2", ST.ROW_WISE, (0, 0, 2, 0, 4), (1, 2, 2, 0, 4), (2, 4, 1, 0, 4)),
+        tp("t3", ST.TABLE_WISE, (1, 0, 6, 0, 3)),
+        TablePlan("t4", ST.CYCLIC_ROW_WISE, cyclic_shards(9, 4, 3)),
+    ))
+
+
 def rank_arrays(plan, rank):
     arrays, slices = {}, {}
     for t in plan.tables:
         g = full(t.table)
         for i, s in enumerate(t.shards):
-            if s.rank != rank:
+            if s.rank != rank or s.num_rows == 0:
                 continue
-            w = g["weight"][s.row_offset:s.row_offset + s.num_rows,
-                            s.col_offset:s.col_offset + s.num_cols]
-            arrays[f"emb/{t.table}/{i}/weight"] = w
+            arrays[f"emb/{t.table}/{i}/weight"] = g["weight"][s.row_slice, s.col_slice]
             slices[f"emb/{t.table}/{i}/weight"] = shard_slice(t.table, "weight", s,
                                                               g["weight"].shape)
-            arrays[f"emb/{t.table}/{i}/rowwise"] = g["rowwise"][s.row_offset:s.row_offset
-                                                                + s.num_rows]
-            slices[f"emb/{t.table}/{i}/rowwise"] = TensorSlice(t.table, "rowwise",
-                                                               (s.row_offset,),
+            arrays[f"emb/{t.table}/{i}/rowwise"] = g["rowwise"][s.row_slice]
+            slices[f"emb/{t.table}/{i}/rowwise"] = shard_slice(t.table, "rowwise", s,
                                                                g["rowwise"].shape)
     if rank == 0:
         arrays["dense/params"] = np.linspace(0, 1, 20, dtype=np.float32)
@@ -83,11 +101,22 @@ def write_plan(root, plan, step=100):
         plan=plan, tables=CONFIGS, state={"data": {"epoch": 1, "batch": 17}, "seed": 3})
 
 
-@pytest.mark.parametrize("target", [plan2, plan3, plan4], ids=["2 ranks", "3 ranks", "same"])
-def test_reshard_loses_no_element(tmp_path, target):
-    write_plan(tmp_path, plan4())
+PAIRS = [(plan4, plan2), (plan4, plan3), (plan4, plan4),
+         (plan4, lambda: plan_cyclic(2)), (plan4, lambda: plan_cyclic(3)),
+         (lambda: plan_cyclic(4), plan4), (lambda: plan_cyclic(4), plan2),
+         (lambda: plan_cyclic(4), plan3), (lambda: plan_cyclic(4), lambda: plan_cyclic(3)),
+         (lambda: plan_cyclic(4), lambda: plan_cyclic(4)),
+         (plan_cyclic_mixed, plan2), (plan2, plan_cyclic_mixed)]
+PAIR_IDS = ["4 to 2 ranks", "4 to 3 ranks", "same", "to cyclic 2", "to cyclic 3",
+            "cyclic 4 to 4", "cyclic 4 to 2", "cyclic 4 to 3", "cyclic 4 to cyclic 3",
+            "cyclic same", "mixed cyclic to 2", "2 to mixed cyclic"]
+
+
+@pytest.mark.parametrize("source, target", PAIRS, ids=PAIR_IDS)
+def test_reshard_loses_no_element(tmp_path, source, target):
+    write_plan(tmp_path, source())
     ckpt = load_checkpoint(tmp_path)
-    assert ckpt.step == 100 and ckpt.manifest.plan == plan4()
+    assert ckpt.step == 100 and ckpt.manifest.plan == source()
     target = target()
     rebuilt = {t: {k: np.full(v.shape, np.nan, np.float32) for k, v in full(t).items()}
                for t in TABLES}
@@ -97,20 +126,15 @@ def test_reshard_loses_no_element(tmp_path, target):
             s = target.table(table).shards[i]
             assert s.rank == rank
             g = full(table)[tensor]
-            if tensor == "weight":
-                expect = g[s.row_offset:s.row_offset + s.num_rows,
-                           s.col_offset:s.col_offset + s.num_cols]
-                rebuilt[table][tensor][s.row_offset:s.row_offset + s.num_rows,
-                                       s.col_offset:s.col_offset + s.num_cols] = arr
-            else:
-                expect = g[s.row_offset:s.row_offset + s.num_rows]
-                rebuilt[table][tensor][s.row_offset:s.row_offset + s.num_rows] = arr
-            np.testing.assert_array_equal(arr, expect)
+            box = (s.row_slice, s.col_slice) if tensor == "weight" else (s.row_slice,)
+            np.testing.assert_array_equal(arr, g[box])
+            rebuilt[table][tensor][box] = arr
     for table in TABLES:  # the target plan covers every row and column, and each came back
         for tensor, g in full(table).items():
             np.testing.assert_array_equal(rebuilt[table][tensor], g)
     assert ckpt.read_array("dense/params").shape == (20,)
-    assert ckpt.read_array("rng/key", rank=3).tolist() == [3, 7]
+    last = ckpt.manifest.world_size - 1
+    assert ckpt.read_array("rng/key", rank=last).tolist() == [last, 7]
     assert ckpt.read_array("rng/key").tolist() == [0, 7]  # lowest rank by default
 
 
@@ -148,3 +172,61 @@ def test_a_region_no_file_holds_is_refused(tmp_path):
                                               r"no file"):
         read_for_plan(ckpt, plan3(), 1)
     read_for_plan(ckpt, plan3(), 0)  # rows [0, 4) are all there
+
+
+def test_strided_slices_and_manifest_versions(tmp_path):
+    """A strided slice round-trips through the manifest, which is version 2 then; a
+    checkpoint without strides stays version 1 (readable by readers before strides)."""
+    sl = shard_slice("t0", "weight", cyclic_shards(10, 8, 4)[1], (10, 8))
+    assert sl.offset == (1, 0) and sl.stride == (4, 1) and sl.strided
+    assert TensorSlice.from_dict(sl.to_dict()) == sl
+    assert "stride" not in TensorSlice("t0", "weight", (3, 0), (10, 8)).to_dict()
+    sl.check_shape((3, 8), "a")          # rows 1, 5, 9
+    with pytest.raises(ValueError, match="stride"):
+        sl.check_shape((4, 8), "a")      # row 13 is outside
+    with pytest.raises(ValueError, match="stride"):
+        TensorSlice("t0", "weight", (0, 0), (10, 8), (0, 1))
+    write_plan(tmp_path / "cyc", plan_cyclic(4))
+    write_plan(tmp_path / "box", plan4())
+    assert load_checkpoint(tmp_path / "cyc").manifest.version == 2
+    assert load_checkpoint(tmp_path / "box").manifest.version == 1
+
+
+def test_strided_read_box(tmp_path):
+    """read_box with a row stride, from contiguous and from cyclic files."""
+    write_plan(tmp_path / "box", plan4())
+    write_plan(tmp_path / "cyc", plan_cyclic(3))
+    g = full("t0")["weight"]
+    for where in ("box", "cyc"):
+        ckpt = load_checkpoint(tmp_path / where)
+        np.testing.assert_array_equal(read_box(ckpt, "t0", "weight", (1, 2), (3, 5), (4, 1)),
+                                      g[1:10:4, 2:7])
+        np.testing.assert_array_equal(read_box(ckpt, "t0", "weight", (0, 1), (4, 3), (3, 2)),
+                                      g[0:10:3, 1:7:2])
+        np.testing.assert_array_equal(read_box(ckpt, "t0", "rowwise", (2,), (4,), (2,)),
+                                      full("t0")["rowwise"][2:10:2])
+        with pytest.raises(ValueError, match="outside"):
+            read_box(ckpt, "t0", "weight", (1, 0), (4, 8), (3, 1))   # row 10
+        with pytest.raises(ValueError, match="stride"):
+            read_box(ckpt, "t0", "weight", (1, 0), (1, 8), (0, 1))
+
+
+def test_a_lost_cyclic_shard_is_refused(tmp_path):
+    """Rank 2 of a cyclic checkpoint lost its t0 rows 2 and 6: a contiguous shard and a
+    cyclic one that need them are refused with the rows named; the others load."""
+    plan = plan_cyclic(4)
+    for r in range(4):
+        arrays, slices = rank_arrays(plan, r)
+        if r == 2:
+            for k in [k for k in arrays if k.startswith("emb/t0/")]:
+                arrays.pop(k), slices.pop(k)
+        CheckpointWriter(tmp_path, 5, r, 4).write(arrays, slices)
+    CheckpointWriter(tmp_path, 5, 0, 4).commit(plan=plan, tables=CONFIGS)
+    ckpt = load_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match=r"t0/weight: elements \[6, 7\) x \[0, 8\) are in "
+                                              r"no file"):
+        read_for_plan(ckpt, plan3(), 1)     # rows [4, 7)
+    with pytest.raises(CheckpointError, match=r"t0/weight: elements \[2, 7\) step 4 x "
+                                              r"\[0, 8\) are in no file"):
+        read_for_plan(ckpt, plan_cyclic(2), 0)    # rows 0, 2, 4, 6, 8
+    read_for_plan(ckpt, plan_cyclic(2), 1)  # odd rows are all there

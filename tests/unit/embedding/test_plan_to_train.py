@@ -9,9 +9,10 @@ import pytest
 
 from embedding.data.example import write_example
 from embedding.train import ConfigError, Trainer, apply_overrides, load_config
+from embedding.train.config import parse_config
 from embedding.train.data import open_data
 from embedding.train.setup import build_tables, plan_for
-from embedding.types import ShardingPlan
+from embedding.types import ShardingPlan, ShardingType, TablePlan, cyclic_shards
 from neocomm.cli import main
 
 
@@ -77,3 +78,34 @@ def test_config_mode_refuses_table_options(example, capsys):
     assert "TABLES: not with --config" in capsys.readouterr().err
     assert main(["plan", "-n", "2"]) == 2
     assert "--config" in capsys.readouterr().err
+
+
+def test_cyclic_row_wise_from_the_config_to_training(example, tmp_path):
+    """``[plan] shardings = ["cyclic_row_wise"]`` is read and planned (every table cyclic
+    on 2 ranks); a one-rank cyclic plan file trains as table-wise does, loss for loss."""
+    d, paths, cfg = example
+    doc = {"plan": {"shardings": ["cyclic_row_wise"]}}
+    assert parse_config(doc, "test").plan.shardings == ("cyclic_row_wise",)
+    cyc = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan,
+                                                            shardings=("cyclic_row_wise",)))
+    data = open_data(cfg)
+    tables = build_tables(cfg, data.table_sizes, data.feature_names, data.feature_tables,
+                          data.feature_pooling)
+    plan = plan_for(cyc, tables, 2, 2, data.ids_per_sample)[0].plan
+    assert {t.sharding for t in plan.tables} == {ShardingType.CYCLIC_ROW_WISE}
+    for t in tables:
+        assert plan.table(t.name).shards == cyclic_shards(t.num_rows, t.dim, 2)
+    losses = {}
+    for st in (ShardingType.CYCLIC_ROW_WISE, ShardingType.TABLE_WISE):
+        one = ShardingPlan(1, 1, tuple(TablePlan(t.name, st, cyclic_shards(t.num_rows, t.dim, 1))
+                                       for t in tables))
+        path = tmp_path / f"{st.value}.json"
+        path.write_text(one.to_json())
+        out = dataclasses.replace(cfg.output, dir=str(tmp_path / st.value))
+        trainer = Trainer(dataclasses.replace(apply_overrides(cfg, plan=str(path)), output=out))
+        trainer.train()
+        trainer.close()
+        assert trainer.plan == one
+        losses[st] = [loss for _, loss in trainer.losses]
+    assert len(losses[ShardingType.TABLE_WISE]) == 3
+    assert losses[ShardingType.CYCLIC_ROW_WISE] == losses[ShardingType.TABLE_WISE]

@@ -104,7 +104,7 @@ def test_too_large_table_is_only_split_by_rows():
     # 2**20 rows x 64 float32 = 256 MiB: more than the 200 MiB a device has
     hw = Hardware(16, 8, 200 << 20)
     big = cands(table(rows=1 << 20), hw)
-    assert set(big) == {"row_wise", "table_row_wise"}
+    assert set(big) == {"row_wise", "cyclic_row_wise", "table_row_wise"}
     assert all(c.max_shard_memory <= hw.usable_memory for c in big.values())
 
 
