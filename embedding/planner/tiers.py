@@ -37,6 +37,7 @@ from embedding.planner.estimate import itemsize as _itemsize
 from embedding.planner.types import (Candidate, Hardware, MemoryEstimate, PlanDoesNotFitError,
                                      TableConstraints, Workload, sum_parts)
 from embedding.types import ShardingType, TableConfig, TableMemory, Tier
+from neocomm.room import format_bytes as _bytes
 
 __all__ = ["CACHE_SHARES", "harmonic", "zipf_hit_rate", "TierModel", "grow_caches",
            "host_check", "no_fit_error", "hit_model_line"]
@@ -202,34 +203,39 @@ def grow_caches(choices: Sequence[Candidate], ranks: Sequence[Sequence[int]],
 def no_fit_error(cands: Sequence[Sequence[Candidate]], hardware: Hardware,
                  cause: PlanDoesNotFitError) -> PlanDoesNotFitError:
     """The error for tables that fit no combination of tiers: what they need in all, what
-    device and host memory hold, and by how much each is short."""
+    device and host memory hold, and by how much each is short. Its ``device_short`` is
+    the device bytes missing with every table that can be in host memory (without a host
+    tier: with every table in device memory), ``host_short`` the host bytes missing with
+    the devices full."""
     W, N = hardware.world_size, hardware.num_nodes
     dev_cap = hardware.usable_memory * W
     host_cap = hardware.host_memory * N
     spread = lambda c: c.spread_memory * W  # noqa: E731
     everything = sum(min(c.device_bytes + c.host_bytes + spread(c) for c in cs) for cs in cands)
-    in_device = sum(min((c.device_bytes + spread(c) for c in cs if not c.tiered),
-                        default=float("inf")) for cs in cands)
+    in_device = sum(min((c.device or c).device_bytes + spread(c) for c in cs) for cs in cands)
     least_device = sum(min(c.device_bytes + spread(c) for c in cs) for cs in cands)
-    device_short = max(0, int(in_device - dev_cap)) if in_device != float("inf") else 0
-    text = (f"the tables do not fit: they need {everything / _GIB:.2f} GiB in all (weights, "
+    device_short = max(0, int(in_device - dev_cap))
+    text = (f"the tables do not fit: they need {_bytes(everything)} in all (weights, "
             f"optimizer state and lookup buffers); device memory holds "
-            f"{dev_cap / _GIB:.2f} GiB ({W} ranks x {hardware.usable_memory / _GIB:.2f} GiB "
+            f"{_bytes(dev_cap)} ({W} ranks x {_bytes(hardware.usable_memory)} "
             f"usable)")
     if hardware.host_memory:
         host_short = max(0, int(everything - max(dev_cap, least_device) - host_cap))
-        text += (f" and host memory {host_cap / _GIB:.2f} GiB ({N} node(s) x "
-                 f"{hardware.host_memory / _GIB:.2f} GiB); short by "
-                 f"{device_short / _GIB:.2f} GiB of device memory with every table in it, "
-                 f"by {host_short / _GIB:.2f} GiB of host memory with the devices full")
+        text += (f" and host memory {_bytes(host_cap)} ({N} node(s) x "
+                 f"{_bytes(hardware.host_memory)}); short by "
+                 f"{_bytes(device_short)} of device memory with every table in it, "
+                 f"by {_bytes(host_short)} of host memory with the devices full")
         if least_device > dev_cap:
-            text += (f", and by {(least_device - dev_cap) / _GIB:.2f} GiB of device memory "
+            text += (f", and by {_bytes((least_device - dev_cap))} of device memory "
                      f"even with every table in host memory")
     else:
         host_short = 0
-        text += (f"; short by {device_short / _GIB:.2f} GiB of device memory; no host tier "
+        text += (f"; short by {_bytes(device_short)} of device memory; no host tier "
                  f"(host memory 0)")
-    return PlanDoesNotFitError(f"{text} ({cause})", table=cause.table, needed=cause.needed,
+    if hardware.host_memory:  # what each tier lacks at best
+        device_short = max(0, int(least_device - dev_cap))
+    return PlanDoesNotFitError(f"{text} (the last placement tried: {cause})",
+                               table=cause.table, needed=cause.needed,
                                available=cause.available, tier=cause.tier,
                                device_short=device_short, host_short=host_short)
 

@@ -79,3 +79,30 @@ def test_config_mode_refuses_table_options(example, capsys):
     assert "TABLES: not with --config" in capsys.readouterr().err
     assert main(["plan", "-n", "2"]) == 2
     assert "--config" in capsys.readouterr().err
+
+
+def test_a_tiered_plan_trains(example, tmp_path, capsys):
+    """``--host-memory`` with too little device memory puts tables in host memory behind a
+    cache; the plan file carries each table's memory and the trainer keeps it."""
+    _, paths, cfg = example
+    out = tmp_path / "tiered.json"
+    rc = main(["plan", "--config", paths["config"], "-n", "1", "--batch-size", "16",
+               "--memory", "60KiB", "--host-memory", "1GiB", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    plan = ShardingPlan.from_json(out.read_text())
+    cached = [tp for tp in plan.tables if tp.memory.cache_rows]
+    assert cached and "cached" in text
+    t = Trainer(apply_overrides(cfg, plan=str(out)))
+    t.train()
+    t.close()
+    assert t.plan.to_json() == plan.to_json()
+    # [plan] host_memory of the config reaches the planner the trainer runs
+    data = open_data(cfg)
+    tables = build_tables(cfg, data.table_sizes, data.feature_names, data.feature_tables,
+                          data.feature_pooling)
+    small = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, host_memory="1GiB"),
+                                train=dataclasses.replace(cfg.train, batch_size=16))
+    report, hardware, _ = plan_for(small, tables, 1, 1, data.ids_per_sample, memory=60 << 10)
+    assert hardware.host_memory == 1 << 30
+    assert any(tp.memory.tiered for tp in report.plan.tables)
