@@ -2,9 +2,12 @@
 
 Reads a table set (a built-in one such as ``criteo-1tb``, or a TOML/JSON
 table file), plans it for ``-n`` ranks and prints per table its sharding,
-ranks and memory, per rank its memory and estimated time, and the
-imbalance; ``--json FILE`` writes the plan. Exit status: 0 planned, 1 the
-tables do not fit (or ``--check`` found a mismatch), 2 bad input.
+ranks, memory tier and memory, per rank its device and host memory and
+estimated time by step part, and the imbalance; ``--json FILE`` writes the
+plan (with the estimates under ``"estimate"``). With ``--host-memory`` the
+planner may keep tables in host memory behind a device cache. Exit status:
+0 planned, 1 the tables do not fit (or ``--check`` found a mismatch), 2 bad
+input.
 """
 from __future__ import annotations
 
@@ -72,6 +75,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory", type=_size, default=None,
                         help="device memory per rank, e.g. 80GiB or 80GB (default: the GPU "
                         "memory of --fabric)")
+    parser.add_argument("--host-memory", type=_size, default=None, metavar="SIZE",
+                        help="host memory per node for tables kept in host memory behind a "
+                        "device cache, e.g. 512GiB (default: none, every table in device "
+                        "memory; with --config: its [plan] host_memory)")
+    parser.add_argument("--host-bandwidth", type=_positive_float, default=None,
+                        metavar="GB/S", help="host-to-device copy throughput per rank in "
+                        "GB/s, each way, that cache misses move at (default: 0.8 of the "
+                        "PCIe x16 line rate of the GPUs of --fabric, 25.2 for A100; the copy "
+                        "throughput on hosts without GPUs)")
+    parser.add_argument("--zipf-exponent", type=_positive_float, default=None, metavar="S",
+                        help="the ids of a table without access statistics follow Zipf(S) "
+                        "over its rows, for the hit rate of a device cache (default 1.05)")
     parser.add_argument("--reserve", type=_fraction, default=0.1,
                         help="fraction of device memory kept for the dense model, "
                         "activations and the runtime (default 0.1)")
@@ -143,10 +158,13 @@ def run(args: argparse.Namespace) -> int:
         tables, constraints = _load(args.tables, args.dim)
         target = load_target(args.fabric)
         bandwidth = args.device_bandwidth * 1e9 if args.device_bandwidth else None
+        copies = args.host_bandwidth * 1e9 if args.host_bandwidth else None
         hardware = hardware_for(target, args.world_size, ranks_per_node=args.ranks_per_node,
                                 device_memory=args.memory, reserve=args.reserve,
-                                min_column_dim=args.min_column_dim, memory_bandwidth=bandwidth)
-        workload = Workload(batch_size=args.batch_size, ids_per_sample=args.ids_per_sample)
+                                min_column_dim=args.min_column_dim, memory_bandwidth=bandwidth,
+                                host_memory=args.host_memory or 0, host_bandwidth=copies)
+        workload = Workload(batch_size=args.batch_size, ids_per_sample=args.ids_per_sample,
+                            zipf_exponent=args.zipf_exponent or 1.05)
     except PlanDoesNotFitError as exc:
         print(f"neocomm plan: {exc}", file=sys.stderr)
         return 1
@@ -161,11 +179,10 @@ def run(args: argparse.Namespace) -> int:
         report = plan_sharding(tables, hardware, workload, constraints=constraints,
                                methods=methods)
     except PlanDoesNotFitError as exc:
-        print(f"neocomm plan: {exc}", file=sys.stderr)
-        return 1
+        return _no_fit(exc, args)
     except ValueError as exc:
         return _err(str(exc))
-    out = _write_json(report.plan, args.json)
+    out = _write_json(report, hardware, args.json)
     if isinstance(out, int):
         return out
     _print(report, tables, hardware, workload, out, summary=args.summary)
@@ -184,16 +201,52 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_json(plan, target):
-    """Write ``plan`` to ``--json`` (``-``: stdout); the stream the printout goes to, or the
+def _no_fit(exc, args) -> int:
+    """Exit status and message of a plan that does not fit: 2 when ``--host-memory`` is
+    smaller than a table's smallest host-resident shard, else 1."""
+    if exc.tier == "host" and exc.table and exc.device_short == 0 and exc.host_short == 0:
+        flag = "--host-memory" if args.host_memory else "[plan] host_memory"
+        return _err(f"{flag} {_gib(exc.available)} GiB: {exc}")
+    print(f"neocomm plan: {exc}", file=sys.stderr)
+    return 1
+
+
+def plan_json(report, hardware) -> str:
+    """The plan of ``report`` as JSON (:meth:`ShardingPlan.to_json`) with the planner's
+    estimates under ``"estimate"``: per rank its device and host bytes, seconds and
+    seconds by step part; per table its tier, cache rows, hit rate and its source.
+    :func:`~embedding.train.setup.read_plan` reads the plan and ignores the estimates."""
+    import json
+
+    data = json.loads(report.plan.to_json())
+    data["estimate"] = {
+        "step_seconds": report.step_seconds,
+        "device_memory_usable": report.usable_memory,
+        "host_memory_per_node": report.host_memory,
+        "host_bandwidth": hardware.host_rate if report.host_memory else 0.0,
+        "hit_rates": report.hit_model,
+        "ranks": [{"rank": r.rank, "node": hardware.node_of(r.rank),
+                   "device_bytes": r.memory.total, "host_bytes": r.memory.host,
+                   "seconds": r.seconds, "host_copy_seconds": r.host_seconds,
+                   "parts": dict(r.parts)} for r in report.ranks],
+        "tables": [{"table": t.table, "sharding": t.label, "tier": t.tier.tier.value,
+                    "cache_rows": t.tier.cache_rows, "device_bytes": t.memory,
+                    "host_bytes": t.host_memory, "hit_rate": t.hit_rate,
+                    "hit_rate_source": t.hit_source or None} for t in report.tables],
+    }
+    return json.dumps(data, indent=1)
+
+
+def _write_json(report, hardware, target):
+    """Write the plan to ``--json`` (``-``: stdout); the stream the printout goes to, or the
     exit status of a file that cannot be written."""
     if target == "-":
-        sys.stdout.write(plan.to_json() + "\n")
+        sys.stdout.write(plan_json(report, hardware) + "\n")
         return sys.stderr
     if target:
         try:
             with open(target, "w", encoding="utf-8") as fh:
-                fh.write(plan.to_json() + "\n")
+                fh.write(plan_json(report, hardware) + "\n")
         except OSError as exc:
             return _err(f"--json {target}: cannot write: {exc.strerror}")
     return sys.stdout
@@ -212,6 +265,8 @@ def _plan_config(args) -> int:
     given = [flag for flag, v in (("TABLES", args.tables), ("--dim", args.dim),
                                   ("--ids-per-sample", args.ids_per_sample),
                                   ("--device-bandwidth", args.device_bandwidth),
+                                  ("--host-bandwidth", args.host_bandwidth),
+                                  ("--zipf-exponent", args.zipf_exponent),
                                   ("--check", args.check)) if v is not None]
     if given:
         return _err(f"{', '.join(given)}: not with --config (the config and its data give "
@@ -229,13 +284,16 @@ def _plan_config(args) -> int:
         data = open_data(cfg)
         tables = tables_of(cfg, data)
         report, hardware, workload = plan_for(cfg, tables, args.world_size, rpn,
-                                              data.ids_per_sample, memory=args.memory)
-    except (PlanDoesNotFitError, DataFormatError) as exc:
+                                              data.ids_per_sample, memory=args.memory,
+                                              host_memory=args.host_memory)
+    except PlanDoesNotFitError as exc:
+        return _no_fit(exc, args)
+    except DataFormatError as exc:
         print(f"neocomm plan: {exc}", file=sys.stderr)
         return 1
     except (ConfigError, ValueError) as exc:
         return _err(str(exc))
-    out = _write_json(report.plan, args.json)
+    out = _write_json(report, hardware, args.json)
     if isinstance(out, int):
         return out
     pooling = data.ids_per_sample or {}
@@ -286,34 +344,66 @@ def _gib(n: float) -> str:
     return f"{n / _GIB:.2f}"
 
 
+_PARTS = (("input_dist", "in_dist"), ("lookup", "lookup"), ("output_dist", "out_dist"),
+          ("emb_backward", "emb_bwd"), ("grad_sync", "grad_sync"))
+
+
+def _tier(t) -> str:
+    """``device``, ``host`` or ``cached 1234567``."""
+    m = t.tier
+    return f"cached {m.cache_rows}" if m.cache_rows else m.tier.value
+
+
 def _print(report, tables, hardware, workload, out, summary: bool = False) -> None:
     rows = {t.name: t for t in tables}
     w = lambda *a: print(*a, file=out)  # noqa: E731
+    tiers = bool(report.host_memory)
     w(f"plan of {len(tables)} tables for {hardware.world_size} ranks ({hardware.num_nodes} "
       f"node(s) x {hardware.ranks_per_node}), {_gib(hardware.device_memory)} GiB per device, "
       f"{_gib(hardware.usable_memory)} GiB usable; global batch {workload.batch_size}, "
       f"{workload.ids_per_sample:g} id(s) per sample")
     w(f"fabric: {hardware.fabric.source}; device memory traffic at "
       f"{hardware.lookup_rate / 1e9:.0f} GB/s")
+    if tiers:
+        w(f"host tier: {_gib(report.host_memory)} GiB per node, host<->device copies at "
+          f"{hardware.host_rate / 1e9:.1f} GB/s per rank each way")
+        if report.hit_model:
+            w(report.hit_model)
     if not summary:
         name_w = max(5, max(len(t.table) for t in report.tables))
         w("")
-        w("per table (GiB and ms: all its shards added up)")
-        w(f"{'table':<{name_w}}  {'rows':>11}  {'dim':>4}  {'sharding':<22}  "
-          f"{'ranks':<12}  {'GiB':>8}  {'ms':>8}")
+        w("per table (GiB and ms: all its shards added up; cache: rows per shard)")
+        head = (f"{'table':<{name_w}}  {'rows':>11}  {'dim':>4}  {'sharding':<22}  "
+                f"{'ranks':<12}  {'GiB':>8}  {'ms':>8}")
+        w(head + (f"  {'tier':<17}  {'host GiB':>8}  {'hit':>5}" if tiers else ""))
         for t in report.tables:
             cfg = rows[t.table]
-            w(f"{t.table:<{name_w}}  {cfg.num_rows:>11}  {cfg.dim:>4}  {t.label:<22}  "
-              f"{_ranks(t.ranks):<12}  {_gib(t.memory):>8}  {t.seconds * 1e3:>8.3f}")
+            line = (f"{t.table:<{name_w}}  {cfg.num_rows:>11}  {cfg.dim:>4}  {t.label:<22}  "
+                    f"{_ranks(t.ranks):<12}  {_gib(t.memory):>8}  {t.seconds * 1e3:>8.3f}")
+            if tiers:
+                hit = f"{t.hit_rate:.3f}" if t.tier.tiered else ""
+                line += f"  {_tier(t):<17}  {_gib(t.host_memory):>8}  {hit:>5}"
+            w(line)
     w("")
-    w("per rank (ms: estimated step time of the rank)")
+    w("per rank (GiB: device memory; ms: estimated step time of the rank)")
     w(f"{'rank':>4}  {'node':>4}  {'GiB':>8}  {'weights':>8}  {'optim':>8}  {'buffers':>8}  "
-      f"{'ms':>8}  {'shards':>6}")
+      f"{'ms':>8}  {'shards':>6}" + (f"  {'host GiB':>8}" if tiers else ""))
     for r in report.ranks:
         m = r.memory
         w(f"{r.rank:>4}  {hardware.node_of(r.rank):>4}  {_gib(m.total):>8}  "
           f"{_gib(m.weights):>8}  {_gib(m.optimizer):>8}  {_gib(m.buffers):>8}  "
-          f"{r.seconds * 1e3:>8.3f}  {r.shards:>6}")
+          f"{r.seconds * 1e3:>8.3f}  {r.shards:>6}" + (f"  {_gib(m.host):>8}" if tiers else ""))
+    w("")
+    w("per rank step parts (ms; latency: each collective's fixed time"
+      + ("; host copy: rows of host-resident shards in and back, within lookup and emb_bwd)"
+         if tiers else ")"))
+    w(f"{'rank':>4}  " + "  ".join(f"{label:>9}" for _, label in _PARTS)
+      + f"  {'latency':>9}" + (f"  {'host copy':>9}" if tiers else ""))
+    for r in report.ranks:
+        parts = dict(r.parts)
+        latency = r.seconds - sum(parts.values())
+        w(f"{r.rank:>4}  " + "  ".join(f"{parts.get(p, 0.0) * 1e3:>9.3f}" for p, _ in _PARTS)
+          + f"  {latency * 1e3:>9.3f}" + (f"  {r.host_seconds * 1e3:>9.3f}" if tiers else ""))
     w("")
     method = report.method.value if report.method else "-"
     tried = ", ".join(f"{label} {'does not fit' if s is None else f'{s * 1e3:.3f} ms'}"
@@ -322,4 +412,12 @@ def _print(report, tables, hardware, workload, out, summary: bool = False) -> No
       f"(max/mean time): {report.imbalance:.3f}; memory imbalance: "
       f"{report.memory_imbalance:.3f}; largest rank {_gib(report.max_memory)} GiB of "
       f"{_gib(report.usable_memory)} GiB usable")
+    if tiers:
+        per_node = report.node_host_bytes(hardware.ranks_per_node)
+        kinds = {}
+        for t in report.tables:
+            kinds[t.tier.tier.value] = kinds.get(t.tier.tier.value, 0) + 1
+        w("tiers: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+          + f"; host memory: largest node {_gib(max(per_node))} GiB of "
+          f"{_gib(report.host_memory)} GiB")
     w(f"placement: {method} (tried: {tried})")

@@ -6,7 +6,9 @@ Stages: enumerate the candidate shardings of every table
 :func:`collectives.cost.estimate`), place the shards with greedy or
 Karmarkar–Karp partitioning under the devices' memory
 (:mod:`~embedding.planner.partition`, :mod:`~embedding.planner.placement`)
-and score the plan (:mod:`~embedding.planner.search`).
+and score the plan (:mod:`~embedding.planner.search`). Given host memory
+(``Hardware.host_memory``), tables may live in host memory behind a device
+cache (:mod:`~embedding.planner.tiers`).
 
 >>> from embedding.planner import Hardware, plan_sharding
 >>> from embedding.presets import preset

@@ -29,12 +29,18 @@ spreads them evenly where contiguous blocks load the rank of the hot rows;
 the planner has no measure of skew.) It follows row-wise in the candidate
 list, so at equal cost the planner keeps contiguous row-wise; ask for cyclic
 with a table's ``shardings``.
+
+With a host tier (``Hardware.host_memory`` > 0) every candidate but the
+data-parallel one also comes with its rows in host memory, cached or not
+(:mod:`~embedding.planner.tiers`); those are offered whatever the size of
+the table, as long as each shard fits a node's host memory.
 """
 from __future__ import annotations
 
 from collectives.types import CollectiveOp
 from embedding.planner.estimate import CostModel, Scope, shard_memory, touch_bytes_per_id
 from embedding.planner.estimate import itemsize as _itemsize
+from embedding.planner.tiers import TierModel
 from embedding.planner.types import (Candidate, Hardware, PlacementKind, PlanDoesNotFitError,
                                      ShardEstimate, TableConstraints, Workload, sum_parts)
 from embedding.types import Pooling, ShardingType, TableConfig, check_pooling, cyclic_shards
@@ -172,11 +178,14 @@ class _Builder:
 def enumerate_candidates(table: TableConfig, hardware: Hardware, workload: Workload,
                          cost: CostModel,
                          constraints: TableConstraints | None = None) -> list[Candidate]:
-    """Every sharding of ``table`` the planner may choose, each shard fitting one device.
+    """Every sharding of ``table`` the planner may choose, each shard fitting one device
+    (and, for the tiered variants, a node's host memory).
 
     Raises ValueError when ``constraints`` ask for column slices the dimension
     does not divide into, and :class:`PlanDoesNotFitError` when no candidate's
-    shards fit (naming the table and the bytes it is short by).
+    shards fit (naming the table and the bytes it is short by; with a host
+    tier, ``tier`` ``"host"`` when a node's host memory is smaller than the
+    table's smallest host-resident shard).
     """
     c = constraints or TableConstraints()
     hw, dim, name = hardware, table.dim, table.name
@@ -236,6 +245,22 @@ def enumerate_candidates(table: TableConfig, hardware: Hardware, workload: Workl
     too_large = whole > usable and bool(allowed & set(_SPLIT))
     fits = [x for x in out if x.max_shard_memory <= usable
             and (not too_large or x.sharding in _SPLIT)]
+    if hw.host_memory:
+        model = TierModel(table, hw, workload, c)
+        tiered = [v for x in out for v in model.variants(x)]
+        fits += [v for v in tiered if v.max_shard_memory <= usable]
+        spreadable = [x for x in out if x.sharding is not ShardingType.DATA_PARALLEL]
+        if not fits and spreadable:
+            # the largest shard of the most spread host-resident candidate
+            least = min(max(s.memory.host for s in model.variant(x, 0).shards)
+                        for x in spreadable)
+            if least > hw.host_memory:
+                raise PlanDoesNotFitError(
+                    f"host memory {hw.host_memory / _GIB:.2f} GiB per node is smaller than "
+                    f"the smallest host-resident shard of table {name!r} "
+                    f"({least / _GIB:.2f} GiB), and the table does not fit device memory "
+                    f"({usable / _GIB:.2f} GiB usable per device)",
+                    table=name, needed=least, available=hw.host_memory, tier="host")
     if not fits:
         pool = [x for x in out if not too_large or x.sharding in _SPLIT] or out
         best = min(pool, key=lambda x: x.max_shard_memory)

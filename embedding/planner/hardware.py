@@ -23,7 +23,7 @@ from collectives.types import FabricModel
 from embedding.planner.types import Hardware
 
 __all__ = ["Target", "load_target", "target_names", "target_of_host", "target_of_spec",
-           "load_host", "hardware_for"]
+           "load_host", "hardware_for", "host_copy_rate", "PCIE_EFFICIENCY"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,9 @@ class Target:
     ``device_memory`` bytes per device (None: unknown); ``memory_bandwidth``
     the device memory throughput in bytes/s, ``flop_rate`` a device's peak FP32
     operations per second (0.0: unknown, e.g. hosts without GPUs).
+    ``host_bandwidth`` is the host-to-device copy throughput of one device,
+    bytes/s each way (:func:`host_copy_rate`; 0.0: the fabric's copy
+    throughput).
     """
 
     name: str
@@ -43,6 +46,27 @@ class Target:
     device_memory: int | None = None
     memory_bandwidth: float = 0.0
     flop_rate: float = 0.0
+    host_bandwidth: float = 0.0
+
+
+#: Share of a PCIe x16 link's line rate (one direction) that pinned host-device copies
+#: reach: TLP headers and flow control leave about 80 % (a Gen4 x16 link, 31.5 GB/s line
+#: rate, copies at about 25 GB/s in CUDA's bandwidthTest on A100 hosts).
+PCIE_EFFICIENCY = 0.8
+
+
+def host_copy_rate(gpu_names, fabric: FabricModel) -> float:
+    """Bytes/s one device copies between host and device memory, each way: for GPUs,
+    :data:`PCIE_EFFICIENCY` of the slowest one's PCIe x16 line rate
+    (:func:`topology.linkmodel.pcie_bandwidth`: the GPU's PCIe generation, e.g. Gen4 for
+    A100, 0.8 x 31.5 GB/s = 25.2 GB/s); without GPUs, the fabric's copy throughput
+    (host memory to host memory)."""
+    from topology.linkmodel import pcie_bandwidth
+
+    names = list(gpu_names)
+    if not names:
+        return float(fabric.copy_bandwidth)
+    return PCIE_EFFICIENCY * min(pcie_bandwidth(n) for n in names)
 
 
 def target_names() -> list[str]:
@@ -104,8 +128,10 @@ def target_of_host(host) -> Target:
     fabric = replace(fabric, source=f"link model of host {host.hostname}: "
                                     f"{fabric.source.removeprefix('topology: ')}")
     sizes = [g.memory_bytes for g in host.gpus if g.memory_bytes]
+    names = [g.name for g in host.gpus]
     return Target(host.hostname, fabric, len(host.gpus) or max(1, host.cpus),
-                  min(sizes) if sizes else None, *_gpu_rates([g.name for g in host.gpus]))
+                  min(sizes) if sizes else None, *_gpu_rates(names),
+                  host_bandwidth=host_copy_rate(names, fabric))
 
 
 def target_of_spec(spec) -> Target:
@@ -114,9 +140,13 @@ def target_of_spec(spec) -> Target:
     from collectives.topofabric import spec_links
 
     memory = int(spec.min_gpu_memory_gib * (1 << 30)) if spec.min_gpu_memory_gib else None
-    return Target(spec.name, spec_links(spec, device=bool(spec.gpus)),
-                  spec.gpus or max(1, spec.min_cpus), memory,
-                  *_gpu_rates([spec.gpu_model] if spec.gpu_model else []))
+    names = [spec.gpu_model] if spec.gpu_model else []
+    fabric = spec_links(spec, device=bool(spec.gpus))
+    if spec.gpus and not names:
+        names = ["unknown"]  # PCIe Gen3 when the model is not declared
+    return Target(spec.name, fabric, spec.gpus or max(1, spec.min_cpus), memory,
+                  *_gpu_rates([spec.gpu_model] if spec.gpu_model else []),
+                  host_bandwidth=host_copy_rate(names, fabric))
 
 
 def load_target(spec: str) -> Target:
@@ -135,12 +165,15 @@ def load_target(spec: str) -> Target:
 
 def hardware_for(target: Target, world_size: int, *, ranks_per_node: int | None = None,
                  device_memory: int | None = None, reserve: float = 0.0,
-                 min_column_dim: int = 32, memory_bandwidth: float | None = None) -> Hardware:
+                 min_column_dim: int = 32, memory_bandwidth: float | None = None,
+                 host_memory: int = 0, host_bandwidth: float | None = None) -> Hardware:
     """:class:`Hardware` of ``world_size`` ranks on ``target``.
 
     ``ranks_per_node`` defaults to the target's devices per host (at most
     ``world_size``), ``device_memory`` and ``memory_bandwidth`` (bytes/s) to
-    the target's.
+    the target's. ``host_memory`` is the bytes per node host-resident tables may
+    take (0: no host tier); ``host_bandwidth`` (bytes/s per rank, each way)
+    defaults to the target's (:func:`host_copy_rate`).
     """
     if ranks_per_node is None:
         ranks_per_node = max(1, min(target.devices_per_host, world_size))
@@ -155,6 +188,9 @@ def hardware_for(target: Target, world_size: int, *, ranks_per_node: int | None 
         device_memory = target.device_memory
     if memory_bandwidth is None:
         memory_bandwidth = target.memory_bandwidth
+    if host_bandwidth is None:
+        host_bandwidth = target.host_bandwidth
     return Hardware(world_size=world_size, ranks_per_node=ranks_per_node,
                     device_memory=int(device_memory), fabric=target.fabric, reserve=reserve,
-                    min_column_dim=min_column_dim, memory_bandwidth=float(memory_bandwidth))
+                    min_column_dim=min_column_dim, memory_bandwidth=float(memory_bandwidth),
+                    host_memory=int(host_memory), host_bandwidth=float(host_bandwidth))

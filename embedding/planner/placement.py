@@ -6,7 +6,8 @@ Placement goes from the least to the most freedom: every-rank candidates
 candidates (hierarchical), partitioned over nodes; then free shards
 (table-wise, column slices), partitioned over ranks on top of what is
 already there. Each partition minimises the largest per-rank time under the
-per-device memory limit (usable memory less what every rank pays anyway).
+per-device memory limit (usable memory less what every rank pays anyway);
+host-resident shards are then checked against each node's host memory.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Sequence
 
 from embedding.planner.estimate import CostModel
 from embedding.planner.partition import greedy_partition, karmarkar_karp
+from embedding.planner.tiers import host_check
 from embedding.planner.types import (Candidate, Hardware, MemoryEstimate, PartitionError,
                                      PartitionMethod, PlacementKind, PlanDoesNotFitError,
                                      PlanReport, RankReport, TableReport, sum_parts)
@@ -49,7 +51,9 @@ def place(choices: Sequence[Candidate], hardware: Hardware,
           method: PartitionMethod = PartitionMethod.GREEDY) -> list[tuple[int, ...]]:
     """The rank of every shard of every candidate (``out[i][j]``: shard j of choice i).
 
-    Raises :class:`PlanDoesNotFitError` naming the first table that finds no room.
+    Raises :class:`PlanDoesNotFitError` naming the first table that finds no room in
+    device memory, or (``tier`` ``"host"``) the node whose host memory the host-resident
+    shards overflow.
     """
     partition = PARTITIONERS[PartitionMethod.parse(method)]
     W, R, N = hardware.world_size, hardware.ranks_per_node, hardware.num_nodes
@@ -98,7 +102,10 @@ def place(choices: Sequence[Candidate], hardware: Hardware,
             ranks.setdefault(i, [0] * len(choices[i].shards))[j] = r
         for i, rs in ranks.items():
             out[i] = tuple(rs)
-    return [tuple(x) for x in out]  # type: ignore[arg-type]
+    placed = [tuple(x) for x in out]  # type: ignore[arg-type]
+    if any(c.tiered for c in choices):
+        host_check(choices, placed, hardware)
+    return placed
 
 
 def _place_in_node(c: Candidate, ranks: list[int], load: list[float], used: list[float],
@@ -123,7 +130,7 @@ def _place_in_node(c: Candidate, ranks: list[int], load: list[float], used: list
 
 def score(choices: Sequence[Candidate], ranks: Sequence[Sequence[int]], hardware: Hardware,
           cost: CostModel, method: PartitionMethod | None = None,
-          alternatives: tuple = ()) -> PlanReport:
+          alternatives: tuple = (), hit_model: str = "") -> PlanReport:
     """Per-rank memory and time of a placement, and the :class:`ShardingPlan` it makes.
 
     A rank's time is the time of its shards, plus what every rank pays for
@@ -139,6 +146,7 @@ def score(choices: Sequence[Candidate], ranks: Sequence[Sequence[int]], hardware
     mem = [MemoryEstimate(buffers=spread_m)] * W
     count = [0] * W
     compute = [0.0] * W
+    copies = [0.0] * W
     shared = [item for c in choices for item in c.spread_parts]  # every rank's own traffic
     parts = [list(shared) for _ in range(W)]
     tables, plans = [], []
@@ -149,15 +157,17 @@ def score(choices: Sequence[Candidate], ranks: Sequence[Sequence[int]], hardware
             mem[r] = mem[r] + s.memory
             count[r] += 1
             compute[r] += s.lookup_seconds
+            copies[r] += s.host_seconds
             parts[r].extend(s.parts)
             shards.append(Shard(r, s.row_offset, s.num_rows, s.col_offset, s.num_cols,
                                 s.row_stride))
-        plans.append(TablePlan(c.table, c.sharding, tuple(shards)))
+        plans.append(TablePlan(c.table, c.sharding, tuple(shards), c.memory))
         tables.append(TableReport(c.table, c.sharding, c.describe(), tuple(sorted(set(rs))),
-                                  sum(s.memory.total for s in c.shards), c.seconds))
+                                  c.device_bytes, c.seconds, c.memory, c.host_bytes,
+                                  c.hit_rate, c.hit_source))
     plan = ShardingPlan(W, hardware.ranks_per_node, tuple(plans))
     per_rank = tuple(RankReport(r, mem[r], seconds[r], count[r], sum_parts(parts[r]),
-                                compute[r])
+                                compute[r], copies[r])
                      for r in range(W))
     return PlanReport(plan, method, per_rank, tuple(tables), hardware.usable_memory,
-                      tuple(alternatives))
+                      tuple(alternatives), hardware.host_memory, hit_model)

@@ -9,6 +9,13 @@ change that lowers the slowest rank's time (or, at equal time, evens the
 ranks out). Last, the chosen candidates are placed from scratch by every
 partitioner asked for; the best of those, the search's own placement and
 the plain table-wise plan (when every table fits whole) is returned.
+
+With a host tier (``Hardware.host_memory`` > 0) the candidates include the
+tiered variants of :mod:`~embedding.planner.tiers`. When no further spread
+in device memory makes the shards fit, the table to move is the one whose
+move into host memory (or to a smaller cache) costs the least time per byte
+of device memory it frees; after placement the caches grow into the device
+memory their ranks have left.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import numpy as np
 from embedding.planner.enumerate import enumerate_candidates
 from embedding.planner.estimate import CostModel
 from embedding.planner.placement import place, score
+from embedding.planner.tiers import TierModel, grow_caches, hit_model_line, no_fit_error
 from embedding.planner.types import (Candidate, Hardware, PartitionMethod, PlacementKind,
                                      PlanDoesNotFitError, PlanMismatchError, PlanReport,
                                      TableConstraints, Workload)
@@ -70,6 +78,7 @@ class _State:
         self.ranks: list[tuple[int, ...]] = [()] * len(cands)
         self.spread_s = 0.0
         self.spread_m = 0
+        self.host = np.zeros(hw.num_nodes)
 
     def cap(self) -> float:
         return self.hw.usable_memory - self.spread_m
@@ -81,6 +90,7 @@ class _State:
         for s, r in zip(c.shards, ranks):
             self.load[r] += sign * s.seconds
             self.used[r] += sign * s.memory.total
+            self.host[r // self.hw.ranks_per_node] += sign * s.memory.host
         self.spread_s += sign * c.spread_seconds
         self.spread_m += int(sign) * c.spread_memory
 
@@ -92,7 +102,17 @@ class _State:
         self._apply(self.candidate(t), self.ranks[t], -1.0)
 
     def fit(self, c: Candidate):
-        """Ranks for ``c`` on top of the current loads, or None when it does not fit."""
+        """Ranks for ``c`` on top of the current loads, or None when it does not fit
+        (device memory per rank, host memory per node)."""
+        ranks = self._fit(c)
+        if ranks is None or not c.tiered:
+            return ranks
+        host = self.host.copy()
+        for s, r in zip(c.shards, ranks):
+            host[r // self.hw.ranks_per_node] += s.memory.host
+        return ranks if host.max() <= self.hw.host_memory else None
+
+    def _fit(self, c: Candidate):
         cap = self.cap() - c.spread_memory
         if self.used.max(initial=0.0) > cap:
             return None
@@ -149,30 +169,61 @@ def _better(new: tuple[float, int, float], old: tuple[float, int, float]) -> boo
 
 
 def _fit_memory(cands, choice, hw) -> list[tuple[int, ...]]:
-    """Spread the tables with the largest shards until a greedy placement fits."""
+    """Spread the tables with the largest shards until a greedy placement fits; when no
+    device candidate is smaller, move the table that costs least time per byte of device
+    memory freed into host memory (or to a smaller cache)."""
+    W = hw.world_size
     while True:
         chosen = [cs[k] for cs, k in zip(cands, choice)]
         try:
             return place(chosen, hw, PartitionMethod.GREEDY)
         except PlanDoesNotFitError as exc:
             error = exc
+        if error.tier == "host":  # moving more rows to host memory cannot help
+            raise no_fit_error(cands, hw, error) from None
         best = None
         for t, (cs, k) in enumerate(zip(cands, choice)):
+            if cs[k].tiered:
+                continue
             current = cs[k].max_shard_memory
-            smaller = [j for j, c in enumerate(cs) if c.max_shard_memory < current]
+            smaller = [j for j, c in enumerate(cs) if c.max_shard_memory < current
+                       and not c.tiered]
             if smaller and (best is None or current > best[0]):
-                j = min(smaller, key=lambda j: (_total(cs[j], hw.world_size), j))
+                j = min(smaller, key=lambda j: (_total(cs[j], W), j))
                 best = (current, t, j)
         if best is None:
-            need = sum(c.max_shard_memory * len(c.shards) + c.spread_memory * hw.world_size
+            best = _cheapest_move(cands, choice, W)
+        if best is None:
+            if hw.host_memory:
+                raise no_fit_error(cands, hw, error) from None
+            need = sum(c.max_shard_memory * len(c.shards) + c.spread_memory * W
                        for c in chosen)
-            have = hw.usable_memory * hw.world_size
+            have = hw.usable_memory * W
             total = (f"; in all the tables need at least {need / _GIB:.2f} GiB, "
-                     f"{hw.world_size} ranks have {have / _GIB:.2f} GiB usable"
+                     f"{W} ranks have {have / _GIB:.2f} GiB usable"
                      if need > have else "")
             raise PlanDoesNotFitError(error.message + total, table=error.table,
-                                      needed=error.needed, available=error.available) from None
+                                      needed=error.needed, available=error.available,
+                                      device_short=max(0, need - have)) from None
         choice[best[1]] = best[2]
+
+
+def _cheapest_move(cands, choice, W):
+    """``(ratio, table, candidate)`` of the move into host memory (a tiered candidate)
+    with less device memory in all that adds the least time per byte freed; None when
+    there is none. Each move lowers a table's device bytes, so moves come to an end."""
+    best = None
+    for t, (cs, k) in enumerate(zip(cands, choice)):
+        cur = cs[k]
+        here = cur.device_bytes + cur.spread_memory * W
+        for j, c in enumerate(cs):
+            freed = here - (c.device_bytes + c.spread_memory * W)
+            if freed <= 0 or not c.tiered:
+                continue
+            ratio = (_total(c, W) - _total(cur, W)) / freed
+            if best is None or ratio < best[0]:
+                best = (ratio, t, j)
+    return best
 
 
 def _search(state: _State, max_rounds: int) -> int:
@@ -250,7 +301,8 @@ def plan_sharding(tables: Sequence[TableConfig], hardware: Hardware,
         except PlanDoesNotFitError as exc:
             _log.info("%s placement does not fit: %s", method.value, exc)
             alternatives.append((method.value, None))
-    whole = [next((c for c in cs if c.sharding is ShardingType.TABLE_WISE), None)
+    whole = [next((c for c in cs if c.sharding is ShardingType.TABLE_WISE and not c.tiered),
+                  None)
              for cs in cands]
     if all(c is not None for c in whole):  # the plain table-wise plan competes too
         try:
@@ -258,10 +310,24 @@ def plan_sharding(tables: Sequence[TableConfig], hardware: Hardware,
                             place(whole, hardware, PartitionMethod.GREEDY)))
         except PlanDoesNotFitError:
             alternatives.append(("table-wise", None))
-    scored = [(score(ch, rs, hardware, cost, m), label) for ch, m, label, rs in results]
+    if hardware.host_memory and any(c.tiered for c in chosen):
+        results = _grown(results, tables, hardware, workload, constraints)
+    hits = hit_model_line(chosen, workload)
+    scored = [(score(ch, rs, hardware, cost, m, hit_model=hits), label)
+              for ch, m, label, rs in results]
     alternatives = tuple([(label, rep.step_seconds) for rep, label in scored] + alternatives)
     best, _ = min(scored, key=lambda x: (x[0].step_seconds, x[0].max_memory))
     return dataclasses.replace(best, alternatives=alternatives)
+
+
+def _grown(results, tables, hardware, workload, constraints):
+    """``results`` with the caches of their cached tables grown into the device memory left
+    (:func:`~embedding.planner.tiers.grow_caches`)."""
+    constraints = constraints or {}
+    models = {t.name: TierModel(t, hardware, workload, constraints.get(t.name))
+              for t in tables}
+    return [(grow_caches(chosen, ranks, hardware, models), method, label, ranks)
+            for chosen, method, label, ranks in results]
 
 
 def baseline_plan(tables: Sequence[TableConfig], hardware: Hardware,
@@ -269,8 +335,10 @@ def baseline_plan(tables: Sequence[TableConfig], hardware: Hardware,
                   constraints: Mapping[str, TableConstraints] | None = None) -> PlanReport:
     """Every table whole on one rank, placed by plain greedy (largest time first
     onto the least-loaded rank with room): the reference the planner is compared to.
-    Only the pooling factors of ``constraints`` are used."""
+    Only the pooling factors of ``constraints`` are used; every table stays in device
+    memory."""
     workload = workload or Workload()
+    hardware = dataclasses.replace(hardware, host_memory=0)  # every table in device memory
     cost = CostModel(hardware)
     pooling = {k: c.ids_per_sample for k, c in (constraints or {}).items()}
     only_tw = {t.name: TableConstraints(ids_per_sample=pooling.get(t.name),
@@ -285,7 +353,7 @@ def evaluate_plan(plan: ShardingPlan, tables: Sequence[TableConfig], hardware: H
                   workload: Workload | None = None, *,
                   constraints: Mapping[str, TableConstraints] | None = None) -> PlanReport:
     """The report of a given ``plan`` (e.g. a plan file) on ``hardware``: its tables priced
-    as the planner prices them, on the plan's ranks.
+    as the planner prices them, on the plan's ranks and in the plan's memory tiers.
 
     :class:`PlanMismatchError` when the plan does not fit the hardware's world or the
     tables (:func:`validate_plan`) or has a shard the planner would not cut (a row or
@@ -303,12 +371,15 @@ def evaluate_plan(plan: ShardingPlan, tables: Sequence[TableConfig], hardware: H
         tp = by_name[table.name]
         given = constraints.get(table.name) if constraints else None
         k = len({s.col_offset for s in tp.shards})
-        only = TableConstraints(ids_per_sample=given.ids_per_sample if given else None,
-                                shardings=(tp.sharding,),
-                                column_slices=k if tp.sharding in _COLUMN_SLICED else 0)
-        cand = next((c for c in candidates_of([table], hardware, workload,
-                                               {table.name: only}, cost)[0]
+        only = dataclasses.replace(given or TableConstraints(), shardings=(tp.sharding,),
+                                   column_slices=k if tp.sharding in _COLUMN_SLICED else 0)
+        cand = next((c.device or c for c in candidates_of([table], hardware, workload,
+                                                          {table.name: only}, cost)[0]
                      if c.sharding is tp.sharding and len(c.shards) == len(tp.shards)), None)
+        if cand is not None and tp.memory.tiered:
+            cand = dataclasses.replace(
+                TierModel(table, hardware, workload, only).variant(cand, tp.memory.cache_rows),
+                memory=tp.memory)
         blocks = {}
         for s in tp.shards:
             blocks.setdefault((s.row_offset, s.num_rows, s.row_stride, s.col_offset,

@@ -12,6 +12,8 @@ The file holds one list, ``tables``, of entries with these keys (TOML)::
     ids_per_sample = 1.0      # mean ids per sample (default: the workload's)
     sharding = ["row_wise"]   # allowed shardings, one string or a list (default: any)
     column_slices = 4         # fixed number of column slices (default: any)
+    zipf_exponent = 1.2       # ids follow Zipf(s) over the rows (default: the workload's)
+    hit_rate = 0.9            # or: a measured device cache hit rate (not with zipf_exponent)
     [tables.optimizer]
     kind = "rowwise_adagrad"  # sgd | rowwise_adagrad | adam
     lr = 0.01
@@ -46,7 +48,8 @@ class TableFileError(ValueError):
 _NUMBER = (int, float)
 _TABLE_KEYS = {"name": str, "num_rows": int, "dim": int, "dtype": str, "pooling": str,
                "features": list, "optimizer": dict, "ids_per_sample": _NUMBER,
-               "sharding": (str, list), "column_slices": int}
+               "sharding": (str, list), "column_slices": int, "zipf_exponent": _NUMBER,
+               "hit_rate": _NUMBER}
 _REQUIRED = ("name", "num_rows", "dim")
 _OPTIMIZER_KEYS = {"kind": str, "lr": _NUMBER, "eps": _NUMBER, "beta1": _NUMBER,
                    "beta2": _NUMBER}
@@ -110,10 +113,13 @@ def _entry(path: str, where: str, raw) -> tuple[TableConfig, TableConstraints | 
     try:
         table = TableConfig(optimizer=opt, **fields)
         constraints = None
-        if any(k in raw for k in ("ids_per_sample", "sharding", "column_slices")):
+        if any(k in raw for k in ("ids_per_sample", "sharding", "column_slices",
+                                  "zipf_exponent", "hit_rate")):
             constraints = TableConstraints(ids_per_sample=raw.get("ids_per_sample"),
                                            shardings=tuple(shardings),
-                                           column_slices=raw.get("column_slices", 0))
+                                           column_slices=raw.get("column_slices", 0),
+                                           zipf_exponent=raw.get("zipf_exponent"),
+                                           hit_rate=raw.get("hit_rate"))
     except ValueError as exc:
         raise TableFileError(path, where, str(exc)) from None
     return table, constraints

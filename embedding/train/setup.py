@@ -130,6 +130,9 @@ def host_memory() -> int:
         return 16 << 30
 
 
+_physical_memory = host_memory  # planner_inputs has a parameter of that name
+
+
 def make_plan(cfg: TrainConfig, tables: Sequence[TableConfig], group,
               ids_per_sample: dict | None = None) -> ShardingPlan:
     """The plan of ``cfg.plan.file``, else the planner's plan for this group (agreed)."""
@@ -273,25 +276,29 @@ def apply_tiers(cfg: TrainConfig, plan: ShardingPlan, tables) -> ShardingPlan:
 
 
 def plan_for(cfg: TrainConfig, tables, world_size: int, ranks_per_node: int,
-             ids_per_sample: dict | None = None, memory: int | None = None):
+             ids_per_sample: dict | None = None, memory: int | None = None,
+             host_memory: int | None = None):
     """The planner's ``(report, hardware, workload)`` for ``cfg``'s tables on ``world_size``
     ranks: what ``neocomm train`` plans, and what ``neocomm plan --config`` prints.
 
     The target is ``plan.fabric``; memory per rank ``memory``, else
     ``plan.memory``, else the fabric's device memory on a multi-GPU host,
-    else this host's memory over its ranks. ``ids_per_sample`` is each
+    else this host's memory over its ranks. Host memory per node for tables
+    the planner keeps in host memory: ``host_memory``, else ``plan.host_memory``,
+    else none (every table in device memory). ``ids_per_sample`` is each
     table's pooling factor as the data gives it (default 1).
     """
     from embedding.planner import plan_sharding
 
     hardware, workload, constraints = planner_inputs(cfg, tables, world_size, ranks_per_node,
-                                                     ids_per_sample, memory)
+                                                     ids_per_sample, memory, host_memory)
     report = plan_sharding(tables, hardware, workload, constraints=constraints or None)
     return report, hardware, workload
 
 
 def planner_inputs(cfg: TrainConfig, tables, world_size: int, ranks_per_node: int,
-                   ids_per_sample: dict | None = None, memory: int | None = None):
+                   ids_per_sample: dict | None = None, memory: int | None = None,
+                   host_memory: int | None = None):
     """``(hardware, workload, constraints)`` the planner gets for ``cfg`` (see
     :func:`plan_for`)."""
     from embedding.planner import TableConstraints, Workload
@@ -309,9 +316,14 @@ def planner_inputs(cfg: TrainConfig, tables, world_size: int, ranks_per_node: in
     elif memory is None:
         from embedding.train.threads import ranks_on_host
 
-        memory = host_memory() // ranks_on_host(ranks_per_node)
+        memory = _physical_memory() // ranks_on_host(ranks_per_node)
+    if host_memory is None and cfg.plan.host_memory:
+        try:
+            host_memory = parse_size(cfg.plan.host_memory)
+        except ValueError as exc:
+            raise ConfigError(cfg.source, "plan.host_memory", str(exc)) from None
     hardware = hardware_for(target, world_size, ranks_per_node=ranks_per_node,
-                            device_memory=memory, reserve=0.1)
+                            device_memory=memory, reserve=0.1, host_memory=host_memory or 0)
     constraints = {}
     for t in tables:
         kw = {}

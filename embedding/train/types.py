@@ -172,7 +172,8 @@ class LoopConfig:
 class PlanConfig:
     """``[plan]``: a plan file, or the planner's target (``fabric``), memory per rank and
     the sharding types it may choose from (``shardings``; empty: any). ``host_memory``:
-    host memory per node for host-resident tables (empty: the host's physical memory)."""
+    host memory per node for host-resident tables (empty: the host's physical memory);
+    when given, the planner may also keep tables in host memory behind a device cache."""
 
     file: str = ""
     fabric: str = "cpu-host"

@@ -45,7 +45,9 @@ def test_the_plan_is_the_one_the_trainer_makes(example, tmp_path, capsys):
     assert data.ids_per_sample["genres"] > 1.5 and "genres 1." in text
     full = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=1024))
     report = plan_for(full, tables, 2, 2, data.ids_per_sample)[0]
-    assert json.loads(report.plan.to_json()) == json.loads(out.read_text())
+    written = json.loads(out.read_text())
+    assert set(written.pop("estimate")) >= {"ranks", "tables", "step_seconds"}
+    assert json.loads(report.plan.to_json()) == written
     assert "neocomm train --config" in text and "--plan" in text
 
 
@@ -109,3 +111,30 @@ def test_cyclic_row_wise_from_the_config_to_training(example, tmp_path):
         losses[st] = [loss for _, loss in trainer.losses]
     assert len(losses[ShardingType.TABLE_WISE]) == 3
     assert losses[ShardingType.CYCLIC_ROW_WISE] == losses[ShardingType.TABLE_WISE]
+
+
+def test_a_tiered_plan_trains(example, tmp_path, capsys):
+    """``--host-memory`` with too little device memory puts tables in host memory behind a
+    cache; the plan file carries each table's memory and the trainer keeps it."""
+    _, paths, cfg = example
+    out = tmp_path / "tiered.json"
+    rc = main(["plan", "--config", paths["config"], "-n", "1", "--batch-size", "16",
+               "--memory", "60KiB", "--host-memory", "1GiB", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    plan = ShardingPlan.from_json(out.read_text())
+    cached = [tp for tp in plan.tables if tp.memory.cache_rows]
+    assert cached and "cached" in text
+    t = Trainer(apply_overrides(cfg, plan=str(out)))
+    t.train()
+    t.close()
+    assert t.plan.to_json() == plan.to_json()
+    # [plan] host_memory of the config reaches the planner the trainer runs
+    data = open_data(cfg)
+    tables = build_tables(cfg, data.table_sizes, data.feature_names, data.feature_tables,
+                          data.feature_pooling)
+    small = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, host_memory="1GiB"),
+                                train=dataclasses.replace(cfg.train, batch_size=16))
+    report, hardware, _ = plan_for(small, tables, 1, 1, data.ids_per_sample, memory=60 << 10)
+    assert hardware.host_memory == 1 << 30
+    assert any(tp.memory.tiered for tp in report.plan.tables)
