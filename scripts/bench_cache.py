@@ -9,7 +9,11 @@ table in device memory (the reference, measured in the same run) and cached
 with a device cache of each ``--cache`` share of the rows (``100`` holds the
 whole table: only the bookkeeping is left). As in the trainer, the rows of
 batch i+1 are prefetched before the update of batch i. Throughput is samples
-per second from the median step over ``--iters`` steps after ``--warmup``::
+per second from the median step over ``--iters`` steps after ``--warmup``.
+``hit rate`` counts every id looked up (a hot row read 100 times in a step
+counts 100 times); ``planner`` is the hit rate the planner's cost model
+assumes for this cache (:mod:`embedding.planner.tiers`); ``row hits`` counts
+each step's distinct rows once::
 
     python scripts/bench_cache.py --plot cache.png --json cache.json
 
@@ -80,6 +84,16 @@ def run(store, bags: list, args) -> tuple[float, object]:
     return statistics.median(times[args.warmup:]), stats
 
 
+def planned_hit_rate(dist: str, cache_rows: int, rows: int) -> float:
+    """The planner's hit rate for this cache: the hottest rows of Zipf ids, or the cached
+    share of uniform ones."""
+    if dist == "uniform":
+        return cache_rows / rows
+    from embedding.planner.tiers import zipf_hit_rate
+
+    return zipf_hit_rate(cache_rows, rows, float(dist[4:]))
+
+
 def fbgemm_uvm_note() -> str:
     try:
         import torch
@@ -118,7 +132,7 @@ def main(argv=None) -> int:
     print(f"# {args.tables} tables x {args.rows} rows x dim {args.dim}, batch {args.batch}, "
           f"{args.ids_per_bag} ids per bag, row-wise AdaGrad; TorchRec/FBGEMM UVM cache: {peer}")
     print(f"{'ids':>9} {'cache':>7} {'samples/s':>12} {'vs device':>9} {'hit rate':>8} "
-          f"{'H2D MB/step':>11} {'D2H MB/step':>11}")
+          f"{'planner':>7} {'row hits':>8} {'H2D MB/step':>11} {'D2H MB/step':>11}")
     for dist in args.dists:
         bags = batches(args, dist, args.warmup + args.iters)
         device = FusedTables(rows, dims, opt)
@@ -127,7 +141,7 @@ def main(argv=None) -> int:
         t_dev, _ = run(device, bags, args)
         del device
         ref = samples / t_dev
-        print(f"{dist:>9} {'device':>7} {ref:12.0f} {1.0:9.2f} {'':>8} {'':>11} {'':>11}")
+        print(f"{dist:>9} {'device':>7} {ref:12.0f} {1.0:9.2f}")
         results.append({"ids": dist, "cache_pct": None, "samples_per_s": ref, "ratio": 1.0})
         for pct in args.cache:
             cap = max(1, int(round(pct / 100 * args.rows)))
@@ -138,10 +152,12 @@ def main(argv=None) -> int:
             rate = samples / t_c
             mb_in = st.bytes_in / args.iters / 1e6
             mb_out = st.bytes_out / args.iters / 1e6
+            model = planned_hit_rate(dist, cap, args.rows)
             print(f"{dist:>9} {pct:6g}% {rate:12.0f} {rate / ref:9.2f} {st.hit_rate:8.3f} "
-                  f"{mb_in:11.2f} {mb_out:11.2f}")
+                  f"{model:7.3f} {st.row_hit_rate:8.3f} {mb_in:11.2f} {mb_out:11.2f}")
             results.append({"ids": dist, "cache_pct": pct, "samples_per_s": rate,
                             "ratio": rate / ref, "hit_rate": st.hit_rate,
+                            "planner_hit_rate": model, "row_hit_rate": st.row_hit_rate,
                             "h2d_mb_per_step": mb_in, "d2h_mb_per_step": mb_out})
     out = {"config": vars(args), "peer_uvm_caching": peer, "results": results}
     if args.json:

@@ -37,7 +37,7 @@ class Acquired:
     ``slots[i]`` is the slot of ``rows[i]``; ``fetch_rows`` are to be copied
     host → ``fetch_slots``; ``evict_rows`` (dirty rows leaving the cache) are
     to be copied ``evict_slots`` → host *before* the fetch overwrites them.
-    ``hits`` counts the rows found in the cache.
+    ``hit[i]`` says whether ``rows[i]`` was found in the cache; ``hits`` counts them.
     """
 
     rows: np.ndarray
@@ -47,6 +47,7 @@ class Acquired:
     evict_rows: np.ndarray
     evict_slots: np.ndarray
     hits: int
+    hit: np.ndarray
 
 
 class RowCache:
@@ -90,7 +91,8 @@ class RowCache:
         self._tick += 1
         slots = self.row_slot[rows]
         hit = slots >= 0
-        hits = int(np.count_nonzero(hit[slots < self.capacity])) if rows.size else 0
+        in_cache = hit & (slots < self.capacity)
+        hits = int(np.count_nonzero(in_cache))
         if self.counts is not None:
             self.counts[rows] += 1
         self.pins[slots[hit]] += 1                 # rows in use are not evicted below
@@ -135,7 +137,7 @@ class RowCache:
         self.last_use[cached] = self._tick
         fetch_rows = miss
         return Acquired(rows, slots, fetch_rows, self.row_slot[fetch_rows], evict_rows,
-                        evict_slots, hits), grown
+                        evict_slots, hits, in_cache), grown
 
     def mark_dirty(self, slots: np.ndarray) -> None:
         """The device copies in ``slots`` changed (written back when they leave)."""

@@ -249,16 +249,18 @@ class Trainer:
 
     def _cache_record(self, steps: int, seconds: float) -> dict:
         """The host-resident tables' counters since the last record, over every rank
-        (collective): hit rate, bytes per step each way, mean ms per step per rank in cache
-        work and its share of the step."""
+        (collective): hit rate of the ids looked up and of each step's distinct rows, bytes
+        per step each way, mean ms per step per rank in cache work and its share of the step."""
         import collectives
 
         s = self.coll.take_cache_stats()
-        buf = np.array([s.lookups, s.hits, s.bytes_in, s.bytes_out, s.seconds], np.float64)
+        buf = np.array([s.lookups, s.hits, s.bytes_in, s.bytes_out, s.seconds, s.accesses,
+                        s.access_hits], np.float64)
         if self.size > 1:
             collectives.all_reduce(buf, group=self.group)
         ms = 1e3 * buf[4] / self.size / steps
-        return {"hit_rate": round(buf[1] / buf[0], 4) if buf[0] else 0.0,
+        return {"hit_rate": round(buf[6] / buf[5], 4) if buf[5] else 0.0,
+                "row_hit_rate": round(buf[1] / buf[0], 4) if buf[0] else 0.0,
                 "lookups_per_step": int(buf[0] // steps),
                 "h2d_bytes_per_step": int(buf[2] // steps),
                 "d2h_bytes_per_step": int(buf[3] // steps),

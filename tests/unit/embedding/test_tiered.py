@@ -273,3 +273,17 @@ def test_host_views_drop_open_and_prefetched_steps():
     ob = tiered.lookup(b)
     tiered.backward_update(b, np.ones_like(ob))
     assert not np.array_equal(before, tiered.weight(0))
+
+
+def test_hit_rate_counts_every_id_and_row_hit_rate_each_distinct_row():
+    tiered = make(OptimizerKind.SGD, [TableMemory(Tier.CACHED, 5)] * 3)
+    warm = Bags(np.array([4]), np.array([0, 1, 1, 1]), (0, 1, 2), (0, 4, 8), (False,) * 3, 1, 16)
+    tiered.backward_update(warm, np.zeros_like(tiered.lookup(warm)))
+    tiered.take_stats()
+    # table 0 reads row 4 (cached) three times and row 9 (not cached) once
+    bags = Bags(np.array([4, 4, 4, 9]), np.array([0, 4, 4, 4]), (0, 1, 2), (0, 4, 8),
+                (False,) * 3, 1, 16)
+    tiered.lookup(bags)
+    st = tiered.take_stats()
+    assert (st.accesses, st.access_hits, st.lookups, st.hits) == (4, 3, 2, 1)
+    assert st.hit_rate == 0.75 and st.row_hit_rate == 0.5
