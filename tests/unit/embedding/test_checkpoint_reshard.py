@@ -158,16 +158,20 @@ def test_read_box_spanning_files_and_limits(tmp_path):
         read_for_plan(ckpt, plan2(), 2)
 
 
-def test_a_region_no_file_holds_is_refused(tmp_path):
-    plan = plan4()
+def write_losing_t0(path, plan, lost: int = 2):
+    """A checkpoint of ``plan`` on 4 ranks whose rank ``lost`` wrote none of table t0."""
     for r in range(4):
         arrays, slices = rank_arrays(plan, r)
-        if r == 2:  # rank 2 lost its t0 rows [6, 8)
+        if r == lost:
             for k in [k for k in arrays if k.startswith("emb/t0/")]:
                 arrays.pop(k), slices.pop(k)
-        CheckpointWriter(tmp_path, 5, r, 4).write(arrays, slices)
-    CheckpointWriter(tmp_path, 5, 0, 4).commit(plan=plan, tables=CONFIGS)
-    ckpt = load_checkpoint(tmp_path)
+        CheckpointWriter(path, 5, r, 4).write(arrays, slices)
+    CheckpointWriter(path, 5, 0, 4).commit(plan=plan, tables=CONFIGS)
+    return load_checkpoint(path)
+
+
+def test_a_region_no_file_holds_is_refused(tmp_path):
+    ckpt = write_losing_t0(tmp_path, plan4())  # rank 2's t0 rows are [6, 8)
     with pytest.raises(CheckpointError, match=r"t0/weight: elements \[6, 7\) x \[0, 8\) are in "
                                               r"no file"):
         read_for_plan(ckpt, plan3(), 1)
@@ -214,15 +218,7 @@ def test_strided_read_box(tmp_path):
 def test_a_lost_cyclic_shard_is_refused(tmp_path):
     """Rank 2 of a cyclic checkpoint lost its t0 rows 2 and 6: a contiguous shard and a
     cyclic one that need them are refused with the rows named; the others load."""
-    plan = plan_cyclic(4)
-    for r in range(4):
-        arrays, slices = rank_arrays(plan, r)
-        if r == 2:
-            for k in [k for k in arrays if k.startswith("emb/t0/")]:
-                arrays.pop(k), slices.pop(k)
-        CheckpointWriter(tmp_path, 5, r, 4).write(arrays, slices)
-    CheckpointWriter(tmp_path, 5, 0, 4).commit(plan=plan, tables=CONFIGS)
-    ckpt = load_checkpoint(tmp_path)
+    ckpt = write_losing_t0(tmp_path, plan_cyclic(4))
     with pytest.raises(CheckpointError, match=r"t0/weight: elements \[6, 7\) x \[0, 8\) are in "
                                               r"no file"):
         read_for_plan(ckpt, plan3(), 1)     # rows [4, 7)
