@@ -9,9 +9,12 @@ a :class:`~embedding.kernels.cache.RowCache` (the cache, then the staging
 slots of the step). A step runs as:
 
 1. ``lookup(bags)`` (or an earlier ``prefetch(bags)``): the unique rows of
-   each table get slots; missing rows are copied host → device (weights and
-   optimizer state), evicted dirty rows device → host first; the bags' ids
-   are rewritten to slots and the unchanged fused kernel pools them;
+   each table get slots; evicted dirty rows are copied device → host, and
+   missing rows (weights and optimizer state) start their way host → device
+   through a pinned buffer on a side stream
+   (:class:`~embedding.kernels.staging.RowFetcher`); at the lookup they land
+   in their slots on the compute stream, the bags' ids are rewritten to
+   slots and the unchanged fused kernel pools them;
 2. ``backward_update(bags, grad)`` or ``aggregate`` + ``update``: the kernel
    updates the slots; they are marked dirty, the step's rows are unpinned,
    and staging rows go back to the host.
@@ -37,6 +40,7 @@ import numpy as np
 from embedding.kernels.cache import RowCache
 from embedding.kernels.fused import FusedTables
 from embedding.kernels.layout import Bags
+from embedding.kernels.staging import Part, RowFetcher
 from embedding.optim import row_bytes, state_specs
 from embedding.types import TableMemory
 
@@ -83,12 +87,13 @@ class CacheStats:
 class _Step:
     """One step's rows between its lookup and its update."""
 
-    __slots__ = ("source", "bags", "slots")
+    __slots__ = ("source", "bags", "slots", "fetch")
 
-    def __init__(self, source, bags, slots):
+    def __init__(self, source, bags, slots, fetch):
         self.source = source        # the caller's Bags (or None for ``gather``)
         self.bags = bags            # the same with ids rewritten to slots
         self.slots = slots          # per table: the slots pinned (int64)
+        self.fetch = fetch          # its missed rows on their way in (None: landed)
 
 
 class TieredTables:
@@ -128,6 +133,7 @@ class TieredTables:
                            for c, d in zip(self.optimizers, self.layout.dims)]
         self.work = self._device_tables()
         self.xp = self.work.xp
+        self._fetcher = RowFetcher(self.xp)
 
     def __repr__(self) -> str:
         tiers = "/".join(sorted({m.tier.value for m in self.memory}))
@@ -190,6 +196,7 @@ class TieredTables:
     def lookup(self, bags: Bags, out=None):
         """Pooled lookup of every bag, as ``FusedTables.lookup``; the step stays open."""
         step = self._prefetched.pop(id(bags), None) or self._acquire(bags)
+        self._land(step)
         self._steps.append(step)
         return self.work.lookup(step.bags, out)
 
@@ -201,6 +208,7 @@ class TieredTables:
         uniq = [np.unique(np.concatenate(p), return_counts=True) if p else
                 (np.zeros(0, np.int64), np.zeros(0, np.int64)) for p in per]
         step = self._open(None, [u for u, _ in uniq], [c for _, c in uniq])
+        self._land(step)
         self._steps.append(step)
         out = []
         for t, ids in pairs:
@@ -284,6 +292,10 @@ class TieredTables:
         return step
 
     def _open(self, source, unique: list, counts: list) -> _Step:
+        # rows a prefetched step fetched are resident before they land: a step that finds
+        # them must see them, so pending fetches land first
+        for pending in self._prefetched.values():
+            self._land(pending)
         t0 = time.perf_counter()
         grown, decided = False, []
         for t, rows in enumerate(unique):
@@ -292,17 +304,30 @@ class TieredTables:
             grown |= g
         if grown:
             self.work = self._device_tables(self.work)
-        slots = []
+        slots, parts = [], []
         for t, got in enumerate(decided):
             self._copy_out(t, got.evict_rows, got.evict_slots)
-            self._copy_in(t, got.fetch_rows, got.fetch_slots)
+            parts += self._parts_in(t, got.fetch_rows, got.fetch_slots)
             self.stats.lookups += int(got.rows.size)
             self.stats.hits += got.hits
             self.stats.accesses += int(counts[t].sum())
             self.stats.access_hits += int(counts[t][got.hit].sum())
             slots.append(got.slots)
+        fetch = self._fetcher.start(parts)
         self.stats.seconds += time.perf_counter() - t0
-        return _Step(source, None, slots)
+        return _Step(source, None, slots, fetch)
+
+    def _land(self, step: _Step) -> None:
+        """The step's fetched rows into their slots, on the current stream (once)."""
+        if step.fetch is not None:
+            t0 = time.perf_counter()
+            self._fetcher.land(step.fetch, self._work_array)
+            step.fetch = None
+            self.stats.seconds += time.perf_counter() - t0
+
+    def _work_array(self, key):
+        t, name = key
+        return self.work.weight(t) if name is None else self.work.state_view(t, name)
 
     def _current(self, bags) -> _Step:
         """The step ``bags`` opened (the oldest open step for ``None``); older steps, whose
@@ -321,6 +346,7 @@ class TieredTables:
         return self._steps[0]
 
     def _close(self, step: _Step, newest: bool = False) -> None:
+        self._land(step)  # a prefetched step dropped unread: its slots hold its rows
         t0 = time.perf_counter()
         if not newest:
             self._steps.popleft()
@@ -340,16 +366,15 @@ class TieredTables:
                     work.state_view(t, spec.name)[:n] = old.state_view(t, spec.name)
         return work
 
-    def _copy_in(self, t: int, rows: np.ndarray, slots: np.ndarray) -> None:
+    def _parts_in(self, t: int, rows: np.ndarray, slots: np.ndarray) -> list[Part]:
+        """Table ``t``'s weights and optimizer state of ``rows``, bound for ``slots``."""
         if not rows.size:
-            return
-        xp = self.xp
-        s = xp.asarray(slots)
-        self.work.weight(t)[s] = xp.asarray(self.host.weight(t)[rows])
-        for spec in state_specs(self.optimizers[t].kind):
-            self.work.state_view(t, spec.name)[s] = xp.asarray(
-                self.host.state_view(t, spec.name)[rows])
+            return []
         self.stats.bytes_in += int(rows.size) * self._row_bytes[t]
+        parts = [Part((t, None), self.host.weight(t), rows, slots)]
+        for spec in state_specs(self.optimizers[t].kind):
+            parts.append(Part((t, spec.name), self.host.state_view(t, spec.name), rows, slots))
+        return parts
 
     def _copy_out(self, t: int, rows: np.ndarray, slots: np.ndarray) -> None:
         if not rows.size:

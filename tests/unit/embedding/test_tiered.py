@@ -1,4 +1,6 @@
 """Host-resident tables with a device cache: bitwise equal to tables in device memory."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -109,6 +111,19 @@ def test_aggregate_returns_table_rows_ascending():
         order = np.argsort(r1)
         np.testing.assert_array_equal(r1[order], r2)
         np.testing.assert_array_equal(g1[order], g2)
+
+
+def test_a_lookup_between_a_prefetch_and_its_batch_sees_the_fetched_rows():
+    ref, tiered = make(OptimizerKind.SGD), make(OptimizerKind.SGD,
+                                                [TableMemory(Tier.CACHED, 4)] * 3)
+    rng = np.random.default_rng(8)
+    a, b = zipf_bags(rng), zipf_bags(rng)
+    for store in (ref, tiered):
+        store.lookup(a)
+        store.prefetch(b)
+        # b's rows looked up (as another batch) before b lands
+        store.outs = [store.lookup(dataclasses.replace(b)).copy()]
+    np.testing.assert_array_equal(ref.outs[0], tiered.outs[0])
 
 
 def test_two_steps_in_flight_and_forward_only_steps():
