@@ -33,9 +33,11 @@ import numpy as np
 from embedding.jagged import KeyedJagged
 from embedding.sharding import STRATEGIES, ShardingEnv
 from embedding.sharding.base import LocalShard
-from embedding.types import IdPolicy, ShardingPlan, ShardingType, TableConfig, enum_arg
+from embedding.types import (IdPolicy, ShardingPlan, ShardingType, TableConfig, check_dynamic,
+                             enum_arg)
 
-__all__ = ["ShardedEmbeddingCollection", "DistributedBatch", "init_weights", "assign", "STAGES"]
+__all__ = ["ShardedEmbeddingCollection", "DistributedBatch", "init_weights", "assign", "STAGES",
+           "dynamic_initializer"]
 
 #: The stages of a step, as named to a ``timer``: ``timer(stage)`` is entered around each.
 STAGES = ("input_dist", "lookup", "output_dist", "backward")
@@ -141,23 +143,30 @@ class ShardedEmbeddingCollection:
                 raise ValueError(f"id_policy: unknown tables {unknown}")
             pol = {t.name: enum_arg(IdPolicy, id_policy.get(t.name, IdPolicy.ERROR),
                                     f"id_policy[{t.name!r}]") for t in self.tables}
-        self._rows = {f: t.num_rows for t in self.tables for f in t.features}
+        # dynamic tables take any int64 id (None: no range check, no policy)
+        self._rows = {f: None if t.dynamic else t.num_rows for t in self.tables
+                      for f in t.features}
         self._policy = {f: pol[t.name] for t in self.tables for f in t.features}
-        # Strategies, in a fixed order on every rank: one per sharding type and memory
-        # (tables in device memory, then host-resident ones, each with its own store).
-        by_type: dict[tuple[ShardingType, bool], list] = {}
+        # Strategies, in a fixed order on every rank: one per sharding type and store
+        # (tables in device memory, host-resident ones, dynamic ones, each their own store).
+        by_type: dict[tuple[ShardingType, str], list] = {}
         for t in self.tables:
             tp = plan.table(t.name)
             if tp.memory.tiered:
                 tp.memory.check(t.name, t.num_rows)
-            by_type.setdefault((tp.sharding, tp.memory.tiered), []).append((t, tp))
+            check_dynamic(t, tp)
+            if t.dynamic and dedup:
+                raise ValueError(f"dedup: dynamic table {t.name!r} does not support "
+                                 f"deduplicated input dists yet; got dedup=True")
+            store = "dynamic" if t.dynamic else "tiered" if tp.memory.tiered else "device"
+            by_type.setdefault((tp.sharding, store), []).append((t, tp))
         self.strategies = []
         self._maps = []
         for stype, cls in STRATEGIES.items():
-            for tiered in (False, True):
-                if (stype, tiered) not in by_type:
+            for store in ("device", "tiered", "dynamic"):
+                if (stype, store) not in by_type:
                     continue
-                ts, ps = zip(*by_type[(stype, tiered)])
+                ts, ps = zip(*by_type[(stype, store)])
                 strat = cls(ts, ps, self.env)
                 self.strategies.append(strat)
                 self._maps.append([(f.col, self._cols[f.name][0], f.dim)
@@ -193,6 +202,13 @@ class ShardedEmbeddingCollection:
             total.add(store.take_stats())
         return total
 
+    def dynamic_stores(self) -> list:
+        """The :class:`~embedding.kernels.dynamic.DynamicTables` of dynamic tables."""
+        from embedding.kernels.dynamic import DynamicTables
+
+        return [s.fused for s in self.strategies
+                if isinstance(getattr(s, "fused", None), DynamicTables)]
+
     def prefetch(self, batch: "DistributedBatch") -> None:
         """Finish ``batch``'s input dist and bring its host-resident rows in now.
 
@@ -220,6 +236,9 @@ class ShardedEmbeddingCollection:
         table = next((t for t in self.tables if t.name == name), None)
         if table is None:
             raise KeyError(f"table {name!r} is not in this collection")
+        if table.dynamic:
+            raise ValueError(f"name: table {name!r} is dynamic (rows belong to ids as they "
+                             f"come); read its entries with DynamicTables.export / entries")
         weights = np.asarray(weights) if self.env.device == "cpu" else weights
         if tuple(weights.shape) != (table.num_rows, table.dim):
             raise ValueError(f"weights of table {name!r}: expected shape "
@@ -238,6 +257,9 @@ class ShardedEmbeddingCollection:
         table = next((t for t in self.tables if t.name == name), None)
         if table is None:
             raise KeyError(f"table {name!r} is not in this collection")
+        if table.dynamic:
+            raise ValueError(f"name: table {name!r} is dynamic (rows belong to ids as they "
+                             f"come); read its entries with DynamicTables.export / entries")
         mine = []
         for s in self.local_shards():
             if s.table == name:
@@ -373,9 +395,15 @@ def init_weights(coll: ShardedEmbeddingCollection, seed: int = 0) -> None:
     table name, ``r * dim + c``) for the table row ``r`` (a strided shard's
     local row ``i`` is table row ``row_offset + i * row_stride``), so every
     shard computes its own piece and a table reads the same under any sharding.
+
+    A dynamic table's new id gets the row a fixed table gives row ``id``
+    (bound ``sqrt(1/num_rows)`` of its capacity), when the id first comes.
     """
     for s in coll.local_shards():
         table = next(t for t in coll.tables if t.name == s.table)
+        if table.dynamic:
+            s.tables.set_initializer(s.index, dynamic_initializer(table, seed))
+            continue
         sh = s.shard
         w = s.weight
         chunk = max(1, (1 << 20) // max(sh.num_cols, 1))
@@ -386,6 +414,19 @@ def init_weights(coll: ShardedEmbeddingCollection, seed: int = 0) -> None:
                                    sh.col_offset + sh.num_cols)
             bound = np.sqrt(1.0 / table.num_rows)
             assign(w[r0:r1], (2.0 * block - 1.0) * bound)
+
+
+def dynamic_initializer(table: TableConfig, seed: int = 0):
+    """``init(ids) -> [len(ids), dim]`` float64 weights of new ids of dynamic ``table``: the
+    counter-based hash of (seed, table name, element) keyed by id, as :func:`init_weights`
+    keys a fixed table's by row."""
+    bound = np.sqrt(1.0 / table.num_rows)
+
+    def init(ids: np.ndarray) -> np.ndarray:
+        return (2.0 * _uniform_block(seed, table.name, table.dim, np.asarray(ids, np.int64), 0,
+                                     table.dim) - 1.0) * bound
+
+    return init
 
 
 def _uniform_block(seed: int, name: str, dim: int, rows: np.ndarray, c0: int, c1: int

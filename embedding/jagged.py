@@ -247,13 +247,16 @@ class KeyedJagged:
         Features with :attr:`IdPolicy.ERROR` (the default) raise ValueError
         naming the feature, the first bad id and its sample when an id is
         negative or ``>= num_rows``. Features with ``MODULO``/``HASH`` have
-        their ids mapped into range. Returns ``self`` when nothing was
+        their ids mapped into range. Features whose ``num_rows`` is None (a
+        dynamic table's) take any int64 id, unchecked. Returns ``self`` when nothing was
         mapped, else a new :class:`KeyedJagged` with the mapped values.
         """
         policies = policies or {}
         self.check_features(num_rows)
         new_values = None
         for i, key in enumerate(self.keys):
+            if num_rows[key] is None:  # a dynamic table: any int64 id, as it is
+                continue
             rows = int(num_rows[key])
             policy = enum_arg(IdPolicy, policies.get(key, IdPolicy.ERROR), f"policies[{key!r}]")
             s, e = self.value_range(key)

@@ -15,8 +15,8 @@ import numpy as np
 from neocomm.errors import NeocommError
 
 __all__ = ["Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig", "ShardingType",
-           "Shard", "Tier", "CachePolicy", "TableMemory", "TablePlan", "ShardingPlan", "IdPolicy",
-           "BatchError", "enum_arg", "check_pooling", "cyclic_shards"]
+           "Shard", "Tier", "CachePolicy", "Eviction", "TableMemory", "TablePlan", "ShardingPlan",
+           "IdPolicy", "BatchError", "enum_arg", "check_pooling", "cyclic_shards", "check_dynamic"]
 
 
 def enum_arg(cls: type[enum.Enum], value, name: str):
@@ -64,9 +64,29 @@ class OptimizerConfig:
             raise ValueError(f"lr: expected a positive learning rate, got {self.lr}")
 
 
+class Eviction(enum.Enum):
+    """Which entry a full dynamic table drops for a new id.
+
+    ``COUNT``: the least used (fewest ids looked up since it was inserted);
+    ``AGE``: the least recently used (oldest last lookup). Ties go to the
+    smaller id.
+    """
+
+    COUNT = "count"
+    AGE = "age"
+
+
 @dataclass(frozen=True)
 class TableConfig:
-    """One embedding table: ``num_rows`` × ``dim`` of ``dtype``, read by ``features``."""
+    """One embedding table: ``num_rows`` × ``dim`` of ``dtype``, read by ``features``.
+
+    A fixed table (``dynamic=False``) reads ids in ``[0, num_rows)`` as rows.
+    A dynamic table (``dynamic=True``) reads any int64 id except the two
+    reserved markers (:data:`embedding.kernels.idmap.RESERVED`): each new id
+    gets a row of its own through a hash map, and ``num_rows`` is the
+    table's capacity in rows (in total, over all its shards); when the rows
+    are all taken, a new id evicts an entry chosen by ``eviction``.
+    """
 
     name: str
     num_rows: int
@@ -75,12 +95,23 @@ class TableConfig:
     features: tuple[str, ...] = ()
     dtype: str = "float32"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    dynamic: bool = False
+    eviction: Eviction = Eviction.COUNT
 
     def __post_init__(self):
         if not self.name:
             raise ValueError(f"name: a table needs a non-empty name, got {self.name!r}")
         if int(self.num_rows) <= 0:
+            if self.dynamic:
+                raise ValueError(f"num_rows of dynamic table {self.name!r}: expected a "
+                                 f"capacity >= 1 rows, got {self.num_rows}")
             raise ValueError(f"num_rows of table {self.name!r}: expected > 0, got {self.num_rows}")
+        if not isinstance(self.dynamic, (bool, np.bool_)):
+            raise TypeError(f"dynamic of table {self.name!r}: expected a bool, got "
+                            f"{self.dynamic!r}")
+        if not isinstance(self.eviction, Eviction):
+            object.__setattr__(self, "eviction", enum_arg(Eviction, self.eviction,
+                                                          f"eviction of table {self.name!r}"))
         if int(self.dim) <= 0:
             raise ValueError(f"dim of table {self.name!r}: expected > 0, got {self.dim}")
         if not isinstance(self.pooling, Pooling):
@@ -109,6 +140,10 @@ class TableConfig:
         d["pooling"] = self.pooling.value
         d["features"] = list(self.features)
         d["optimizer"]["kind"] = self.optimizer.kind.value
+        if self.dynamic:
+            d["eviction"] = self.eviction.value
+        else:  # a fixed table reads as it did before dynamic tables existed
+            del d["dynamic"], d["eviction"]
         return d
 
     @classmethod
@@ -349,6 +384,25 @@ class ShardingPlan:
         d = json.loads(text)
         return cls(world_size=d["world_size"], ranks_per_node=d["ranks_per_node"],
                    tables=tuple(TablePlan(**t) for t in d["tables"]))
+
+
+#: Shardings a dynamic table may have: each id lives whole on one rank.
+DYNAMIC_SHARDINGS = (ShardingType.TABLE_WISE, ShardingType.CYCLIC_ROW_WISE)
+
+
+def check_dynamic(table: TableConfig, plan: TablePlan) -> None:
+    """ValueError, naming the table and the value, when dynamic ``table`` cannot take ``plan``:
+    a sharding other than table-wise or cyclic row-wise, or a host or cached memory tier."""
+    if not table.dynamic:
+        return
+    if plan.sharding not in DYNAMIC_SHARDINGS:
+        raise ValueError(f"sharding of table {table.name!r}: a dynamic table is sharded "
+                         f"{' or '.join(s.value for s in DYNAMIC_SHARDINGS)}, got "
+                         f"{plan.sharding.value!r}")
+    if plan.memory.tiered:
+        raise ValueError(f"tier of table {table.name!r}: a dynamic table lives in device "
+                         f"memory (host and cached tiers are not supported with it yet), got "
+                         f"{plan.memory.tier.value!r}")
 
 
 class IdPolicy(enum.Enum):

@@ -256,6 +256,12 @@ class Checkpoint:
                         raise CheckpointMismatchError(
                             f"table {name!r}: {fld} is {getattr(s, fld)} in the checkpoint, "
                             f"{getattr(t, fld)} in the model", path=p, field=f"{name}.{fld}")
+                if getattr(s, "dynamic", False) != t.dynamic:
+                    raise CheckpointMismatchError(
+                        f"table {name!r}: dynamic is {s.dynamic} in the checkpoint, "
+                        f"{t.dynamic} in the model", path=p, field=f"{name}.dynamic")
+                if t.dynamic:  # entries by id, not weight slices (embedding.train.state)
+                    continue
                 w = tensors.get((name, "weight"))
                 if w is None:
                     raise CheckpointMismatchError(f"table {name!r}: no weight shards in the "

@@ -161,10 +161,21 @@ class ShardingEnv:
                 found = sub
         return found
 
-    def fused(self, rows, dims, optimizers, names, memory=None):
-        """The store of a strategy's local shards: ``FusedTables`` in device memory, or
+    def fused(self, rows, dims, optimizers, names, memory=None, eviction=None):
+        """The store of a strategy's local shards: ``FusedTables`` in device memory,
         :class:`~embedding.kernels.tiered.TieredTables` when ``memory`` (one
-        :class:`~embedding.types.TableMemory` per table) puts them in host memory."""
+        :class:`~embedding.types.TableMemory` per table) puts them in host memory, or
+        :class:`~embedding.kernels.dynamic.DynamicTables` when ``eviction`` (one
+        :class:`~embedding.types.Eviction` per table, None for a fixed table) says they
+        are dynamic (a strategy's tables are all dynamic or all fixed)."""
+        if eviction is not None and any(e is not None for e in eviction):
+            from embedding.kernels.dynamic import DynamicTables
+
+            if any(e is None for e in eviction):
+                raise ValueError(f"eviction: a store holds dynamic tables only or fixed "
+                                 f"tables only, got {list(eviction)} for {list(names)}")
+            return DynamicTables(rows, dims, optimizers, eviction, dtype=self.dtype.name,
+                                 device=self.device, names=names, threads=self.threads)
         if memory is not None and any(m.tiered for m in memory):
             from embedding.kernels.tiered import TieredTables
 

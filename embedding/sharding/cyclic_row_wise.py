@@ -19,16 +19,21 @@ rank 0's bag ``[2, 3]``::
     rank 0 holds rows 0, 2, 4 (local 0, 1, 2); rank 1 holds rows 1, 3 (local 0, 1)
     rank 0 sends id 2 to itself as local row 1, id 3 to rank 1 as local row 1
     ReduceScatter: rank 0 receives A[2] + A[3]
+
+A dynamic table (``TableConfig.dynamic``) routes an arbitrary int64 id to rank
+``splitmix64(id) % N`` and sends the id itself (:class:`HashedIds`): rank
+``k``'s shard is a hash map of ``ceil((num_rows - k) / N)`` rows.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 import numpy as np
 
+from embedding.jagged import hash_ids
 from embedding.sharding.row_wise import Route, RowWiseSharding
 from embedding.types import Shard, ShardingType, TableConfig, TablePlan, cyclic_shards
 
-__all__ = ["CyclicRowWiseSharding", "CyclicRows", "check_cyclic_partition"]
+__all__ = ["CyclicRowWiseSharding", "CyclicRows", "HashedIds", "check_cyclic_partition"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,29 @@ class CyclicRows:
     def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(ids, np.int64)
         return ids % self.size, ids // self.size
+
+
+@dataclass(frozen=True)
+class HashedIds:
+    """The route of a dynamic table's ids over ``size`` destinations: id →
+    ``(splitmix64(id) % size, id)`` (the hash of :attr:`~embedding.types.IdPolicy.HASH`);
+    the id travels as it is, and the owner's hash map finds its row.
+
+    >>> HashedIds(1)(np.array([7, -3]))
+    (array([0, 0]), array([ 7, -3]))
+    """
+
+    size: int
+
+    def __post_init__(self):
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"size: expected a number of ranks >= 1, got {self.size!r}")
+
+    def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.asarray(ids, np.int64)
+        with np.errstate(over="ignore"):
+            dest = (hash_ids(ids) % np.uint64(self.size)).astype(np.int64)
+        return dest, ids
 
 
 def check_cyclic_partition(table: TableConfig, plan: TablePlan, size: int
@@ -82,4 +110,5 @@ class CyclicRowWiseSharding(RowWiseSharding):
 
     def _layout(self, table: TableConfig, plan: TablePlan) -> tuple[Route, Shard]:
         shards = check_cyclic_partition(table, plan, self.env.size)
-        return CyclicRows(self.env.size), shards[self.env.rank]
+        route = HashedIds(self.env.size) if table.dynamic else CyclicRows(self.env.size)
+        return route, shards[self.env.rank]

@@ -160,7 +160,8 @@ class RowWiseSharding(ShardingStrategy):
         self.fused = env.fused([s.num_rows for s in local], [t.dim for t in self.tables],
                                [t.optimizer for t in self.tables],
                                [t.name for t in self.tables],
-                               [p.memory for p in self.plans])
+                               [p.memory for p in self.plans],
+                               [t.eviction if t.dynamic else None for t in self.tables])
         tindex = {t.name: i for i, t in enumerate(self.tables)}
         self._feature_table = [tindex[f.table] for f in self.features]
 

@@ -89,7 +89,9 @@ class SlotWiseSharding(ShardingStrategy):
                                [self.tables[ti].optimizer for ti, _ in local],
                                [f"{self.tables[ti].name}[{sh.col_offset}:"
                                 f"{sh.col_offset + sh.num_cols}]" for ti, sh in local],
-                               [self.plans[ti].memory for ti, _ in local]
+                               [self.plans[ti].memory for ti, _ in local],
+                               [self.tables[ti].eviction if self.tables[ti].dynamic else None
+                                for ti, _ in local]
                                ) if local else None
         self._local = local
         table_index = {t.name: i for i, t in enumerate(self.tables)}

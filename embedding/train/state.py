@@ -8,6 +8,12 @@ Arrays (through :mod:`embedding.checkpoint`, one ``.npy`` each, checksummed):
   :class:`~embedding.checkpoint.TensorSlice` of the global tensor it holds,
   so any plan on any world size can read it back (a data-parallel replica
   is written by rank 0 only);
+* ``dyn/<table>/<rank>/<part>``: a dynamic table's live entries on ``rank``
+  (ids ascending): ``ids``, ``weight``, each optimizer state, the usage
+  counters ``count`` and ``last``, and the map's ``tick`` (``[1]``), whole
+  arrays without a slice; a load reads every rank's and keeps the ids its
+  shard owns (every id table-wise, ``splitmix64(id) % N == rank`` cyclic),
+  so they too come back under any plan and world size;
 * ``dense/params``, ``dense/opt/<state>`` and ``dense/opt/steps`` (rank 0):
   the dense model's flat parameters and its optimizer's flat state.
 
@@ -17,6 +23,8 @@ randomness training draws after initialisation), the dense architecture
 and the optimizer kinds, which a resume checks before loading.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -47,6 +55,10 @@ def shard_arrays(collection, plan, rank: int) -> tuple[dict, dict]:
         if tp.sharding is ShardingType.DATA_PARALLEL and rank != min(tp.ranks):
             continue  # replicas are equal: the lowest rank writes the table
         t = tables[s.table]
+        if t.dynamic:
+            for part, arr in s.tables.entries(s.index).items():
+                arrays[f"dyn/{s.table}/{rank}/{part}"] = arr
+            continue
         i = _shard_index(plan, s.table, s.shard)
         base = f"emb/{s.table}/{i}"
         arrays[f"{base}/weight"] = to_numpy(s.weight)
@@ -75,6 +87,8 @@ def checkpoint_bytes(plan, tables, rank: int, dense_params: int = 0) -> int:
             for spec in state_specs(t.optimizer.kind):
                 size = np.dtype(spec.dtype or t.dtype).itemsize
                 total += shard.num_rows * (1 if spec.per_row else shard.num_cols) * size
+            if t.dynamic:  # at most: ids, count and last of every row, and the tick
+                total += shard.num_rows * 3 * 8 + 8
     if rank == 0:
         total += 3 * dense_params * 4
     return total
@@ -134,12 +148,24 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
     The checkpoint may come from any plan and world size: each shard is
     assembled from whichever files overlap it. Returns the elements loaded.
     """
+    dynamic = {t.name: t for t in collection.tables if t.dynamic}
     kinds = {s.tables.optimizers[s.index].kind for s in collection.local_shards()}
     kinds |= {t.optimizer.kind for t in collection.tables}
     names = ["weight"] + sorted({spec.name for k in kinds for spec in state_specs(k)})
-    parts = read_for_plan(ckpt, plan, rank, tensors=names)
+    fixed = dataclasses.replace(plan, tables=tuple(tp for tp in plan.tables
+                                                   if tp.table not in dynamic))
+    parts = read_for_plan(ckpt, fixed, rank, tensors=names) if fixed.tables else {}
     loaded = 0
     for s in collection.local_shards():
+        if s.table in dynamic:
+            entries = _dynamic_entries(ckpt, plan, s.table, rank)
+            try:
+                s.tables.load_entries(s.index, entries)
+            except ValueError as exc:
+                raise CheckpointMismatchError(f"table {s.table!r}: {exc}", path=str(ckpt.path),
+                                              field=f"{s.table}.num_rows") from None
+            loaded += sum(int(a.size) for a in entries.values())
+            continue
         i = _shard_index(plan, s.table, s.shard)
         assign(s.weight, parts[(s.table, "weight", i)])
         loaded += int(s.weight.size)
@@ -148,6 +174,33 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
             assign(view, parts[(s.table, spec.name, i)])
             loaded += int(view.size)
     return loaded
+
+
+def _dynamic_entries(ckpt, plan, table: str, rank: int) -> dict:
+    """The entries of dynamic ``table`` that ``plan`` gives ``rank``, from every rank's
+    ``dyn/<table>/<rank>/*`` arrays, ids ascending."""
+    from embedding.sharding.cyclic_row_wise import HashedIds
+
+    prefix = f"dyn/{table}/"
+    by_part: dict[str, list] = {}
+    for name in ckpt.names():
+        if name.startswith(prefix):
+            part = name[len(prefix):].split("/", 1)[1]
+            by_part.setdefault(part, []).append(ckpt.read_array(name))
+    if "ids" not in by_part:
+        raise CheckpointMismatchError(f"table {table!r}: the checkpoint holds no entries of a "
+                                      f"dynamic table", path=str(ckpt.path),
+                                      field=f"{table}.dynamic")
+    out = {p: np.concatenate(a) for p, a in by_part.items()}
+    tick = np.array([max(int(a.max()) for a in by_part["tick"])], np.int64)
+    del out["tick"]
+    keep = np.ones(out["ids"].size, bool)
+    if plan.table(table).sharding is ShardingType.CYCLIC_ROW_WISE:
+        keep = HashedIds(plan.world_size)(out["ids"])[0] == rank
+    order = np.argsort(out["ids"][keep], kind="stable")
+    out = {p: a[keep][order] for p, a in out.items()}
+    out["tick"] = tick
+    return out
 
 
 def load_dense(ckpt, model, optimizer) -> None:

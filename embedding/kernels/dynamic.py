@@ -1,0 +1,208 @@
+"""Local shards of dynamic tables: any int64 id, rows handed out by a hash map.
+
+:class:`DynamicTables` has the interface of
+:class:`~embedding.kernels.fused.FusedTables`; the bags it is given hold ids
+(any int64 but the two markers of :mod:`~embedding.kernels.idmap`), not
+rows. Like :class:`~embedding.kernels.tiered.TieredTables` it rewrites each
+batch's ids to rows of a ``FusedTables`` and runs the unchanged fused
+kernels on them:
+
+- ``lookup`` (and ``gather``) find-or-insert the ids in table ``t``'s
+  :class:`~embedding.kernels.idmap.IdMap` (on the device with
+  ``device="cuda"``); a new id's row gets ``initializer[t](ids)`` weights
+  (see :meth:`DynamicTables.set_initializer`; zeros by default) and zero
+  optimizer state, also when it evicted another id;
+- ``backward_update``, ``aggregate`` and ``update`` find the ids again
+  (an id evicted between its lookup and its backward raises); ``aggregate``
+  returns ids ascending, not rows.
+
+Every kernel treats a row the same under any numbering, so training a
+dynamic table is bitwise equal to training a fixed table whose rows hold the
+same ids' weights. ``weight(t)``/``state_view(t, name)`` are by row;
+:meth:`DynamicTables.export` says which id each live row holds.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+
+from embedding.kernels.fused import FusedTables
+from embedding.kernels.idmap import IdMap
+from embedding.kernels.layout import Bags
+from embedding.optim import state_specs
+from embedding.types import Eviction
+
+__all__ = ["DynamicTables"]
+
+#: ``initializer(ids) -> [len(ids), dim]`` weights of new ids (NumPy or the store's arrays)
+Initializer = Callable[[np.ndarray], object]
+
+
+class DynamicTables:
+    """Dynamic tables of ``rows[t]`` rows (capacity) × ``dims[t]`` (module doc).
+
+    ``eviction[t]``: table ``t``'s :class:`~embedding.types.Eviction`. Other
+    arguments as for ``FusedTables``.
+    """
+
+    def __init__(self, rows: Sequence[int], dims: Sequence[int], optimizer,
+                 eviction: Sequence[Eviction], dtype: str = "float32", device: str = "cpu",
+                 names: Sequence[str] | None = None, threads: int = 1):
+        self.work = FusedTables(rows, dims, optimizer, dtype=dtype, device=device, names=names,
+                                threads=threads)
+        self.layout = self.work.layout
+        self.optimizers = self.work.optimizers
+        self.names = self.work.names
+        self.dtype = self.work.dtype
+        self.device = device
+        self.threads = self.work.threads
+        self.xp = self.work.xp
+        eviction = tuple(eviction)
+        if len(eviction) != self.num_tables:
+            raise ValueError(f"eviction: expected one per table ({self.num_tables}), got "
+                             f"{len(eviction)}")
+        self.maps = [IdMap(r, e, self.xp) for r, e in zip(self.layout.rows, eviction)]
+        self.initializers: list[Initializer | None] = [None] * self.num_tables
+
+    def __repr__(self) -> str:
+        return (f"DynamicTables({len(self.names)} tables, capacity {self.layout.total_rows} "
+                f"rows, {self.dtype.name}, {self.device})")
+
+    @property
+    def num_tables(self) -> int:
+        return self.layout.num_tables
+
+    @property
+    def weights(self):
+        return self.work.weights
+
+    @property
+    def state(self) -> dict:
+        return self.work.state
+
+    def weight(self, t: int):
+        """Table ``t``'s ``[capacity, dim]`` weights by row (a view)."""
+        return self.work.weight(t)
+
+    def state_view(self, t: int, name: str):
+        """Table ``t``'s view of optimizer state ``name`` by row."""
+        return self.work.state_view(t, name)
+
+    def set_initializer(self, t: int, init: Initializer | None) -> None:
+        """Weights of table ``t``'s new ids from now on; None: zeros."""
+        self.initializers[t] = init
+
+    def export(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, rows)`` of table ``t``'s live entries, ids ascending (NumPy int64)."""
+        ids, rows = self.maps[t].entries()
+        return _host(ids), _host(rows)
+
+    def entries(self, t: int) -> dict:
+        """Table ``t``'s live entries as NumPy arrays, ids ascending: ``ids``, ``weight``,
+        each optimizer state by name, ``count``, ``last`` and ``tick`` (shape ``[1]``)."""
+        ids, rows = self.maps[t].entries()
+        m = self.maps[t]
+        out = {"ids": _host(ids), "weight": _host(self.weight(t)[rows])}
+        for spec in state_specs(self.optimizers[t].kind):
+            out[spec.name] = _host(self.state_view(t, spec.name)[rows])
+        out["count"] = _host(m.count[rows])
+        out["last"] = _host(m.last[rows])
+        out["tick"] = np.array([m.tick], np.int64)
+        return out
+
+    def load_entries(self, t: int, entries: dict) -> None:
+        """Replace table ``t``'s entries by ``entries`` (as :meth:`entries` gives them)."""
+        xp = self.xp
+        m = self.maps[t]
+        rows = m.load(xp.asarray(entries["ids"]), xp.asarray(entries["count"]),
+                      xp.asarray(entries["last"]), int(np.max(entries["tick"], initial=0)))
+        self.weight(t)[...] = 0
+        self.weight(t)[rows] = xp.asarray(entries["weight"], self.dtype)
+        for spec in state_specs(self.optimizers[t].kind):
+            view = self.state_view(t, spec.name)
+            view[...] = 0
+            view[rows] = xp.asarray(entries[spec.name], view.dtype)
+
+    # -- kernels ------------------------------------------------------------------------
+    def prefetch(self, bags: Bags) -> None:
+        """Nothing to do: every row is in this store's memory."""
+
+    def gather(self, pairs) -> list:
+        """Rows of ids ``ids`` of table ``t`` for each ``(t, ids)`` (new ids are inserted)."""
+        return [self.weight(t)[self._acquire(t, self.xp.asarray(ids, self.xp.int64))]
+                for t, ids in pairs]
+
+    def lookup(self, bags: Bags, out=None):
+        """Pooled lookup of every bag (ids inserted as needed), as ``FusedTables.lookup``."""
+        return self.work.lookup(self._rows_of(bags, insert=True), out)
+
+    def aggregate(self, bags: Bags, grad_out):
+        """Per table ``(ids, grads)`` of the bags' summed gradients, ids ascending."""
+        out = []
+        for t, (rows, g) in enumerate(self.work.aggregate(self._rows_of(bags), grad_out)):
+            ids = self.maps[t].row_id[self.xp.asarray(rows)]
+            order = self.xp.argsort(ids, kind="stable")
+            out.append((ids[order], g[order]))
+        return out
+
+    def update(self, sparse, unique: bool = True, row_terms=None) -> None:
+        """Optimizer step on per-table ``(ids, grads)``, as ``FusedTables.update``."""
+        mapped = [(self._find(t, ids), g) for t, (ids, g) in enumerate(sparse)]
+        self.work.update(mapped, unique, row_terms)
+
+    def backward_update(self, bags: Bags, grad_out) -> None:
+        """Fused backward + optimizer on the rows of the bags' ids."""
+        self.work.backward_update(self._rows_of(bags), grad_out)
+
+    # -- internals ------------------------------------------------------------------------
+    def _rows_of(self, bags: Bags, insert: bool = False) -> Bags:
+        """``bags`` with ids rewritten to rows (inserted, or found: ValueError if absent)."""
+        bags.check(self.layout)
+        xp = self.xp
+        idx = xp.asarray(bags.indices, xp.int64)
+        offsets = _host(bags.offsets).astype(np.int64, copy=False)
+        table_of = np.zeros(0, np.int64)
+        if bags.num_bags:  # ids of block (group, slot) are one run: its table's
+            per_block = np.diff(offsets[::bags.batch_size])
+            block_table = np.tile(np.asarray(bags.slot_table, np.int64), bags.num_groups)
+            table_of = np.repeat(block_table, per_block)
+        new = xp.empty_like(idx)
+        for t in range(self.num_tables):
+            sel = np.flatnonzero(table_of == t)
+            if not sel.size:
+                continue
+            sel = xp.asarray(sel)
+            ids = idx[sel]
+            new[sel] = self._acquire(t, ids) if insert else self._find(t, ids)
+        return dataclasses.replace(bags, indices=new)
+
+    def _acquire(self, t: int, ids):
+        got = self.maps[t].acquire(ids)
+        if int(got.new_rows.size):
+            init = self.initializers[t]
+            w = self.weight(t)
+            if init is None:
+                w[got.new_rows] = 0
+            else:
+                w[got.new_rows] = self.xp.asarray(init(_host(got.new_ids)), self.dtype)
+            for spec in state_specs(self.optimizers[t].kind):
+                self.state_view(t, spec.name)[got.new_rows] = 0
+        return got.rows
+
+    def _find(self, t: int, ids):
+        xp = self.xp
+        ids = xp.asarray(ids, xp.int64)
+        rows = self.maps[t].find(ids)
+        lost = xp.flatnonzero(rows < 0)
+        if lost.size:
+            raise ValueError(f"ids of {self.names[t]}: {_host(ids[lost[:5]]).tolist()} are not "
+                             f"in the table (evicted since their lookup? a capacity too small "
+                             f"for the steps in flight)")
+        return rows
+
+
+def _host(arr) -> np.ndarray:
+    """A NumPy copy (or view) of a NumPy or CuPy array."""
+    return arr if isinstance(arr, np.ndarray) else arr.get()
