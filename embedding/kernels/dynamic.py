@@ -171,8 +171,9 @@ class DynamicTables:
         new = xp.empty_like(idx)
         for t in range(self.num_tables):
             sel = np.flatnonzero(table_of == t)
-            if not sel.size:
+            if not sel.size and not insert:
                 continue
+            # a lookup ticks every table's map, read or not: ``last`` counts lookups
             sel = xp.asarray(sel)
             ids = idx[sel]
             new[sel] = self._acquire(t, ids) if insert else self._find(t, ids)
