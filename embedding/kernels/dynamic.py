@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from embedding.kernels.fused import FusedTables
+from embedding.kernels.fused import FusedTables, adopt_layout
 from embedding.kernels.idmap import IdMap
 from embedding.kernels.layout import Bags
 from embedding.optim import state_specs
@@ -52,12 +52,7 @@ class DynamicTables:
                  names: Sequence[str] | None = None, threads: int = 1):
         self.work = FusedTables(rows, dims, optimizer, dtype=dtype, device=device, names=names,
                                 threads=threads)
-        self.layout = self.work.layout
-        self.optimizers = self.work.optimizers
-        self.names = self.work.names
-        self.dtype = self.work.dtype
-        self.device = device
-        self.threads = self.work.threads
+        adopt_layout(self, self.work, device)
         self.xp = self.work.xp
         eviction = tuple(eviction)
         if len(eviction) != self.num_tables:
@@ -162,12 +157,7 @@ class DynamicTables:
         bags.check(self.layout)
         xp = self.xp
         idx = xp.asarray(bags.indices, xp.int64)
-        offsets = _host(bags.offsets).astype(np.int64, copy=False)
-        table_of = np.zeros(0, np.int64)
-        if bags.num_bags:  # ids of block (group, slot) are one run: its table's
-            per_block = np.diff(offsets[::bags.batch_size])
-            block_table = np.tile(np.asarray(bags.slot_table, np.int64), bags.num_groups)
-            table_of = np.repeat(block_table, per_block)
+        table_of = bags.table_of_ids()
         new = xp.empty_like(idx)
         for t in range(self.num_tables):
             sel = np.flatnonzero(table_of == t)

@@ -16,7 +16,18 @@ from embedding.kernels.layout import SUPPORTED_DTYPES, Bags, TableLayout, per_ta
 from embedding.optim import state_specs
 from embedding.types import OptimizerConfig
 
-__all__ = ["FusedTables"]
+__all__ = ["FusedTables", "adopt_layout"]
+
+
+def adopt_layout(store, inner: "FusedTables", device: str) -> None:
+    """Give ``store`` (a store wrapping ``inner``) ``inner``'s layout, optimizers, names,
+    dtype and threads, and ``device``: what strategies and checkpoints read of a store."""
+    store.layout = inner.layout
+    store.optimizers = inner.optimizers
+    store.names = inner.names
+    store.dtype = inner.dtype
+    store.device = device
+    store.threads = inner.threads
 
 
 class FusedTables:

@@ -145,6 +145,17 @@ class Bags:
         return {"slot_mean": tuple(p is Pooling.MEAN for p in poolings),
                 "slot_max": tuple(p is Pooling.MAX for p in poolings)}
 
+    def table_of_ids(self) -> np.ndarray:
+        """The table each of ``indices`` reads (host int64 array, one entry per id)."""
+        if not self.num_bags:
+            return np.zeros(0, np.int64)
+        offsets = self.offsets if isinstance(self.offsets, np.ndarray) else self.offsets.get()
+        offsets = np.asarray(offsets, np.int64)
+        # the ids of block (group, slot) are one run, read through the slot's table
+        per_block = np.diff(offsets[::self.batch_size])
+        block_table = np.tile(np.asarray(self.slot_table, np.int64), self.num_groups)
+        return np.repeat(block_table, per_block)
+
     @property
     def any_max(self) -> bool:
         return any(self.slot_max)

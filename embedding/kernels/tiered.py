@@ -38,7 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from embedding.kernels.cache import RowCache
-from embedding.kernels.fused import FusedTables
+from embedding.kernels.fused import FusedTables, adopt_layout
 from embedding.kernels.layout import Bags
 from embedding.kernels.staging import Part, RowFetcher
 from embedding.optim import row_bytes, state_specs
@@ -109,12 +109,7 @@ class TieredTables:
                  names: Sequence[str] | None = None, threads: int = 1):
         self.host = FusedTables(rows, dims, optimizer, dtype=dtype, device="cpu", names=names,
                                 threads=threads)
-        self.layout = self.host.layout
-        self.optimizers = self.host.optimizers
-        self.names = self.host.names
-        self.dtype = self.host.dtype
-        self.device = device
-        self.threads = self.host.threads
+        adopt_layout(self, self.host, device)
         memory = tuple(memory)
         if len(memory) != self.layout.num_tables:
             raise ValueError(f"memory: expected one TableMemory per table "
@@ -264,12 +259,7 @@ class TieredTables:
     def _acquire(self, bags: Bags) -> _Step:
         bags.check(self.layout)
         idx = _host(bags.indices).astype(np.int64, copy=False)
-        offsets = _host(bags.offsets).astype(np.int64, copy=False)
-        table_of = np.zeros(0, np.int64)
-        if bags.num_bags:  # ids of block (group, slot) are one run: its table's
-            per_block = np.diff(offsets[::bags.batch_size])
-            block_table = np.tile(np.asarray(bags.slot_table, np.int64), bags.num_groups)
-            table_of = np.repeat(block_table, per_block)
+        table_of = bags.table_of_ids()
         inverse, unique, counts = [None] * self.num_tables, [], []
         for t in range(self.num_tables):
             mask = table_of == t

@@ -37,18 +37,23 @@ __all__ = ["CyclicRowWiseSharding", "CyclicRows", "HashedIds", "check_cyclic_par
 
 
 @dataclass(frozen=True)
-class CyclicRows:
-    """The route of cyclic rows over ``size`` destinations: id → ``(id % size, id // size)``.
-
-    >>> CyclicRows(4)(np.array([0, 5, 10]))
-    (array([0, 1, 2]), array([0, 1, 2]))
-    """
+class _Spread:
+    """A route over ``size`` destinations (ranks), checked once."""
 
     size: int
 
     def __post_init__(self):
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"size: expected a number of ranks >= 1, got {self.size!r}")
+
+
+@dataclass(frozen=True)
+class CyclicRows(_Spread):
+    """The route of cyclic rows over ``size`` destinations: id → ``(id % size, id // size)``.
+
+    >>> CyclicRows(4)(np.array([0, 5, 10]))
+    (array([0, 1, 2]), array([0, 1, 2]))
+    """
 
     def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(ids, np.int64)
@@ -56,7 +61,7 @@ class CyclicRows:
 
 
 @dataclass(frozen=True)
-class HashedIds:
+class HashedIds(_Spread):
     """The route of a dynamic table's ids over ``size`` destinations: id →
     ``(splitmix64(id) % size, id)`` (the hash of :attr:`~embedding.types.IdPolicy.HASH`);
     the id travels as it is, and the owner's hash map finds its row.
@@ -64,12 +69,6 @@ class HashedIds:
     >>> HashedIds(1)(np.array([7, -3]))
     (array([0, 0]), array([ 7, -3]))
     """
-
-    size: int
-
-    def __post_init__(self):
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise ValueError(f"size: expected a number of ranks >= 1, got {self.size!r}")
 
     def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(ids, np.int64)
