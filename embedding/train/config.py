@@ -45,8 +45,8 @@ from embedding.dense.types import DenseOptimizerConfig, DenseOptimizerKind
 from embedding.train.types import (CheckpointConfig, ConfigError, DataConfig, DataSource,
                                    LoopConfig, ModelConfig, OutputConfig, PlanConfig,
                                    TablesConfig, TrainConfig)
-from embedding.types import (CachePolicy, IdPolicy, OptimizerConfig, OptimizerKind, Pooling,
-                             Tier)
+from embedding.types import (CachePolicy, Eviction, IdPolicy, OptimizerConfig, OptimizerKind,
+                             Pooling, Tier)
 from neocomm.config import parse_size
 
 __all__ = ["load_config", "parse_config", "apply_overrides", "config_to_dict", "to_toml",
@@ -213,7 +213,8 @@ SCHEMA: dict[str, dict[str, Check]] = {
                "id_policy": _str([p.value for p in IdPolicy]),
                "tier": _str([t.value for t in Tier]), "tier_min_rows": _int(0),
                "cache": _cache_text, "cache_policy": _str([p.value for p in CachePolicy]),
-               "admit_after": _int(1)},
+               "admit_after": _int(1), "dynamic": _bool,
+               "eviction": _str([e.value for e in Eviction])},
     "model": {"embedding_dim": _int(1), "bottom_mlp": _widths, "top_mlp": _widths,
               "dtype": _str(["float32", "float64"])},
     "sparse_optimizer": {"kind": _str(_SPARSE_KINDS), "lr": _float(positive=True),

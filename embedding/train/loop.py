@@ -149,7 +149,8 @@ class Trainer:
                                       shuffle=config.data.shuffle, seed=tr.seed,
                                       feature_names=data.feature_names,
                                       shuffle_window=config.data.window)
-        self._check_sizes = (data.table_sizes if config.tables.id_policy == "error" else None)
+        self._check_sizes = (data.table_sizes if config.tables.id_policy == "error"
+                             and not config.tables.dynamic else None)
         self.metrics = MetricsLog(out / "metrics.jsonl", enabled=outputs and self.rank == 0)
         self.progress = ProgressBar(tr.steps, stream=stream, every=tr.log_every,
                                     enabled=self.rank == 0)

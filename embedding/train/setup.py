@@ -103,12 +103,16 @@ def build_tables(cfg: TrainConfig, table_sizes, feature_names, feature_tables=()
     grouped: dict[str, list] = {}
     for f, t, n, p in zip(feature_names, names, table_sizes, pooling):
         grouped.setdefault(t, []).append((f, int(n), p))
+    if cfg.tables.dynamic and cfg.tables.tier != "device":
+        raise ConfigError(cfg.source, "tables.dynamic", f"dynamic tables live in device memory; "
+                          f"tables.tier is {cfg.tables.tier!r}")
     out = []
     for t, feats in grouped.items():
         out.append(TableConfig(name=t, num_rows=feats[0][1], dim=cfg.model.embedding_dim,
                                pooling=Pooling(feats[0][2]),
                                features=tuple(f for f, _, _ in feats), dtype=cfg.model.dtype,
-                               optimizer=cfg.sparse_optimizer))
+                               optimizer=cfg.sparse_optimizer, dynamic=cfg.tables.dynamic,
+                               eviction=cfg.tables.eviction))
     return out
 
 
@@ -324,11 +328,20 @@ def planner_inputs(cfg: TrainConfig, tables, world_size: int, ranks_per_node: in
             raise ConfigError(cfg.source, "plan.host_memory", str(exc)) from None
     hardware = hardware_for(target, world_size, ranks_per_node=ranks_per_node,
                             device_memory=memory, reserve=0.1, host_memory=host_memory or 0)
+    from embedding.types import DYNAMIC_SHARDINGS
+
     constraints = {}
     for t in tables:
         kw = {}
         if cfg.plan.shardings:
             kw["shardings"] = cfg.plan.shardings
+        if t.dynamic:  # a hash map per owner: table-wise or cyclic row-wise only
+            allowed = [s.value for s in DYNAMIC_SHARDINGS]
+            kw["shardings"] = tuple(s for s in kw.get("shardings", allowed) if s in allowed)
+            if not kw["shardings"]:
+                raise ConfigError(cfg.source, "plan.shardings",
+                                  f"dynamic tables are sharded {' or '.join(allowed)}; "
+                                  f"plan.shardings allows {list(cfg.plan.shardings)}")
         if ids_per_sample and t.name in ids_per_sample:
             kw["ids_per_sample"] = max(float(ids_per_sample[t.name]), 1e-3)
         if kw:

@@ -118,6 +118,12 @@ class TablesConfig:
     (``"4096"``) or bytes of rows with their optimizer state (``"64MiB"``);
     ``cache_policy`` ``lru`` or ``lfu``; a row enters the cache on its
     ``admit_after``-th access. A plan file's own tiers win over these.
+
+    ``dynamic``: every table takes any int64 id through a hash map of at most
+    its rows (the ``rows``/preset size becomes the capacity), evicting by
+    ``eviction`` (``count``: least used, ``age``: least recently used) when
+    full; such tables are sharded table-wise or cyclic row-wise and stay in
+    device memory.
     """
 
     preset: str = "criteo-1tb-1000x"
@@ -130,6 +136,8 @@ class TablesConfig:
     cache: str = ""
     cache_policy: str = "lru"
     admit_after: int = 1
+    dynamic: bool = False
+    eviction: str = "count"
 
 
 @dataclass(frozen=True)

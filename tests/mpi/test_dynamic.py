@@ -92,3 +92,47 @@ def test_dynamic_tables_match_one_rank(world, all_ranks, st, kind):
             else:
                 ok = np.allclose(got, want[name], rtol=1e-4, atol=1e-6)
     all_ranks(ok, f"{st.value}/{kind.value}: entries of table a differ from one rank's")
+
+
+# -- the trainer ------------------------------------------------------------------------
+def test_trainer_with_dynamic_tables_trains_like_fixed_tables(world, tmp_path, all_ranks):
+    """``[tables] dynamic = true``: a table's rows go to ids as they come, each starting from
+    the id-keyed first row, so with room for every id the run equals the fixed tables'; a
+    resume continues it exactly."""
+    from test_train import shared_dir, small_config, train
+
+    base = shared_dir(world, tmp_path)
+    plan = {"shardings": ["table_wise"]}
+    fixed = train(small_config(f"{base}/fixed", plan=plan), world.world)
+    dyn = train(small_config(f"{base}/dyn", plan=plan, tables={"dynamic": True,
+                                                                "eviction": "age"}),
+                world.world)
+    all_ranks(all(t.dynamic for t in dyn.tables), "the tables are not dynamic")
+    all_ranks(dyn.losses == fixed.losses, f"{dyn.losses} vs {fixed.losses}")
+    # stop after 3 steps, resume, finish: the same losses as the run straight through
+    half = small_config(f"{base}/half", plan=plan, tables={"dynamic": True, "eviction": "age"},
+                        train={"steps": 3}, checkpoint={"every": 3})
+    first = train(half, world.world)
+    rest = train(small_config(f"{base}/half", plan=plan,
+                              tables={"dynamic": True, "eviction": "age"}),
+                 world.world, resume="latest")
+    all_ranks(first.losses + rest.losses == dyn.losses,
+              f"{first.losses} + {rest.losses} vs {dyn.losses}")
+
+
+@pytest.mark.parametrize("section, key", [("tables", "tables.dynamic"),
+                                          ("plan", "plan.shardings")])
+def test_dynamic_settings_that_cannot_work_fail_on_every_rank(world, tmp_path, all_ranks,
+                                                               section, key):
+    from embedding.train import ConfigError
+    from test_train import shared_dir, small_config, train
+
+    base = shared_dir(world, tmp_path)
+    extra = ({"tables": {"dynamic": True, "tier": "host"}} if section == "tables" else
+             {"tables": {"dynamic": True}, "plan": {"shardings": ["row_wise"]}})
+    try:
+        train(small_config(f"{base}/bad", **extra), world.world)
+        msg = ""
+    except ConfigError as exc:
+        msg = str(exc)
+    all_ranks(key in msg and "dynamic" in msg, f"expected {key}, got {msg!r}")
