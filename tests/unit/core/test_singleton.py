@@ -69,7 +69,10 @@ def test_processes_torchrun_started_are_refused_not_run_apart():
     assert out.returncode != 0
     assert ("torchrun started this process as rank 1 of 2 (WORLD_SIZE=2), but MPI sees 1 "
             "rank(s)" in out.stderr and "neocomm run -n 2 -- python" in out.stderr), out.stderr
-    ok = subprocess.run([sys.executable, "-c", "import neocomm; from mpi4py import MPI; "
+    # MPI started through neocomm (a bare ``from mpi4py import MPI`` in a singleton would leave
+    # Open MPI's shared-memory segment in /dev/shm)
+    ok = subprocess.run([sys.executable, "-c", "import neocomm; from neocomm.mpistart import "
+                         "start_mpi; start_mpi(); from mpi4py import MPI; "
                          "print(neocomm.init(comm=MPI.COMM_SELF).size)"],
                         capture_output=True, text=True, env=env, timeout=120)
     assert ok.returncode == 0 and ok.stdout.strip() == "1", ok.stderr
