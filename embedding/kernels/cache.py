@@ -149,13 +149,12 @@ class RowCache:
         Returns ``(rows, slots)`` of the dirty staging rows leaving, to be
         copied back to the host.
         """
-        slots = np.asarray(slots, np.int64)
-        np.subtract.at(self.pins, slots, 1)
+        slots = np.asarray(slots, np.int64)   # a step's slots are unique
+        self.pins[slots] -= 1
         if np.any(self.pins[slots] < 0):
             raise RuntimeError("row cache: a slot was released more often than acquired")
         stage = slots[slots >= self.capacity]
-        gone = stage[self.pins[stage] == 0]
-        gone = np.unique(gone)
+        gone = stage[self.pins[stage] == 0]   # a step's slots are unique
         rows = self.slot_row[gone]
         back = self.dirty[gone]
         self.row_slot[rows] = _NONE

@@ -30,7 +30,7 @@ import numpy as np
 
 from embedding.kernels.fused import FusedTables, adopt_layout
 from embedding.kernels.idmap import IdMap
-from embedding.kernels.layout import Bags
+from embedding.kernels.layout import Bags, host_array
 from embedding.optim import state_specs
 from embedding.types import Eviction
 
@@ -60,6 +60,8 @@ class DynamicTables:
                              f"{len(eviction)}")
         self.maps = [IdMap(r, e, self.xp) for r, e in zip(self.layout.rows, eviction)]
         self.initializers: list[Initializer | None] = [None] * self.num_tables
+        self._moves = 0          # ids evicted or reloaded: looked-up rows stay valid till then
+        self._last = None        # (bags, bags by row, evictions) of the last lookup
 
     def __repr__(self) -> str:
         return (f"DynamicTables({len(self.names)} tables, capacity {self.layout.total_rows} "
@@ -92,18 +94,18 @@ class DynamicTables:
     def export(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, rows)`` of table ``t``'s live entries, ids ascending (NumPy int64)."""
         ids, rows = self.maps[t].entries()
-        return _host(ids), _host(rows)
+        return host_array(ids), host_array(rows)
 
     def entries(self, t: int) -> dict:
         """Table ``t``'s live entries as NumPy arrays, ids ascending: ``ids``, ``weight``,
         each optimizer state by name, ``count``, ``last`` and ``tick`` (shape ``[1]``)."""
         ids, rows = self.maps[t].entries()
         m = self.maps[t]
-        out = {"ids": _host(ids), "weight": _host(self.weight(t)[rows])}
+        out = {"ids": host_array(ids), "weight": host_array(self.weight(t)[rows])}
         for spec in state_specs(self.optimizers[t].kind):
-            out[spec.name] = _host(self.state_view(t, spec.name)[rows])
-        out["count"] = _host(m.count[rows])
-        out["last"] = _host(m.last[rows])
+            out[spec.name] = host_array(self.state_view(t, spec.name)[rows])
+        out["count"] = host_array(m.count[rows])
+        out["last"] = host_array(m.last[rows])
         out["tick"] = np.array([m.tick], np.int64)
         return out
 
@@ -111,6 +113,7 @@ class DynamicTables:
         """Replace table ``t``'s entries by ``entries`` (as :meth:`entries` gives them)."""
         xp = self.xp
         m = self.maps[t]
+        self._moves += 1
         rows = m.load(xp.asarray(entries["ids"]), xp.asarray(entries["count"]),
                       xp.asarray(entries["last"]), int(np.max(entries["tick"], initial=0)))
         self.weight(t)[...] = 0
@@ -131,12 +134,14 @@ class DynamicTables:
 
     def lookup(self, bags: Bags, out=None):
         """Pooled lookup of every bag (ids inserted as needed), as ``FusedTables.lookup``."""
-        return self.work.lookup(self._rows_of(bags, insert=True), out)
+        by_row = self._rows_of(bags, insert=True)
+        self._last = (bags, by_row, self._moves)
+        return self.work.lookup(by_row, out)
 
     def aggregate(self, bags: Bags, grad_out):
         """Per table ``(ids, grads)`` of the bags' summed gradients, ids ascending."""
         out = []
-        for t, (rows, g) in enumerate(self.work.aggregate(self._rows_of(bags), grad_out)):
+        for t, (rows, g) in enumerate(self.work.aggregate(self._looked_up(bags), grad_out)):
             ids = self.maps[t].row_id[self.xp.asarray(rows)]
             order = self.xp.argsort(ids, kind="stable")
             out.append((ids[order], g[order]))
@@ -149,9 +154,17 @@ class DynamicTables:
 
     def backward_update(self, bags: Bags, grad_out) -> None:
         """Fused backward + optimizer on the rows of the bags' ids."""
-        self.work.backward_update(self._rows_of(bags), grad_out)
+        self.work.backward_update(self._looked_up(bags), grad_out)
 
     # -- internals ------------------------------------------------------------------------
+    def _looked_up(self, bags: Bags) -> Bags:
+        """``bags`` by row for its backward: the last lookup's when no id moved since, else
+        found again (ValueError if an id is gone)."""
+        last = self._last
+        if last is not None and last[0] is bags and last[2] == self._moves:
+            return last[1]
+        return self._rows_of(bags)
+
     def _rows_of(self, bags: Bags, insert: bool = False) -> Bags:
         """``bags`` with ids rewritten to rows (inserted, or found: ValueError if absent)."""
         bags.check(self.layout)
@@ -171,13 +184,14 @@ class DynamicTables:
 
     def _acquire(self, t: int, ids):
         got = self.maps[t].acquire(ids)
+        self._moves += int(got.evicted_ids.size)
         if int(got.new_rows.size):
             init = self.initializers[t]
             w = self.weight(t)
             if init is None:
                 w[got.new_rows] = 0
             else:
-                w[got.new_rows] = self.xp.asarray(init(_host(got.new_ids)), self.dtype)
+                w[got.new_rows] = self.xp.asarray(init(host_array(got.new_ids)), self.dtype)
             for spec in state_specs(self.optimizers[t].kind):
                 self.state_view(t, spec.name)[got.new_rows] = 0
         return got.rows
@@ -188,12 +202,8 @@ class DynamicTables:
         rows = self.maps[t].find(ids)
         lost = xp.flatnonzero(rows < 0)
         if lost.size:
-            raise ValueError(f"ids of {self.names[t]}: {_host(ids[lost[:5]]).tolist()} are not "
+            raise ValueError(f"ids of {self.names[t]}: {host_array(ids[lost[:5]]).tolist()} are not "
                              f"in the table (evicted since their lookup? a capacity too small "
                              f"for the steps in flight)")
         return rows
 
-
-def _host(arr) -> np.ndarray:
-    """A NumPy copy (or view) of a NumPy or CuPy array."""
-    return arr if isinstance(arr, np.ndarray) else arr.get()

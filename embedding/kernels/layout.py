@@ -20,10 +20,15 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["TableLayout", "Bags", "SUPPORTED_DTYPES", "per_table_configs"]
+__all__ = ["TableLayout", "Bags", "SUPPORTED_DTYPES", "per_table_configs", "host_array"]
 
 #: Weight dtypes of the kernels (the CUDA sources are generated for each).
 SUPPORTED_DTYPES = ("float32", "float64")
+
+
+def host_array(arr) -> np.ndarray:
+    """A NumPy copy (or view) of a NumPy or CuPy array (a device array is copied off)."""
+    return arr if isinstance(arr, np.ndarray) else arr.get()
 
 
 def per_table_configs(optimizer, num_tables: int) -> tuple:
@@ -149,8 +154,7 @@ class Bags:
         """The table each of ``indices`` reads (host int64 array, one entry per id)."""
         if not self.num_bags:
             return np.zeros(0, np.int64)
-        offsets = self.offsets if isinstance(self.offsets, np.ndarray) else self.offsets.get()
-        offsets = np.asarray(offsets, np.int64)
+        offsets = np.asarray(host_array(self.offsets), np.int64)
         # the ids of block (group, slot) are one run, read through the slot's table
         per_block = np.diff(offsets[::self.batch_size])
         block_table = np.tile(np.asarray(self.slot_table, np.int64), self.num_groups)

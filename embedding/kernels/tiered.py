@@ -39,7 +39,7 @@ import numpy as np
 
 from embedding.kernels.cache import RowCache
 from embedding.kernels.fused import FusedTables, adopt_layout
-from embedding.kernels.layout import Bags
+from embedding.kernels.layout import Bags, host_array
 from embedding.kernels.staging import Part, RowFetcher
 from embedding.optim import row_bytes, state_specs
 from embedding.types import TableMemory
@@ -217,7 +217,7 @@ class TieredTables:
         step = self._current(bags)
         out = []
         for t, (slots, g) in enumerate(self.work.aggregate(step.bags, grad_out)):
-            s = _host(slots)
+            s = host_array(slots)
             rows = self.caches[t].slot_row[s]
             order = np.argsort(rows, kind="stable")
             out.append((self.xp.asarray(rows[order]), g[self.xp.asarray(order)]))
@@ -228,7 +228,7 @@ class TieredTables:
         step = self._current(None)
         mapped = []
         for t, (rows, g) in enumerate(sparse):
-            r = _host(rows).astype(np.int64, copy=False)
+            r = host_array(rows).astype(np.int64, copy=False)
             slots = self.caches[t].row_slot[r] if r.size else np.zeros(0, np.int64)
             if np.any(slots < 0):
                 raise ValueError(f"sparse: rows of {self.names[t]} that the step did not "
@@ -258,7 +258,7 @@ class TieredTables:
     # -- internals -------------------------------------------------------------------------
     def _acquire(self, bags: Bags) -> _Step:
         bags.check(self.layout)
-        idx = _host(bags.indices).astype(np.int64, copy=False)
+        idx = host_array(bags.indices).astype(np.int64, copy=False)
         table_of = bags.table_of_ids()
         inverse, unique, counts = [None] * self.num_tables, [], []
         for t in range(self.num_tables):
@@ -370,13 +370,9 @@ class TieredTables:
         if not rows.size:
             return
         s = self.xp.asarray(slots)
-        self.host.weight(t)[rows] = _host(self.work.weight(t)[s])
+        self.host.weight(t)[rows] = host_array(self.work.weight(t)[s])
         for spec in state_specs(self.optimizers[t].kind):
-            self.host.state_view(t, spec.name)[rows] = _host(
+            self.host.state_view(t, spec.name)[rows] = host_array(
                 self.work.state_view(t, spec.name)[s])
         self.stats.bytes_out += int(rows.size) * self._row_bytes[t]
 
-
-def _host(arr) -> np.ndarray:
-    """A NumPy copy (or view) of a NumPy or CuPy array."""
-    return arr if isinstance(arr, np.ndarray) else arr.get()
