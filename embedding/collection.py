@@ -313,7 +313,9 @@ class ShardedEmbeddingCollection:
         ``timer(stage)``, when given, is entered around the ``input_dist``
         wait, the local ``lookup`` and the ``output_dist`` wait, so a trainer
         can time each stage. ``grad=False`` (evaluation): no backward will
-        follow, so host-resident tables release this batch's rows at once.
+        follow, so host-resident tables release this batch's rows at once, and
+        dynamic tables only read (ids they have not seen read as zeros and are not
+        inserted).
         """
         timer = timer or _untimed
         if isinstance(batch, KeyedJagged):
@@ -327,7 +329,10 @@ class ShardedEmbeddingCollection:
         with timer("input_dist"):
             dist = batch.wait()._dist
         stores = [] if grad else [(st, st.open_steps()) for st in self.tiered_stores()]
-        with timer("lookup"):
+        with timer("lookup"), contextlib.ExitStack() as reading:
+            if not grad:
+                for st in self.dynamic_stores():
+                    reading.enter_context(st.reading())
             pending = [s.forward(d) for s, d in zip(self.strategies, dist)]
         with timer("output_dist"):
             results = [p.wait() for p in pending]

@@ -12,6 +12,10 @@ kernels on them:
   ``device="cuda"``); a new id's row gets ``initializer[t](ids)`` weights
   (see :meth:`DynamicTables.set_initializer`; zeros by default) and zero
   optimizer state, also when it evicted another id;
+- within :meth:`DynamicTables.reading` (evaluation) ``lookup`` only finds:
+  an id the table has not seen reads as a row of zeros (TensorFlow
+  Recommenders-Addons' default value) and is not inserted, and no entry's
+  count or age moves, so evaluating a model leaves the table as it was;
 - ``backward_update``, ``aggregate`` and ``update`` find the ids again
   (an id evicted between its lookup and its backward raises); ``aggregate``
   returns ids ascending, not rows.
@@ -23,6 +27,7 @@ same ids' weights. ``weight(t)``/``state_view(t, name)`` are by row;
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable, Sequence
 
@@ -62,6 +67,7 @@ class DynamicTables:
         self.initializers: list[Initializer | None] = [None] * self.num_tables
         self._moves = 0          # ids evicted or reloaded: looked-up rows stay valid till then
         self._last = None        # (bags, bags by row, evictions) of the last lookup
+        self._reading = False    # inside reading(): lookups find, unseen ids read zeros
 
     def __repr__(self) -> str:
         return (f"DynamicTables({len(self.names)} tables, capacity {self.layout.total_rows} "
@@ -123,6 +129,15 @@ class DynamicTables:
             view[...] = 0
             view[rows] = xp.asarray(entries[spec.name], view.dtype)
 
+    @contextlib.contextmanager
+    def reading(self):
+        """Lookups within only read (module doc): for evaluation, no backward follows."""
+        before, self._reading = self._reading, True
+        try:
+            yield self
+        finally:
+            self._reading = before
+
     # -- kernels ------------------------------------------------------------------------
     def prefetch(self, bags: Bags) -> None:
         """Nothing to do: every row is in this store's memory."""
@@ -133,7 +148,10 @@ class DynamicTables:
                 for t, ids in pairs]
 
     def lookup(self, bags: Bags, out=None):
-        """Pooled lookup of every bag (ids inserted as needed), as ``FusedTables.lookup``."""
+        """Pooled lookup of every bag (ids inserted as needed, or read as zeros within
+        :meth:`reading`), as ``FusedTables.lookup``."""
+        if self._reading:
+            return self.work.lookup(self._rows_or_zero(bags), out)
         by_row = self._rows_of(bags, insert=True)
         self._last = (bags, by_row, self._moves)
         return self.work.lookup(by_row, out)
@@ -181,6 +199,29 @@ class DynamicTables:
             ids = idx[sel]
             new[sel] = self._acquire(t, ids) if insert else self._find(t, ids)
         return dataclasses.replace(bags, indices=new)
+
+    def _rows_or_zero(self, bags: Bags) -> Bags:
+        """``bags`` by row where the ids are found; an absent id points at row 0 with weight 0,
+        which reads as a zero row under sum, mean (it still counts in the bag's length) and
+        max pooling alike."""
+        bags.check(self.layout)
+        xp = self.xp
+        idx = xp.asarray(bags.indices, xp.int64)
+        table_of = bags.table_of_ids()
+        rows = xp.zeros_like(idx)
+        for t in range(self.num_tables):
+            sel = np.flatnonzero(table_of == t)
+            if sel.size:
+                sel = xp.asarray(sel)
+                rows[sel] = self.maps[t].find(idx[sel])
+        absent = rows < 0
+        if not bool(absent.any()):
+            return dataclasses.replace(bags, indices=rows)
+        weights = (xp.ones(idx.shape, self.dtype) if bags.weights is None
+                   else xp.array(bags.weights, self.dtype))
+        weights[absent] = 0
+        rows[absent] = 0
+        return dataclasses.replace(bags, indices=rows, weights=weights)
 
     def _acquire(self, t: int, ids):
         got = self.maps[t].acquire(ids)

@@ -53,6 +53,14 @@ def test_device_store_trains_like_the_host_store():
         stores[1].backward_update(bags, cp.asarray(g))
     a, b = stores[0].entries(0), stores[1].entries(0)
     assert set(a) == set(b) and a["ids"].size == 12
+    # evaluation: known and unseen ids read alike on both, and nothing moves
+    bags = _bags([[int(a["ids"][0]), 2**41], [2**41 + 1], [int(a["ids"][3])]], 8)
+    with stores[0].reading(), stores[1].reading():
+        outs = [stores[0].lookup(bags), stores[1].lookup(bags).get()]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert not outs[0][1].any() and outs[0][0].any()
+    for s in stores:
+        np.testing.assert_array_equal(s.entries(0)["count"], a["count"])
     for part in a:
         np.testing.assert_array_equal(a[part], b[part], err_msg=part)
     assert not state_specs(OptimizerKind.SGD)

@@ -7,6 +7,7 @@ import pytest
 
 from embedding.collection import ShardedEmbeddingCollection
 from embedding.jagged import KeyedJagged
+from embedding.train import Trainer
 from embedding.types import (OptimizerConfig, OptimizerKind, Pooling, Shard, ShardingPlan,
                              ShardingType, TableConfig, TablePlan, cyclic_shards)
 
@@ -136,3 +137,78 @@ def test_dynamic_settings_that_cannot_work_fail_on_every_rank(world, tmp_path, a
     except ConfigError as exc:
         msg = str(exc)
     all_ranks(key in msg and "dynamic" in msg, f"expected {key}, got {msg!r}")
+
+
+def _entries_by_table(t, world) -> dict:
+    """Every dynamic table's live entries on every rank of the job (``t`` None on a rank that
+    holds no trainer), merged and ordered by id; the tick (per shard) left out."""
+    mine = [] if t is None else [(s.table, s.tables.entries(s.index))
+                                 for s in t.coll.local_shards()
+                                 if hasattr(s.tables, "entries")]
+    merged: dict = {}
+    for part in world.comm.allgather(mine):
+        for table, entries in part:
+            merged.setdefault(table, []).append(entries)
+    out = {}
+    for table, parts in merged.items():
+        ids = np.concatenate([p["ids"] for p in parts])
+        order = np.argsort(ids, kind="stable")
+        for key in parts[0]:
+            if key != "tick":
+                out[f"{table}/{key}"] = np.concatenate([p[key] for p in parts])[order]
+    return out
+
+
+@pytest.mark.parametrize("sharding", ["table_wise", "cyclic_row_wise"])
+def test_dynamic_checkpoint_moves_to_half_the_ranks_and_back(world, tmp_path, all_ranks,
+                                                             sharding):
+    """Trained on every rank (table-wise, or cyclic row-wise from a plan file), resumed on half
+    of them as the planner places the tables there (the entries move to the ranks that now own
+    their ids), saved there and resumed on every rank under the first plan again: each table's
+    ids, rows, optimizer state, counts and ages are the first run's at every hop."""
+    from test_train import shared_dir, small_config
+
+    base = shared_dir(world, tmp_path)
+
+    def config(out, plan, **more):
+        return small_config(out, plan=plan, tables={"dynamic": True, "eviction": "age"},
+                            sparse_optimizer={"kind": "adam", "lr": 0.01}, **more)
+
+    plan = {"shardings": ["table_wise"]}
+    if sharding == "cyclic_row_wise" and world.size > 1:
+        plan = {"file": f"{base}/cyclic.json"}
+        if world.rank == 0:
+            rows = (50, 70, 30, 200)  # test_train.small_config's tables f0..f3
+            with open(plan["file"], "w") as fh:
+                fh.write(ShardingPlan(world.size, len(world.world.nodes[0]), tuple(
+                    TablePlan(f"f{i}", ST.CYCLIC_ROW_WISE, cyclic_shards(r, 8, world.size))
+                    for i, r in enumerate(rows))).to_json())
+        world.comm.Barrier()
+    full = Trainer(config(f"{base}/full", plan), world.world)
+    full.train()
+    full.close()
+    want = _entries_by_table(full, world)
+    all_ranks({k.split("/")[0] for k in want} == {"f0", "f1", "f2", "f3"}
+              and all(v.size for v in want.values()), f"dynamic entries of {sorted(want)}")
+    half_size = max(1, world.size // 2)
+    sub = world.world.split(list(range(half_size)), name="dyn-half")
+    half = None
+    if sub is not None:
+        half = Trainer(config(f"{base}/half", {"shardings": ["table_wise", "cyclic_row_wise"]}),
+                       sub)
+        half.resume(f"{base}/full/checkpoints/step-{full.step:012d}")
+    got = _entries_by_table(half, world)
+    diff = sorted(k for k in want if k not in got or not np.array_equal(want[k], got[k]))
+    all_ranks(not diff, f"on {half_size} of {world.size} ranks: differs in {diff}")
+    if half is not None:
+        half.save()
+        half.close()
+    back = Trainer(config(f"{base}/back", plan, checkpoint={"dir": f"{base}/half/checkpoints"}),
+                   world.world)
+    back.resume("latest")
+    got = _entries_by_table(back, world)
+    diff = sorted(k for k in want if k not in got or not np.array_equal(want[k], got[k]))
+    all_ranks(not diff and back.step == full.step, f"back on {world.size}: differs in {diff}")
+    all_ranks(np.array_equal(back.model.flat_params, full.model.flat_params),
+              "the dense model differs after the round trip")
+    back.close()

@@ -261,3 +261,33 @@ def test_checkpoint_resume_is_bitwise_across_shardings(tmp_path, first, second):
         if part != "tick":
             np.testing.assert_array_equal(a[part], b[part], err_msg=part)
     np.testing.assert_array_equal(whole.gather_table("b"), after.gather_table("b"))
+
+
+@pytest.mark.parametrize("pooling", [Pooling.SUM, Pooling.MEAN, Pooling.MAX])
+def test_evaluation_reads_unseen_ids_as_zeros_and_leaves_the_table_as_it_was(pooling):
+    """A forward with grad=False finds ids only: an unseen id pools as a zero row (counted in
+    a mean's length), nothing is inserted, and no entry's count or age moves."""
+    opt = OptimizerConfig(OptimizerKind.ROWWISE_ADAGRAD, lr=0.1)
+    tables = [TableConfig("a", 8, 4, pooling, optimizer=opt, dynamic=True,
+                          eviction=Eviction.AGE)]
+    coll = ShardedEmbeddingCollection(tables, _plan(tables, ST.TABLE_WISE), seed=1)
+    store, = coll.dynamic_stores()
+    train = KeyedJagged.from_lists({"a": [[10, 11], [12]]})
+    coll.backward(np.ones_like(coll.forward(train)))
+    before = store.entries(0)
+    evaluate = KeyedJagged.from_lists({"a": [[10, 99], [98], [], [12, 11]]})
+    pooled, _ = coll.forward_with_context(evaluate, grad=False)
+    after = store.entries(0)
+    for key in before:
+        np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+    ids, rows = store.export(0)
+    row = {int(i): store.weight(0)[r] for i, r in zip(ids, rows)}
+    zero = np.zeros(4, np.float32)
+    pool = {Pooling.SUM: lambda rs: np.sum(rs, axis=0),
+            Pooling.MEAN: lambda rs: np.mean(rs, axis=0),
+            Pooling.MAX: lambda rs: np.max(rs, axis=0)}[pooling]
+    want = [pool([row[10], zero]), pool([zero]), zero, pool([row[12], row[11]])]
+    np.testing.assert_allclose(pooled, np.stack(want), rtol=1e-6, atol=0)
+    # the same batch in training inserts the unseen ids
+    coll.forward(evaluate)
+    assert store.export(0)[0].tolist() == [10, 11, 12, 98, 99]
