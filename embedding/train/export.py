@@ -26,6 +26,7 @@ from embedding.checkpoint.int8 import (Int8Export, is_int8_export, source_record
                                        write_int8_export)
 from embedding.checkpoint.reshard import shard_box
 from embedding.collection import assign
+from embedding.train.save import find_checkpoint
 from embedding.train.state import dynamic_entries
 
 __all__ = ["export_int8", "load_export_weights"]
@@ -43,8 +44,6 @@ def export_int8(checkpoint, out, *, tables=None, fmt: str = FUSED8BIT) -> Path:
     Raises :class:`~embedding.checkpoint.CheckpointError` for a path that holds
     no training checkpoint, ValueError for an unknown table or format.
     """
-    from embedding.train.predict import find_checkpoint
-
     check_format(fmt, "format")
     ckpt = Checkpoint(find_checkpoint(checkpoint))
     if is_int8_export(ckpt):

@@ -27,26 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from embedding.train.save import find_checkpoint
 from embedding.train.types import ConfigError, DataSource
 
 __all__ = ["predict", "find_checkpoint"]
-
-
-def find_checkpoint(where) -> Path:
-    """``where`` itself when it is a checkpoint, else the latest complete one under it
-    (a checkpoint root, or an output directory with ``checkpoints/``)."""
-    from embedding.checkpoint import CheckpointError, latest_checkpoint
-
-    p = Path(where)
-    if (p / "manifest.json").exists():
-        return p
-    for root in (p, p / "checkpoints"):
-        if root.is_dir():
-            found = latest_checkpoint(root)
-            if found is not None:
-                return found
-    raise CheckpointError("no checkpoint there (expected a checkpoint directory, its parent "
-                          "or a training output directory)", path=str(p))
 
 
 def _scoring_config(ckpt, data, batch_size):
