@@ -15,12 +15,24 @@ from embedding.train import Trainer
 from embedding.train.export import export_int8, load_export_weights
 from embedding.train.save import find_checkpoint
 
-from test_train_parquet import config, example  # noqa: F401 (a fixture)
+from test_train import shared_dir
+from test_train_parquet import config
+
+
+@pytest.fixture
+def example(world, tmp_path):
+    """The example data set, written by rank 0 where every rank sees it."""
+    base = shared_dir(world, tmp_path)
+    if world.rank == 0:
+        from embedding.data.example import write_example
+
+        write_example(base, records=3000, eval_records=250, row_group_size=700)
+    world.comm.barrier()
+    return base
 
 
 @pytest.mark.parametrize("sharding", ["row_wise", "cyclic_row_wise", "column_wise"])
-def test_every_rank_takes_its_shards_of_the_export(world, example, all_ranks,  # noqa: F811
-                                                   sharding):
+def test_every_rank_takes_its_shards_of_the_export(world, example, all_ranks, sharding):
     cfg = config(example, f"{example}/{sharding}")
     dim = 64 if sharding == "column_wise" else 8  # column slices are at least 32 wide
     cfg = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, shardings=(sharding,)),

@@ -74,9 +74,11 @@ def test_bad_input_is_named():
 
 
 def _fbgemm():
+    import importlib
+
     try:
-        import fbgemm_gpu  # noqa: F401
-        import torch
+        torch = importlib.import_module("torch")
+        importlib.import_module("fbgemm_gpu")  # registers torch.ops.fbgemm
     except Exception as exc:  # ImportError, or a build that does not load with this torch
         pytest.skip(f"fbgemm_gpu does not load here ({type(exc).__name__}: {exc}); "
                     f"pip install fbgemm-gpu-cpu matching torch to run this comparison")
