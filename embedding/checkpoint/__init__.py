@@ -5,10 +5,15 @@ Write with :func:`save_checkpoint` (or :class:`CheckpointWriter` and its
 open it with :func:`load_checkpoint`, refuse a misfit with
 :meth:`Checkpoint.check_compatible`, and read any plan's shards with
 :func:`read_for_plan`. Files are ``.npy`` without pickle, each with a
-checksum in the manifest.
+checksum in the manifest. :func:`quantize_rows` / :func:`dequantize_rows`
+convert rows to and from FBGEMM's FUSED8BIT int8 layout, and
+:class:`Int8Export` reads an int8 export of a checkpoint's tables
+(``neocomm checkpoint export``).
 """
 from __future__ import annotations
 
+from embedding.checkpoint.fused8bit import FUSED8BIT, dequantize_rows, quantize_rows
+from embedding.checkpoint.int8 import Int8Export
 from embedding.checkpoint.reader import (Checkpoint, CheckpointInfo, FileStatus,
                                          latest_checkpoint, list_checkpoints, load_checkpoint)
 from embedding.checkpoint.reshard import read_box, read_for_plan, shard_box, shard_slice
@@ -21,4 +26,5 @@ __all__ = ["save_checkpoint", "CheckpointWriter", "checkpoint_name", "prune", "C
            "list_checkpoints", "read_box", "read_for_plan", "shard_box", "shard_slice",
            "TensorSlice",
            "FileRecord", "Manifest", "CheckpointError", "ChecksumError",
-           "CheckpointMismatchError"]
+           "CheckpointMismatchError", "FUSED8BIT", "quantize_rows", "dequantize_rows",
+           "Int8Export"]

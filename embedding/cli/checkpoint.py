@@ -1,4 +1,4 @@
-"""``neocomm checkpoint``: inspect and verify checkpoints.
+"""``neocomm checkpoint``: inspect and verify checkpoints; export their tables as int8.
 
 ``neocomm checkpoint inspect DIR`` prints a checkpoint's step, plan, tables
 and files with each file's size and checksum status. DIR is a checkpoint
@@ -6,6 +6,14 @@ directory or a root holding ``step-*`` directories (the newest complete one
 is inspected, and the others listed). Exit status: 0 when every file
 verifies, 1 when a file is missing or its checksum is wrong, 2 when DIR is
 not a usable checkpoint.
+
+``neocomm checkpoint export CKPT --out DIR`` writes the tables of a training
+checkpoint (any world size and plan) as int8 rows in FBGEMM's FUSED8BIT
+layout (``dim`` uint8 codes, float32 scale, float32 bias per row) to
+``DIR/step-<step>``, an export that ``neocomm predict --tables`` scores with
+and :class:`embedding.checkpoint.int8.Int8Export` reads. ``--tables``
+picks tables by name. Exit status: 0 written, 1 CKPT is not a usable
+training checkpoint, 2 bad arguments (an unknown table or format).
 """
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ import time
 
 __all__ = ["HELP", "add_arguments", "run"]
 
-HELP = "inspect and verify checkpoints"
+HELP = "inspect and verify checkpoints; export their tables as int8 for serving"
 
 
 def add_arguments(parser) -> None:
@@ -25,6 +33,15 @@ def add_arguments(parser) -> None:
     p.add_argument("--no-verify", action="store_true",
                    help="skip reading the files (sizes are still checked)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    e = sub.add_parser("export", help="write a checkpoint's tables as int8 rows for serving")
+    e.add_argument("dir", metavar="CKPT", help="a checkpoint, a root of them or a training "
+                   "output directory (its latest)")
+    e.add_argument("--out", required=True, metavar="DIR",
+                   help="where the export goes (as DIR/step-<step>)")
+    e.add_argument("--tables", default=None, metavar="NAMES",
+                   help="comma-separated tables to export (default: every table)")
+    e.add_argument("--format", default="fused8bit_rowwise", metavar="FORMAT",
+                   help="row format (supported: fused8bit_rowwise, FBGEMM's FUSED8BIT rows)")
 
 
 def _size(n: int) -> str:
@@ -41,6 +58,8 @@ def run(args) -> int:
     from embedding.checkpoint import (Checkpoint, CheckpointError, list_checkpoints)
     from embedding.checkpoint.types import MANIFEST
 
+    if args.action == "export":
+        return _export(args)
     if args.action != "inspect":  # pragma: no cover - argparse restricts the choices
         return 2
     root = Path(args.dir)
@@ -121,4 +140,33 @@ def run(args) -> int:
         print(f"{len(bad)} file(s) failed verification", file=sys.stderr)
         return 1
     print("all files verified" if not args.no_verify else "sizes match (checksums not read)")
+    return 0
+
+
+def _export(args) -> int:
+    import numpy as np
+
+    from embedding.checkpoint import CheckpointError
+    from embedding.checkpoint.int8 import Int8Export
+    from embedding.train.export import export_int8
+
+    names = None
+    if args.tables is not None:
+        names = [n.strip() for n in args.tables.split(",") if n.strip()]
+    try:
+        path = export_int8(args.dir, args.out, tables=names, fmt=args.format)
+    except CheckpointError as exc:
+        print(f"neocomm checkpoint export: error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"neocomm checkpoint export: error: {exc}", file=sys.stderr)
+        return 2
+    ex = Int8Export(path, verify=False)
+    print(f"int8 export {ex.path} ({ex.format}) of {ex.source['path']} (step {ex.step})")
+    for t in ex.tables.values():
+        before = t.rows * t.dim * np.dtype(t.dtype).itemsize
+        after = ex.fused(t.name).nbytes
+        kind = "dynamic, " if t.dynamic else ""
+        print(f"  {t.name:<16} {t.rows} x {t.dim} ({kind}{t.dtype} {_size(before)} -> "
+              f"{_size(after)})")
     return 0

@@ -5,7 +5,9 @@
         --data new/ --out scores.parquet --keep event_id
 
 ``--checkpoint`` is a checkpoint directory, or a training output directory
-(its latest checkpoint). The model comes from the checkpoint alone: its
+(its latest checkpoint). ``--tables EXPORT`` scores with the int8 tables of
+an export of that checkpoint (``neocomm checkpoint export``) in place of its
+float32 ones; the dense model stays the checkpoint's. The model comes from the checkpoint alone: its
 configuration, tables and vocabularies; the input needs the feature
 columns it was trained on (the label is optional). The output has, per
 input row and in input order, the kept columns (default: every input column
@@ -40,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="rows scored per step over all ranks (default: the model's "
                         "evaluation batch)")
+    parser.add_argument("--tables", default=None, metavar="EXPORT",
+                        help="an int8 export of the checkpoint (neocomm checkpoint export): "
+                        "score with its tables instead of the float32 ones")
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
                         help="score on NumPy over MPI (cpu) or CuPy over NCCL (cuda); default: "
                         "the model's training device")
@@ -56,7 +61,7 @@ def run(args) -> int:
         keep = [c.strip() for c in args.keep.split(",") if c.strip()]
     try:
         r = predict(args.checkpoint, args.data, args.out, keep=keep, group=world.world,
-                    batch_size=args.batch_size, device=args.device)
+                    batch_size=args.batch_size, device=args.device, tables=args.tables)
     except Exception as e:
         if not getattr(e, "agreed", False):
             raise
@@ -66,6 +71,8 @@ def run(args) -> int:
     if world.rank == 0:
         line = (f"wrote {r['rows']:,} predictions to {r['out']} (columns: "
                 f"{', '.join(r['columns'])}) from {r['checkpoint']} (step {r['step']})")
+        if "tables" in r:
+            line += f" with the int8 tables of {r['tables']} ({', '.join(r['int8_tables'])})"
         print(line)
         if "auc" in r:
             print(f"on the input's labels: AUC {r['auc']:.4f}, log-loss {r['log_loss']:.4f}, "

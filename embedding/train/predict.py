@@ -12,6 +12,12 @@ The input needs the model's feature columns; its label column is optional
 
 By default the kept columns are the input's columns the model does not
 read as features (keys, the label); ``keep`` names them instead.
+
+With ``tables`` (an int8 export of the same checkpoint, see
+:mod:`embedding.train.export`) the exported tables' weights are the
+export's dequantized rows; the dense model and any table the export lacks
+come from the checkpoint. Scoring the same labelled file with and without
+it compares the int8 tables' AUC with the float32 tables'.
 """
 from __future__ import annotations
 
@@ -21,26 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from embedding.train.save import find_checkpoint
 from embedding.train.types import ConfigError, DataSource
 
 __all__ = ["predict", "find_checkpoint"]
-
-
-def find_checkpoint(where) -> Path:
-    """``where`` itself when it is a checkpoint, else the latest complete one under it
-    (a checkpoint root, or an output directory with ``checkpoints/``)."""
-    from embedding.checkpoint import CheckpointError, latest_checkpoint
-
-    p = Path(where)
-    if (p / "manifest.json").exists():
-        return p
-    for root in (p, p / "checkpoints"):
-        if root.is_dir():
-            found = latest_checkpoint(root)
-            if found is not None:
-                return found
-    raise CheckpointError("no checkpoint there (expected a checkpoint directory, its parent "
-                          "or a training output directory)", path=str(p))
 
 
 def _scoring_config(ckpt, data, batch_size):
@@ -68,18 +58,22 @@ def _scoring_config(ckpt, data, batch_size):
 
 
 def predict(checkpoint, data, out, *, keep=None, group=None, batch_size: int | None = None,
-            device: str | None = None) -> dict:
+            device: str | None = None, tables=None) -> dict:
     """Score every row of ``data`` with the model of ``checkpoint`` into ``out`` (Parquet).
 
     Every rank of ``group`` calls it; failures are agreed and raised on every
     rank. Returns ``{"rows", "out", "checkpoint", "step", "columns"}`` and,
-    when the input has labels, ``"auc"``, ``"log_loss"``, ``"accuracy"``.
+    when the input has labels, ``"auc"``, ``"log_loss"``, ``"accuracy"``;
+    with ``tables`` (an int8 export's path) also ``"tables"`` (its directory)
+    and ``"int8_tables"`` (the names of the tables it set).
     """
     from embedding.checkpoint import Checkpoint, CheckpointError
+    from embedding.checkpoint.int8 import Int8Export, is_int8_export
     from embedding.data.parquet import ParquetDataset, ParquetSource, check_labels, table_rows
     from embedding.data.types import DataFormatError
     from embedding.train.data import parquet_data
     from embedding.train.evaluate import metrics_of, score
+    from embedding.train.export import load_export_weights
     from embedding.train.loop import Trainer
     from embedding.train.save import resume
     from embedding.train.setup import fail_together
@@ -87,11 +81,17 @@ def predict(checkpoint, data, out, *, keep=None, group=None, batch_size: int | N
     from neocomm.world import group_or_world
 
     group = group_or_world(group)
-    exc, cfg, tdata, ckpt, kept = None, None, None, None, ()
+    exc, cfg, tdata, ckpt, kept, export = None, None, None, None, (), None
     try:
         if not str(out).endswith(".parquet"):
             raise ConfigError("command line", "--out", f"expected a .parquet file, got {out!r}")
         ckpt = Checkpoint(find_checkpoint(checkpoint))
+        if is_int8_export(ckpt):
+            raise ConfigError("command line", "--checkpoint", f"{ckpt.path} is an int8 export "
+                              f"of tables, not a training checkpoint; pass it as --tables and "
+                              f"the checkpoint it was made from as --checkpoint")
+        if tables is not None:
+            export = Int8Export(tables)
         cfg = _scoring_config(ckpt, data, batch_size)
         if device is not None:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device=device))
@@ -108,13 +108,23 @@ def predict(checkpoint, data, out, *, keep=None, group=None, batch_size: int | N
         exc = e
     fail_together(group, "loading the model for predictions", exc)
     trainer = Trainer(cfg, group, data=tdata, outputs=False)
+    int8 = []
     try:
         resume(trainer, str(ckpt.path))
+        if export is not None:
+            exc = None
+            try:
+                int8 = load_export_weights(export, ckpt, trainer.coll, trainer.plan)
+            except (CheckpointError, ValueError, OSError) as e:
+                exc = e
+            fail_together(group, "loading the int8 tables", exc)
         logits, labels = score(trainer, tdata.eval, "prediction")
     finally:
         trainer.close()
     result = {"rows": int(logits.size), "out": str(out), "checkpoint": str(ckpt.path),
               "step": trainer.step, "columns": list(kept) + ["score", "logit"]}
+    if export is not None:
+        result.update(tables=str(export.path), int8_tables=int8)
     if tdata.eval.source.has_label and logits.size:
         try:
             result.update({k: v for k, v in metrics_of(logits, labels).items()

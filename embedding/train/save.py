@@ -23,9 +23,24 @@ from embedding.train.setup import fail_together
 from embedding.train.state import (check_state, check_vocabularies, dense_arrays, load_dense,
                                    load_shards, shard_arrays, vocabulary_arrays)
 
-__all__ = ["save", "resume", "manifest_state"]
+__all__ = ["save", "resume", "manifest_state", "find_checkpoint"]
 
 _log = logging.getLogger(__name__)
+
+
+def find_checkpoint(where) -> Path:
+    """``where`` itself when it is a checkpoint, else the latest complete one under it
+    (a checkpoint root, or an output directory with ``checkpoints/``)."""
+    p = Path(where)
+    if (p / "manifest.json").exists():
+        return p
+    for root in (p, p / "checkpoints"):
+        if root.is_dir():
+            found = latest_checkpoint(root)
+            if found is not None:
+                return found
+    raise CheckpointError("no checkpoint there (expected a checkpoint directory, its parent "
+                          "or a training output directory)", path=str(p))
 
 
 def manifest_state(trainer) -> dict:

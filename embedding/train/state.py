@@ -35,7 +35,7 @@ from embedding.optim import state_specs
 from embedding.types import ShardingType
 
 __all__ = ["shard_arrays", "dense_arrays", "load_shards", "load_dense", "check_state",
-           "checkpoint_bytes"]
+           "checkpoint_bytes", "dynamic_entries"]
 
 
 def _shard_index(plan, table: str, shard) -> int:
@@ -176,11 +176,10 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
     return loaded
 
 
-def _dynamic_entries(ckpt, plan, table: str, rank: int) -> dict:
-    """The entries of dynamic ``table`` that ``plan`` gives ``rank``, from every rank's
-    ``dyn/<table>/<rank>/*`` arrays, ids ascending."""
-    from embedding.sharding.cyclic_row_wise import HashedIds
-
+def dynamic_entries(ckpt, table: str) -> dict:
+    """Every live entry of dynamic ``table`` in ``ckpt``, gathered from every rank's
+    ``dyn/<table>/<rank>/*`` arrays, ids ascending: ``ids``, ``weight``, each optimizer
+    state, ``count``, ``last`` and ``tick`` (``[1]``, the largest of any rank)."""
     prefix = f"dyn/{table}/"
     by_part: dict[str, list] = {}
     for name in ckpt.names():
@@ -194,12 +193,23 @@ def _dynamic_entries(ckpt, plan, table: str, rank: int) -> dict:
     out = {p: np.concatenate(a) for p, a in by_part.items()}
     tick = np.array([max(int(a.max()) for a in by_part["tick"])], np.int64)
     del out["tick"]
-    keep = np.ones(out["ids"].size, bool)
-    if plan.table(table).sharding is ShardingType.CYCLIC_ROW_WISE:
-        keep = HashedIds(plan.world_size)(out["ids"])[0] == rank
-    order = np.argsort(out["ids"][keep], kind="stable")
-    out = {p: a[keep][order] for p, a in out.items()}
+    order = np.argsort(out["ids"], kind="stable")
+    out = {p: a[order] for p, a in out.items()}
     out["tick"] = tick
+    return out
+
+
+def _dynamic_entries(ckpt, plan, table: str, rank: int) -> dict:
+    """The entries of dynamic ``table`` that ``plan`` gives ``rank`` (every id table-wise,
+    ``splitmix64(id) % N == rank`` cyclic), ids ascending."""
+    from embedding.sharding.cyclic_row_wise import HashedIds
+
+    out = dynamic_entries(ckpt, table)
+    if plan.table(table).sharding is ShardingType.CYCLIC_ROW_WISE:
+        tick = out.pop("tick")
+        keep = HashedIds(plan.world_size)(out["ids"])[0] == rank
+        out = {p: a[keep] for p, a in out.items()}
+        out["tick"] = tick
     return out
 
 
