@@ -258,6 +258,15 @@ class ShardedEmbeddingCollection:
             if s.table == name:
                 sh = s.shard
                 assign(s.weight, weights[sh.row_slice, sh.col_slice])
+        self.sync_masters()
+
+    def sync_masters(self) -> None:
+        """Set the float32 master copies of tables with ``master`` rounding from their
+        stored rows (after the weights were written directly)."""
+        for strat in self.strategies:
+            store = getattr(strat, "fused", None)
+            if store is not None and getattr(store, "master", None) is not None:
+                store.sync_master()
 
     def gather_table(self, name: str) -> np.ndarray:
         """Table ``name``'s whole ``[num_rows, dim]`` weights, on every rank (collective).
@@ -425,6 +434,7 @@ def init_weights(coll: ShardedEmbeddingCollection, seed: int = 0) -> None:
                                    sh.col_offset + sh.num_cols)
             bound = np.sqrt(1.0 / table.num_rows)
             assign(w[r0:r1], (2.0 * block - 1.0) * bound)
+    coll.sync_masters()
 
 
 def dynamic_initializer(table: TableConfig, seed: int = 0):

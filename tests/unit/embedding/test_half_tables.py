@@ -202,3 +202,93 @@ def test_planner_counts_half_bytes():
     assert n.optimizer == 2 * 1000 * 64 * 2
     assert m.optimizer == 2 * 1000 * 64 * 4 + 1000 * 64 * 4
     assert touch_bytes_per_id(half, 64) == 3 * 64 * 2 + 2 * 2 * 64 * 4
+
+
+def _collection(dtype, rounding="nearest", seed=5):
+    from embedding.collection import ShardedEmbeddingCollection
+    from embedding.types import Pooling, ShardingPlan, TablePlan, cyclic_shards
+
+    opt = OptimizerConfig(OptimizerKind.ROWWISE_ADAGRAD, lr=0.05)
+    tables = [TableConfig("a", 30, 8, Pooling.SUM, optimizer=opt, dtype=dtype,
+                          rounding=rounding),
+              TableConfig("b", 7, 4, Pooling.MEAN, optimizer=opt)]
+    plan = ShardingPlan(1, 1, tuple(TablePlan(t.name, "table_wise",
+                                              cyclic_shards(t.num_rows, t.dim, 1))
+                                    for t in tables))
+    return ShardedEmbeddingCollection(tables, plan, seed=seed), plan
+
+
+def _train(coll, steps=2, seed=3):
+    from embedding.jagged import KeyedJagged
+
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        kjt = KeyedJagged.from_lists({f: [rng.integers(0, n, rng.integers(0, 4)).tolist()
+                                          for _ in range(6)] for f, n in (("a", 30), ("b", 7))})
+        out = coll.forward(kjt)
+        assert out.dtype == np.float32
+        coll.backward(rng.standard_normal(out.shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", HALVES)
+def test_collection_mixes_precisions_and_checkpoints_round_trip(tmp_path, name):
+    from embedding.checkpoint.reader import load_checkpoint
+    from embedding.checkpoint.writer import CheckpointWriter
+    from embedding.train.state import load_shards, shard_arrays
+
+    coll, plan = _collection(name, "stochastic")
+    assert len(coll.strategies) == 2          # one store per storage precision
+    _train(coll)
+    arrays, slices = shard_arrays(coll, plan, 0)
+    w = CheckpointWriter(tmp_path, step=2)
+    w.write(arrays, slices)
+    path = w.commit(plan=plan, tables=coll.tables)
+    ckpt = load_checkpoint(path)
+    ckpt.check_compatible(coll.tables)
+    for target in (name, "float32", "float16" if name == "bfloat16" else "bfloat16"):
+        other, _ = _collection(target, seed=9)
+        ckpt.check_compatible(other.tables)      # any float precision loads
+        load_shards(ckpt, other, plan, 0)
+        want = coll.gather_table("a")            # float32, the collection's dtype
+        got = other.gather_table("a")
+        if target == "float32" or target == name:  # exact
+            np.testing.assert_array_equal(got, want)
+        else:                                    # rounded to nearest
+            np.testing.assert_array_equal(got, want.astype(storage_dtype(target))
+                                          .astype(np.float32))
+        np.testing.assert_array_equal(other.gather_table("b"), coll.gather_table("b"))
+    # a float32 checkpoint loads into a half table, rounded to nearest, and sets its master
+    f32, _ = _collection("float32")
+    _train(f32)
+    arrays, slices = shard_arrays(f32, plan, 0)
+    w = CheckpointWriter(tmp_path / "f32", step=2)
+    w.write(arrays, slices)
+    ckpt = load_checkpoint(w.commit(plan=plan, tables=f32.tables))
+    half, _ = _collection(name, "master")
+    load_shards(ckpt, half, plan, 0)
+    want = f32.gather_table("a").astype(storage_dtype(name)).astype(np.float32)
+    np.testing.assert_array_equal(half.gather_table("a"), want)
+    store = half.strategies[0].fused
+    np.testing.assert_array_equal(store.master, store.weights.astype(np.float32))
+
+
+def test_trainer_config_reads_precision_and_names_bad_keys(tmp_path):
+    from embedding.train.config import load_config
+    from embedding.train.setup import build_tables
+    from embedding.train.types import ConfigError
+
+    p = tmp_path / "c.toml"
+    p.write_text('[tables]\ndtype = "bfloat16"\nrounding = "stochastic"\nrounding_seed = 4\n'
+                 'state_dtype = "float16"\n')
+    cfg = load_config(str(p))
+    t = build_tables(cfg, [10, 20], ["f0", "f1"], (), ())[0]
+    assert (t.dtype, t.rounding, t.rounding_seed, t.state_dtype) == (
+        "bfloat16", Rounding.STOCHASTIC, 4, "float16")
+    for text, key in (('[tables]\ndtype = "int8"\n', "tables.dtype"),
+                      ('[tables]\nrounding = "stochastic"\n', "tables.rounding"),
+                      ('[tables]\ndtype = "float16"\n[model]\ndtype = "float64"\n',
+                       "tables.dtype"),
+                      ('[tables]\ndtype = "float16"\ntier = "host"\n', "tables.dtype")):
+        p.write_text(text)
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_config(str(p))
