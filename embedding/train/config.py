@@ -45,8 +45,8 @@ from embedding.dense.types import DenseOptimizerConfig, DenseOptimizerKind
 from embedding.train.types import (CheckpointConfig, ConfigError, DataConfig, DataSource,
                                    LoopConfig, ModelConfig, OutputConfig, PlanConfig,
                                    TablesConfig, TrainConfig)
-from embedding.types import (CachePolicy, Eviction, Rounding, IdPolicy, OptimizerConfig, OptimizerKind,
-                             Pooling, Tier)
+from embedding.types import (CachePolicy, Eviction, IdPolicy, OptimizerConfig, OptimizerKind,
+                             Pooling, Rounding, Tier)
 from neocomm.config import parse_size
 
 __all__ = ["load_config", "parse_config", "apply_overrides", "config_to_dict", "to_toml",
