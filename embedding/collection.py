@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import zlib
+from dataclasses import replace
 from typing import Callable, ContextManager, Mapping, Sequence
 
 import numpy as np
 
 from embedding.jagged import KeyedJagged
+from embedding.precision import compute_dtype, is_half
 from embedding.sharding import STRATEGIES, ShardingEnv
 from embedding.sharding.base import LocalShard
 from embedding.types import (IdPolicy, ShardingPlan, ShardingType, TableConfig, check_dynamic,
@@ -114,12 +116,18 @@ class ShardedEmbeddingCollection:
         if sorted(planned) != sorted(names) or len(set(planned)) != len(planned):
             raise ValueError(f"plan: expected one entry per table {sorted(names)}, got "
                              f"{sorted(planned)}")
-        if dtype is None:
-            dtypes = {t.dtype for t in self.tables}
+        if dtype is None:  # the compute dtype: float32 for float16 and bfloat16 tables
+            dtypes = {compute_dtype(t.dtype).name for t in self.tables}
             if len(dtypes) != 1:
-                raise ValueError(f"dtype: tables have different dtypes {sorted(dtypes)}; "
+                raise ValueError(f"dtype: tables compute in different dtypes {sorted(dtypes)}; "
                                  f"pass dtype= to choose one")
             dtype = dtypes.pop()
+        dtype = np.dtype(dtype).name
+        for t in self.tables:
+            if is_half(t.dtype) and dtype != "float32":
+                raise ValueError(f"dtype: table {t.name!r} stores {t.dtype} and computes in "
+                                 f"float32; the collection's dtype must be float32, got "
+                                 f"{dtype!r}")
         self.plan = plan
         self.group = group
         self.env = ShardingEnv(group, device=device, dtype=dtype, threads=threads, dedup=dedup)
@@ -159,18 +167,21 @@ class ShardedEmbeddingCollection:
                 raise ValueError(f"dedup: dynamic table {t.name!r} does not support "
                                  f"deduplicated input dists yet; got dedup=True")
             store = "dynamic" if t.dynamic else "tiered" if tp.memory.tiered else "device"
-            by_type.setdefault((tp.sharding, store), []).append((t, tp))
+            # one store per storage precision (weights and state dtype), in a fixed order; a
+            # full-precision table is stored in the collection's dtype
+            st = t if is_half(t.dtype) else replace(t, dtype=dtype)
+            prec = (st.dtype, st.optimizer_state_dtype)
+            by_type.setdefault((tp.sharding, store), {}).setdefault(prec, []).append((st, tp))
         self.strategies = []
         self._maps = []
         for stype, cls in STRATEGIES.items():
             for store in ("device", "tiered", "dynamic"):
-                if (stype, store) not in by_type:
-                    continue
-                ts, ps = zip(*by_type[(stype, store)])
-                strat = cls(ts, ps, self.env)
-                self.strategies.append(strat)
-                self._maps.append([(f.col, self._cols[f.name][0], f.dim)
-                                   for f in strat.features])
+                for members in by_type.get((stype, store), {}).values():
+                    ts, ps = zip(*members)
+                    strat = cls(ts, ps, self.env)
+                    self.strategies.append(strat)
+                    self._maps.append([(f.col, self._cols[f.name][0], f.dim)
+                                       for f in strat.features])
         self._identity = (len(self.strategies) == 1
                           and all(a == b for a, b, _ in self._maps[0]))
         self._last_ctx = None
@@ -247,6 +258,15 @@ class ShardedEmbeddingCollection:
             if s.table == name:
                 sh = s.shard
                 assign(s.weight, weights[sh.row_slice, sh.col_slice])
+        self.sync_masters()
+
+    def sync_masters(self) -> None:
+        """Set the float32 master copies of tables with ``master`` rounding from their
+        stored rows (after the weights were written directly)."""
+        for strat in self.strategies:
+            store = getattr(strat, "fused", None)
+            if store is not None and getattr(store, "master", None) is not None:
+                store.sync_master()
 
     def gather_table(self, name: str) -> np.ndarray:
         """Table ``name``'s whole ``[num_rows, dim]`` weights, on every rank (collective).
@@ -419,6 +439,7 @@ def init_weights(coll: ShardedEmbeddingCollection, seed: int = 0) -> None:
                                    sh.col_offset + sh.num_cols)
             bound = np.sqrt(1.0 / table.num_rows)
             assign(w[r0:r1], (2.0 * block - 1.0) * bound)
+    coll.sync_masters()
 
 
 def dynamic_initializer(table: TableConfig, seed: int = 0):

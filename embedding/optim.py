@@ -56,22 +56,27 @@ def state_specs(kind: OptimizerKind) -> tuple[StateSpec, ...]:
     return _SPECS[enum_arg(OptimizerKind, kind, "kind")]
 
 
-def row_bytes(kind: OptimizerKind, dim: int, dtype) -> int:
-    """Bytes of one table row of ``dim`` elements of ``dtype`` with its optimizer state."""
+def row_bytes(kind: OptimizerKind, dim: int, dtype, state_dtype=None) -> int:
+    """Bytes of one table row of ``dim`` elements of ``dtype`` with its optimizer state
+    (float state in ``state_dtype``, default ``dtype``)."""
     item = np.dtype(dtype).itemsize
     n = dim * item
     for spec in state_specs(kind):
-        n += (1 if spec.per_row else dim) * np.dtype(spec.dtype or dtype).itemsize
+        n += (1 if spec.per_row else dim) * np.dtype(spec.dtype or state_dtype or dtype).itemsize
     return n
 
 
 def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
-                  rows: np.ndarray, grads: np.ndarray, mean_sq: np.ndarray | None = None
-                  ) -> None:
+                  rows: np.ndarray, grads: np.ndarray, mean_sq: np.ndarray | None = None,
+                  store=None) -> None:
     """Apply one step to ``weight[rows]`` (NumPy, in place).
 
     ``rows`` must be unique (aggregate duplicates first); ``grads`` is
-    ``[len(rows), dim]`` in the weights' dtype. ``state`` maps each name of
+    ``[len(rows), dim]`` in the compute dtype (the weights' dtype, or float32
+    for a half table): the rule computes in it, reading the weight rows and
+    the state (which may be stored narrower) as that dtype. ``store(rows,
+    new_rows)`` writes the new rows (default: assignment, which rounds a
+    half table to nearest); state is written back rounding to nearest. ``state`` maps each name of
     :func:`state_specs` to this table's state view (``[rows]`` or
     ``[rows, dim]``). ``mean_sq`` (row-wise AdaGrad only) replaces the
     ``mean(g * g)`` of each row — for a column slice of a table, whose
@@ -79,22 +84,23 @@ def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
     """
     if len(rows) == 0:
         return
-    dt = weight.dtype.type
+    cdt = grads.dtype
+    dt = cdt.type
     lr = dt(config.lr)
     kind = config.kind
     if kind is OptimizerKind.SGD:
-        _subtract_rows(weight, rows, grads * lr)
+        _subtract_rows(weight, rows, grads * lr, store)
         return
     eps = dt(config.eps)
     if kind is OptimizerKind.ROWWISE_ADAGRAD:
         mom = state["momentum"]
-        m = mom[rows]
+        m = mom[rows].astype(cdt, copy=False)
         if mean_sq is None:
             mean_sq = np.einsum("ij,ij->i", grads, grads) / dt(grads.shape[1])
         m += mean_sq
         mom[rows] = m
         scale = lr / (np.sqrt(m) + eps)
-        _subtract_rows(weight, rows, grads * scale[:, None])
+        _subtract_rows(weight, rows, grads * scale[:, None], store)
         return
     if kind is OptimizerKind.ADAM:
         b1, b2 = dt(config.beta1), dt(config.beta2)
@@ -103,17 +109,17 @@ def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
         k = step[rows] + 1
         step[rows] = k
         kf = k.astype(np.float64)
-        bc1 = (1.0 - np.power(float(config.beta1), kf)).astype(weight.dtype)
-        bc2 = (1.0 - np.power(float(config.beta2), kf)).astype(weight.dtype)
+        bc1 = (1.0 - np.power(float(config.beta1), kf)).astype(cdt)
+        bc2 = (1.0 - np.power(float(config.beta2), kf)).astype(cdt)
         ea = state["exp_avg"]
         es = state["exp_avg_sq"]
         tmp = np.multiply(grads, one - b1)
-        m = np.take(ea, rows, axis=0)
+        m = np.take(ea, rows, axis=0).astype(cdt, copy=False)
         m *= b1
         m += tmp                                   # m = b1 m + (1 - b1) g
         np.multiply(grads, grads, out=tmp)
         tmp *= one - b2
-        v = np.take(es, rows, axis=0)
+        v = np.take(es, rows, axis=0).astype(cdt, copy=False)
         v *= b2
         v += tmp                                   # v = b2 v + (1 - b2) g^2
         ea[rows] = m
@@ -124,16 +130,20 @@ def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
         np.divide(m, bc1[:, None], out=m)
         m /= tmp
         m *= lr
-        _subtract_rows(weight, rows, m)
+        _subtract_rows(weight, rows, m, store)
         return
     raise ValueError(f"config.kind: unsupported optimizer {kind}")
 
 
-def _subtract_rows(weight: np.ndarray, rows: np.ndarray, delta: np.ndarray) -> None:
-    """``weight[rows] -= delta`` for unique rows, as one gather, one subtract, one scatter."""
-    cur = np.take(weight, rows, axis=0)
+def _subtract_rows(weight: np.ndarray, rows: np.ndarray, delta: np.ndarray, store) -> None:
+    """``weight[rows] -= delta`` for unique rows, as one gather, one subtract (in ``delta``'s
+    dtype), one scatter (``store(rows, new)`` when given)."""
+    cur = np.take(weight, rows, axis=0).astype(delta.dtype, copy=False)
     np.subtract(cur, delta, out=cur)
-    weight[rows] = cur
+    if store is None:
+        weight[rows] = cur
+    else:
+        store(rows, cur)
 
 
 def dense_reference_update(config: OptimizerConfig, weight: np.ndarray, state: dict,

@@ -12,9 +12,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from embedding.precision import Rounding, compute_dtype, is_half, storage_dtype
 from neocomm.errors import NeocommError
 
-__all__ = ["Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig", "ShardingType",
+__all__ = ["Rounding", "Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig", "ShardingType",
            "Shard", "Tier", "CachePolicy", "Eviction", "TableMemory", "TablePlan", "ShardingPlan",
            "IdPolicy", "BatchError", "enum_arg", "check_pooling", "cyclic_shards", "check_dynamic"]
 
@@ -80,6 +81,14 @@ class Eviction(enum.Enum):
 class TableConfig:
     """One embedding table: ``num_rows`` × ``dim`` of ``dtype``, read by ``features``.
 
+    ``dtype`` is the storage dtype of the rows (:data:`embedding.precision.STORAGE_DTYPES`:
+    float32, float16, bfloat16, float64). A half table is computed in float32 and
+    ``rounding`` says how an update's float32 row goes back into storage
+    (:class:`~embedding.precision.Rounding`: ``nearest``, ``stochastic`` with the
+    random bits of ``rounding_seed``, or ``master``: a float32 master copy).
+    ``state_dtype`` is the dtype of the optimizer's float state (None: the compute
+    dtype, float32 for a half table).
+
     A fixed table (``dynamic=False``) reads ids in ``[0, num_rows)`` as rows.
     A dynamic table (``dynamic=True``) reads any int64 id except the two
     reserved markers (:data:`embedding.kernels.idmap.RESERVED`): each new id
@@ -97,10 +106,14 @@ class TableConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     dynamic: bool = False
     eviction: Eviction = Eviction.COUNT
+    rounding: Rounding = Rounding.NEAREST
+    rounding_seed: int = 0
+    state_dtype: str | None = None
 
     def __post_init__(self):
         if not self.name:
             raise ValueError(f"name: a table needs a non-empty name, got {self.name!r}")
+        self._check_precision()
         if int(self.num_rows) <= 0:
             if self.dynamic:
                 raise ValueError(f"num_rows of dynamic table {self.name!r}: expected a "
@@ -124,11 +137,32 @@ class TableConfig:
         if isinstance(self.optimizer, dict):
             object.__setattr__(self, "optimizer", OptimizerConfig(**self.optimizer))
 
+    def _check_precision(self) -> None:
+        """Validate (and normalise) ``dtype``, ``rounding``, ``rounding_seed``, ``state_dtype``."""
+        where = f"of table {self.name!r}"
+        dt = storage_dtype(self.dtype, f"dtype {where}")
+        object.__setattr__(self, "dtype", dt.name)
+        if not isinstance(self.rounding, Rounding):
+            object.__setattr__(self, "rounding", enum_arg(Rounding, self.rounding,
+                                                          f"rounding {where}"))
+        if self.rounding is not Rounding.NEAREST and not is_half(dt):
+            raise ValueError(f"rounding {where}: {self.rounding.value!r} rounding applies to "
+                             f"float16 and bfloat16 storage; dtype {dt.name} rounds to nearest")
+        seed = self.rounding_seed
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"rounding_seed {where}: expected an int >= 0, got {seed!r}")
+        if self.state_dtype is not None:
+            sdt = storage_dtype(self.state_dtype, f"state_dtype {where}")
+            object.__setattr__(self, "state_dtype", sdt.name)
+
+    @property
+    def optimizer_state_dtype(self) -> str:
+        """The dtype of the optimizer's float state: ``state_dtype``, or the compute dtype."""
+        return self.state_dtype or compute_dtype(storage_dtype(self.dtype)).name
+
     @property
     def bytes_per_element(self) -> int:
-        import numpy as np
-
-        return np.dtype(self.dtype).itemsize
+        return storage_dtype(self.dtype).itemsize
 
     @property
     def weight_bytes(self) -> int:
@@ -140,6 +174,11 @@ class TableConfig:
         d["pooling"] = self.pooling.value
         d["features"] = list(self.features)
         d["optimizer"]["kind"] = self.optimizer.kind.value
+        d["rounding"] = self.rounding.value
+        for key, default in (("rounding", "nearest"), ("rounding_seed", 0),
+                             ("state_dtype", None)):
+            if d[key] == default:  # a full-precision table reads as it did before half tables
+                del d[key]
         if self.dynamic:
             d["eviction"] = self.eviction.value
         else:  # a fixed table reads as it did before dynamic tables existed

@@ -251,7 +251,7 @@ class Checkpoint:
             tensors = self.tensors()
             for name, t in model.items():
                 s = saved[name]
-                for fld in ("num_rows", "dim", "dtype"):
+                for fld in ("num_rows", "dim"):  # any float dtype loads, rounded to nearest
                     if getattr(s, fld) != getattr(t, fld):
                         raise CheckpointMismatchError(
                             f"table {name!r}: {fld} is {getattr(s, fld)} in the checkpoint, "
@@ -266,7 +266,7 @@ class Checkpoint:
                 if w is None:
                     raise CheckpointMismatchError(f"table {name!r}: no weight shards in the "
                                                   f"checkpoint", path=p, field=f"{name}.weight")
-                if w[0] != (t.num_rows, t.dim) or np.dtype(w[1]) != np.dtype(t.dtype):
+                if w[0] != (t.num_rows, t.dim) or np.dtype(w[1]).kind != "f":
                     raise CheckpointMismatchError(
                         f"table {name!r}: weight shards are {np.dtype(w[1]).name} {w[0]}, the "
                         f"model has {t.dtype} {(t.num_rows, t.dim)}", path=p,

@@ -14,6 +14,7 @@ from embedding.kernels.layout import Bags, TableLayout, per_table_configs
 from embedding.kernels.segments import (jagged_max, jagged_sum, jagged_sum_permuted,
                                         segments_of_sorted, stable_argsort)
 from embedding.optim import sparse_update
+from embedding.precision import Rounding, compute_dtype, round_to
 
 __all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update",
            "aggregate_rows", "table_view"]
@@ -44,11 +45,14 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
     (weighted) value (empty bags give zeros). Columns of ``out``
     that no slot covers are set to zero. ``threads > 1`` runs blocks of bags
     on a thread pool (NumPy releases the GIL in the gathers and adds).
+    Half weights (float16, bfloat16) are pooled in float32 (exact rows, float32
+    sums) and ``out`` is float32.
     """
     bags.check(layout)
     b, s_count, g_count = bags.batch_size, bags.num_slots, bags.num_groups
+    cdt = compute_dtype(weights.dtype)
     if out is None:
-        out = np.empty((bags.out_rows, bags.out_dim), weights.dtype)
+        out = np.empty((bags.out_rows, bags.out_dim), cdt)
     covered = sum(layout.dims[t] for t in bags.slot_table)
     if covered != bags.out_dim or len(set(bags.slot_col)) != s_count:
         out[...] = 0
@@ -56,7 +60,7 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
         return out
     offsets = np.asarray(bags.offsets, np.int64)
     lengths = np.diff(offsets)
-    w = _weights_of(bags, weights.dtype)
+    w = _weights_of(bags, cdt)
     idx = np.asarray(bags.indices, np.int64)
     if _one_id_per_bag(layout, bags, lengths, out):
         # every bag holds one id (sum, mean and max all pool to the weighted row): one gather
@@ -65,7 +69,10 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
         base = np.asarray(layout.row_base, np.int64)[list(bags.slot_table)]
         rows = (idx.reshape(g_count, s_count, b) + base[None, :, None]).transpose(0, 2, 1)
         flat_out = out.reshape(-1, d)
-        np.take(weights.reshape(-1, d), rows.reshape(-1), axis=0, out=flat_out)
+        if weights.dtype == flat_out.dtype:
+            np.take(weights.reshape(-1, d), rows.reshape(-1), axis=0, out=flat_out)
+        else:
+            flat_out[...] = np.take(weights.reshape(-1, d), rows.reshape(-1), axis=0)
         if w is not None:
             flat_out *= w.reshape(g_count, s_count, b).transpose(0, 2, 1).reshape(-1, 1)
         return out
@@ -84,7 +91,7 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
         jagged_sum(table_view(layout, weights, t), idx, offsets[first:first + b], ln, w,
                    out=dst)
         if bags.slot_mean[s]:
-            dst *= _inverse_lengths(ln, weights.dtype)[:, None]
+            dst *= _inverse_lengths(ln, cdt)[:, None]
 
     _map(block, range(g_count * s_count), threads)
     return out
@@ -206,13 +213,22 @@ def aggregate_rows(rows: np.ndarray, grads: np.ndarray, num_rows: int
 
 def apply_updates(layout: TableLayout, config, weights: np.ndarray,
                   state: dict, sparse: list[tuple[np.ndarray, np.ndarray]],
-                  unique: bool = True, threads: int = 1, row_terms=None) -> None:
+                  unique: bool = True, threads: int = 1, row_terms=None,
+                  rounding=None) -> None:
     """Apply each table's optimizer to its ``(rows, grads)``.
 
     ``config`` is one :class:`OptimizerConfig` or one per table.
     With ``unique=False`` duplicate rows are summed first (e.g. gradients
     gathered from several ranks). ``row_terms[t]`` (or None), aligned with
     table t's unique rows, replaces row-wise AdaGrad's ``mean(g * g)``.
+
+    ``rounding`` (half weights): ``(modes, seeds, step, master)`` with one
+    :class:`~embedding.precision.Rounding` and one seed per table, the update
+    counter and the float32 master buffer (laid out like ``weights``; None
+    when no table has ``MASTER`` rounding). A ``MASTER`` table's rule runs on
+    its master rows, then the stored rows are their nearest rounding; a
+    ``STOCHASTIC`` table's new rows are rounded with the bits of
+    ``(seed, step, t, row, column)``. None: every table rounds to nearest.
     """
     from embedding.optim import state_specs
 
@@ -230,16 +246,42 @@ def apply_updates(layout: TableLayout, config, weights: np.ndarray,
         views = {sp.name: table_view(layout, state[sp.name], t, sp.per_row)
                  for sp in state_specs(configs[t].kind)}
         term = None if row_terms is None else row_terms[t]
-        sparse_update(configs[t], table_view(layout, weights, t), views, rows, grads, term)
+        weight, store = _rounded_store(layout, weights, t, rounding)
+        sparse_update(configs[t], weight, views, rows, grads, term, store)
 
     _map(one, range(layout.num_tables), threads)
 
 
 def backward_update(layout: TableLayout, config, weights: np.ndarray,
-                    state: dict, bags: Bags, grad_out: np.ndarray, threads: int = 1) -> None:
-    """Fused backward + optimizer: aggregate per row, then update the touched rows."""
+                    state: dict, bags: Bags, grad_out: np.ndarray, threads: int = 1,
+                    rounding=None) -> None:
+    """Fused backward + optimizer: aggregate per row, then update the touched rows
+    (``rounding`` as in :func:`apply_updates`)."""
     apply_updates(layout, config, weights, state,
-                  aggregate_grads(layout, bags, grad_out, threads, weights), threads=threads)
+                  aggregate_grads(layout, bags, grad_out, threads, weights), threads=threads,
+                  rounding=rounding)
+
+
+def _rounded_store(layout: TableLayout, weights: np.ndarray, t: int, rounding):
+    """``(weight the rule reads, store)`` of table ``t`` for :func:`sparse_update`."""
+    view = table_view(layout, weights, t)
+    if rounding is None or compute_dtype(weights.dtype) == weights.dtype:
+        return view, None
+    modes, seeds, step, master = rounding
+    mode = modes[t]
+    if mode is Rounding.MASTER:
+        mview = table_view(layout, master, t)
+
+        def store(rows, new):
+            mview[rows] = new
+            view[rows] = round_to(new, view.dtype)
+        return mview, store
+    if mode is Rounding.STOCHASTIC:
+        def store(rows, new):
+            view[rows] = round_to(new, view.dtype, mode, seed=seeds[t], step=step, table=t,
+                                  rows=rows)
+        return view, store
+    return view, None
 
 
 def _cat(parts):

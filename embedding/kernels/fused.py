@@ -12,9 +12,10 @@ from typing import Sequence
 import numpy as np
 
 from embedding.kernels.device import kernel_module
-from embedding.kernels.layout import SUPPORTED_DTYPES, Bags, TableLayout, per_table_configs
+from embedding.kernels.layout import Bags, TableLayout, per_table_configs
 from embedding.optim import state_specs
-from embedding.types import OptimizerConfig
+from embedding.precision import Rounding, compute_dtype, is_half, storage_dtype
+from embedding.types import OptimizerConfig, enum_arg
 
 __all__ = ["FusedTables", "adopt_layout"]
 
@@ -26,6 +27,7 @@ def adopt_layout(store, inner: "FusedTables", device: str) -> None:
     store.optimizers = inner.optimizers
     store.names = inner.names
     store.dtype = inner.dtype
+    store.compute_dtype = inner.compute_dtype
     store.device = device
     store.threads = inner.threads
 
@@ -36,23 +38,48 @@ class FusedTables:
     Weights start at zero; fill them through :meth:`weight` views (or the
     ``init`` helpers of the collection). ``device`` is ``"cpu"`` (NumPy) or
     ``"cuda"`` (CuPy, current device).
+
+    ``dtype`` is the storage dtype of every table here (float32, float16,
+    bfloat16, float64); half tables compute in float32
+    (:mod:`embedding.precision`): lookups return float32, gradients are taken
+    as float32, and ``rounding`` (one :class:`~embedding.precision.Rounding`
+    or one per table) with ``seeds`` (one int per table) says how updates go
+    back into storage. :attr:`step` counts updates (the stochastic rounding
+    counter). ``state_dtype``: the optimizer's float state (default: the
+    compute dtype). A ``MASTER`` table keeps float32 master rows in
+    :attr:`master` (call :meth:`sync_master` after writing weights directly).
     """
 
     def __init__(self, rows: Sequence[int], dims: Sequence[int],
                  optimizer: OptimizerConfig | Sequence[OptimizerConfig],
                  dtype: str = "float32", device: str = "cpu",
-                 names: Sequence[str] | None = None, threads: int = 1):
+                 names: Sequence[str] | None = None, threads: int = 1,
+                 rounding: Rounding | str | Sequence = Rounding.NEAREST,
+                 seeds: Sequence[int] | None = None, state_dtype: str | None = None):
         self.layout = TableLayout(tuple(rows), tuple(dims))
-        self.optimizers = per_table_configs(optimizer, self.layout.num_tables)
-        try:
-            name = np.dtype(dtype).name
-        except TypeError:
-            name = None
-        if name not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtype: expected one of {list(SUPPORTED_DTYPES)}, got {dtype!r}")
-        self.dtype = np.dtype(dtype)
+        n = self.layout.num_tables
+        self.optimizers = per_table_configs(optimizer, n)
+        self.dtype = storage_dtype(dtype)
+        self.compute_dtype = compute_dtype(self.dtype)
+        self.state_dtype = (self.compute_dtype if state_dtype is None
+                            else storage_dtype(state_dtype, "state_dtype"))
+        if isinstance(rounding, (Rounding, str)):
+            rounding = [rounding] * n
+        self.rounding = tuple(enum_arg(Rounding, r, "rounding") for r in rounding)
+        self.seeds = tuple(int(x) for x in (seeds if seeds is not None else [0] * n))
+        if len(self.rounding) != n or len(self.seeds) != n:
+            raise ValueError(f"rounding/seeds: expected one per table ({n}), got "
+                             f"{len(self.rounding)} and {len(self.seeds)}")
+        if not is_half(self.dtype) and any(r is not Rounding.NEAREST for r in self.rounding):
+            raise ValueError(f"rounding: {[r.value for r in self.rounding]} needs float16 or "
+                             f"bfloat16 storage, got dtype {self.dtype.name}")
+        self.step = 0
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+        if device == "cuda" and (is_half(self.dtype) or is_half(self.state_dtype)):
+            raise ValueError(f"dtype: the device kernels store float32 and float64 tables; "
+                             f"{self.dtype.name} storage (state {self.state_dtype.name}) runs "
+                             f"on device 'cpu' for now")
         self.device = device
         if int(threads) < 1:
             raise ValueError(f"threads: expected >= 1, got {threads}")
@@ -77,8 +104,15 @@ class FusedTables:
         # State of every kind in use spans the whole layout (simple flat indexing on device).
         self.state = {
             spec.name: self.xp.zeros(lay.total_rows if spec.per_row else lay.total_elements,
-                                     spec.dtype or self.dtype)
+                                     spec.dtype or self.state_dtype)
             for spec in self._specs.values()}
+        self.master = (self.xp.zeros(lay.total_elements, np.float32)
+                       if Rounding.MASTER in self.rounding else None)
+
+    def sync_master(self) -> None:
+        """Set the float32 master rows of ``MASTER`` tables from the stored weights."""
+        if self.master is not None:
+            self.master[...] = self.weights.astype(np.float32)
 
     def __repr__(self) -> str:
         kinds = sorted({c.kind.value for c in self.optimizers})
@@ -134,7 +168,7 @@ class FusedTables:
         ``mean(g * g)`` for table t's rows (column slices of a wider row).
         """
         sparse = [(rows, self._cast(grads)) for rows, grads in sparse]
-        kw = self._kw()
+        kw = self._kw(update=True)
         if row_terms is not None:
             kw["row_terms"] = row_terms
         self._impl.apply_updates(self.layout, self.optimizers, self.weights, self.state, sparse,
@@ -143,11 +177,17 @@ class FusedTables:
     def backward_update(self, bags: Bags, grad_out) -> None:
         """Fused backward + optimizer: only the rows the bags read change."""
         self._impl.backward_update(self.layout, self.optimizers, self.weights, self.state, bags,
-                                   self._cast(grad_out), **self._kw())
+                                   self._cast(grad_out), **self._kw(update=True))
 
-    def _kw(self) -> dict:
-        return {"threads": self.threads} if self.device == "cpu" and self.threads > 1 else {}
+    def _kw(self, update: bool = False) -> dict:
+        kw = {"threads": self.threads} if self.device == "cpu" and self.threads > 1 else {}
+        if update and is_half(self.dtype):
+            kw["rounding"] = (self.rounding, self.seeds, self.step, self.master)
+        if update:
+            self.step += 1
+        return kw
 
     def _cast(self, arr):
         arr = self.xp.asarray(arr)
-        return arr if arr.dtype == self.dtype else arr.astype(self.dtype)
+        cdt = self.compute_dtype
+        return arr if arr.dtype == cdt else arr.astype(cdt)

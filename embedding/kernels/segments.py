@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from embedding.precision import compute_dtype
+
 __all__ = ["stable_argsort", "segments_of_sorted", "jagged_sum", "jagged_sum_permuted",
            "jagged_max", "positions_of_segments"]
 
@@ -90,8 +92,9 @@ def jagged_sum(source: np.ndarray, index: np.ndarray, starts: np.ndarray,
     """``out[k] = sum_j source[index[starts[k] + j]] * weights[starts[k] + j]``, j < lengths[k].
 
     ``source`` is ``[M, d]``; ``out`` (``[K, d]``, written, not accumulated)
-    may be a strided view. Rows are added in order of ``j``; empty segments
-    give zeros. ``weights=None`` means all ones.
+    may be a strided view. Rows are added in order of ``j`` in ``out``'s dtype
+    (narrower source rows are widened first); empty segments give zeros.
+    ``weights=None`` means all ones.
     """
     k = len(starts)
     if out is None:
@@ -130,7 +133,7 @@ def jagged_sum_permuted(source: np.ndarray, index: np.ndarray, starts: np.ndarra
     sl = lengths[perm]
     st = starts[perm]
     neg = -sl  # ascending: the count of segments longer than j is searchsorted(neg, -j)
-    res = np.empty((k, d), source.dtype)
+    res = np.empty((k, d), source.dtype if out is None else out.dtype)
     n = int(np.searchsorted(neg, 0, side="left"))
     res[n:] = 0
     _gather_into(source, index[st[:n]], weights, st[:n], res[:n], add=False)
@@ -148,7 +151,7 @@ def jagged_sum_permuted(source: np.ndarray, index: np.ndarray, starts: np.ndarra
         # sum pairwise)
         rem = sl[:n] - j
         pos = positions_of_segments(st[:n] + j, rem)
-        rows = np.take(source, index[pos], axis=0)
+        rows = np.take(source, index[pos], axis=0).astype(res.dtype, copy=False)
         if weights is not None:
             rows *= weights[pos][:, None]
         seg = np.repeat(np.arange(n, dtype=np.int64) * d, rem)
@@ -173,7 +176,7 @@ def jagged_max(source: np.ndarray, index: np.ndarray, starts: np.ndarray,
     k = len(starts)
     d = source.shape[1]
     if out is None:
-        out = np.empty((k, d), source.dtype)
+        out = np.empty((k, d), compute_dtype(source.dtype))
     if k == 0:
         return out
     lengths = np.asarray(lengths, np.int64)
@@ -182,12 +185,12 @@ def jagged_max(source: np.ndarray, index: np.ndarray, starts: np.ndarray,
     perm = stable_argsort(lmax - lengths, lmax)  # longest first: running ones are a prefix
     sl, st = lengths[perm], starts[perm]
     neg = -sl
-    best = np.zeros((k, d), source.dtype)
+    best = np.zeros((k, d), out.dtype)
     arg = np.full((k, d), -1, np.int64)
     for j in range(lmax):
         n = int(np.searchsorted(neg, -j, side="left"))
         pos = st[:n] + j
-        rows = np.take(source, index[pos], axis=0)
+        rows = np.take(source, index[pos], axis=0).astype(out.dtype, copy=False)
         if weights is not None:
             rows *= weights[pos][:, None]
         if j == 0:
@@ -204,7 +207,7 @@ def jagged_max(source: np.ndarray, index: np.ndarray, starts: np.ndarray,
 
 
 def _gather_into(source, idx, weights, wpos, dst, add: bool) -> None:
-    rows = np.take(source, idx, axis=0)
+    rows = np.take(source, idx, axis=0).astype(dst.dtype, copy=False)
     if weights is not None:
         rows *= weights[wpos][:, None]
     if add:
@@ -215,7 +218,7 @@ def _gather_into(source, idx, weights, wpos, dst, add: bool) -> None:
 
 def _uniform_sum(source, index, starts, length, weights, out) -> None:
     """Every segment has ``length`` elements."""
-    if length == 1 and weights is None and out.flags.c_contiguous:
+    if length == 1 and weights is None and out.flags.c_contiguous and out.dtype == source.dtype:
         np.take(source, index[starts], axis=0, out=out)
         return
     _gather_into(source, index[starts], weights, starts, out, add=False)

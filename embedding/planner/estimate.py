@@ -3,9 +3,10 @@
 Memory of a shard, bytes:
 
 - weights: ``rows * cols * itemsize(dtype)``;
-- optimizer state, kept in float32 (``OPTIMIZER_STATE_ITEMSIZE``): none for
-  SGD, one float per row for row-wise AdaGrad, two moments per element for
-  Adam;
+- optimizer state, in the table's ``optimizer_state_dtype`` (float32 unless
+  set: ``OPTIMIZER_STATE_ITEMSIZE``): none for SGD, one float per row for
+  row-wise AdaGrad, two moments per element for Adam; a half table with
+  ``rounding = "master"`` adds its float32 master copy (4 bytes per element);
 - buffers of one step: the ids the shard receives (``id_bytes`` each), its
   pooled output rows and their gradients (two ``rows_out * cols`` blocks of
   the table's dtype) and, for data-parallel tables, the dense gradient that
@@ -26,25 +27,25 @@ from dataclasses import dataclass
 from collectives.cost import estimate
 from collectives.types import CollectiveOp, FabricModel
 from embedding.planner.types import Hardware, MemoryEstimate
+from embedding.precision import STORAGE_DTYPES, Rounding, storage_dtype
 from embedding.types import OptimizerKind, TableConfig, enum_arg
 
 __all__ = ["OPTIMIZER_STATE_ITEMSIZE", "DTYPES", "itemsize", "weight_bytes", "optimizer_bytes",
-           "shard_memory", "touch_bytes_per_id", "CostModel", "Scope"]
+           "state_bytes", "shard_memory", "touch_bytes_per_id", "CostModel", "Scope"]
 
 #: Bytes of one optimizer state element: float32, as FBGEMM's fused optimizers keep it.
 OPTIMIZER_STATE_ITEMSIZE = 4
 
-_ITEMSIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1,
-              "uint8": 1}
-#: Table dtypes the planner knows the width of.
-DTYPES = tuple(sorted(_ITEMSIZES))
+_ITEMSIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+#: Table dtypes the planner knows the width of: the storage dtypes of a table.
+DTYPES = tuple(sorted(STORAGE_DTYPES))
 
 
 def itemsize(dtype: str) -> int:
     """Bytes of one element of ``dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"`` …)."""
     try:
-        return _ITEMSIZES[str(dtype)]
-    except KeyError:
+        return _ITEMSIZES[storage_dtype(dtype).name]
+    except ValueError:
         raise ValueError(f"dtype: expected one of {sorted(_ITEMSIZES)}, got {dtype!r}") from None
 
 
@@ -53,8 +54,10 @@ def weight_bytes(table: TableConfig, num_rows: int, num_cols: int) -> int:
     return int(num_rows) * int(num_cols) * itemsize(table.dtype)
 
 
-def optimizer_bytes(kind: OptimizerKind, num_rows: int, num_cols: int) -> int:
-    """Bytes of optimizer state for a ``num_rows`` × ``num_cols`` block.
+def optimizer_bytes(kind: OptimizerKind, num_rows: int, num_cols: int,
+                    state_itemsize: int = OPTIMIZER_STATE_ITEMSIZE) -> int:
+    """Bytes of optimizer state for a ``num_rows`` × ``num_cols`` block, each state
+    element ``state_itemsize`` bytes.
 
     >>> optimizer_bytes(OptimizerKind.ROWWISE_ADAGRAD, 1000, 64)
     4000
@@ -65,15 +68,25 @@ def optimizer_bytes(kind: OptimizerKind, num_rows: int, num_cols: int) -> int:
     if kind is OptimizerKind.SGD:
         return 0
     if kind is OptimizerKind.ROWWISE_ADAGRAD:
-        return int(num_rows) * OPTIMIZER_STATE_ITEMSIZE
-    return 2 * int(num_rows) * int(num_cols) * OPTIMIZER_STATE_ITEMSIZE
+        return int(num_rows) * int(state_itemsize)
+    return 2 * int(num_rows) * int(num_cols) * int(state_itemsize)
+
+
+def state_bytes(table: TableConfig, num_rows: int, num_cols: int) -> int:
+    """Bytes of ``table``'s optimizer state (in its ``optimizer_state_dtype``) and, for a
+    half table with ``master`` rounding, its float32 master copy, for a block."""
+    n = optimizer_bytes(table.optimizer.kind, num_rows, num_cols,
+                        itemsize(table.optimizer_state_dtype))
+    if table.rounding is Rounding.MASTER:
+        n += int(num_rows) * int(num_cols) * 4
+    return n
 
 
 def shard_memory(table: TableConfig, num_rows: int, num_cols: int, *,
                  buffers: int = 0) -> MemoryEstimate:
     """Weights and optimizer state of a block of ``table``, plus ``buffers`` bytes."""
     return MemoryEstimate(weights=weight_bytes(table, num_rows, num_cols),
-                          optimizer=optimizer_bytes(table.optimizer.kind, num_rows, num_cols),
+                          optimizer=state_bytes(table, num_rows, num_cols),
                           buffers=int(buffers))
 
 
@@ -82,7 +95,7 @@ def touch_bytes_per_id(table: TableConfig, num_cols: int) -> int:
     the row slice read forward, read and written backward, and the optimizer
     state of the row read and written."""
     weights = 3 * int(num_cols) * itemsize(table.dtype)
-    return weights + 2 * optimizer_bytes(table.optimizer.kind, 1, num_cols)
+    return weights + 2 * state_bytes(table, 1, num_cols)
 
 
 class Scope:

@@ -6,7 +6,7 @@ The file holds one list, ``tables``, of entries with these keys (TOML)::
     name = "user_id"          # required, unique
     num_rows = 40000000       # required, > 0
     dim = 128                 # required, > 0
-    dtype = "float32"         # float32 | float16 | bfloat16 | float64 | int8 | uint8
+    dtype = "float32"         # float32 | float16 | bfloat16 | float64
     pooling = "sum"           # sum | mean | max (max: not row-wise)
     features = ["user_id"]    # features that read the table (default: its name)
     ids_per_sample = 1.0      # mean ids per sample (default: the workload's)

@@ -32,7 +32,7 @@ import dataclasses
 import math
 from typing import Sequence
 
-from embedding.planner.estimate import optimizer_bytes
+from embedding.planner.estimate import state_bytes
 from embedding.planner.estimate import itemsize as _itemsize
 from embedding.planner.types import (Candidate, Hardware, MemoryEstimate, PlanDoesNotFitError,
                                      TableConstraints, Workload, sum_parts)
@@ -98,7 +98,7 @@ class TierModel:
 
     def row_bytes(self, cols: int) -> int:
         """Bytes of one row slice of ``cols`` columns with its optimizer state."""
-        return cols * _itemsize(self.t.dtype) + optimizer_bytes(self.t.optimizer.kind, 1, cols)
+        return cols * _itemsize(self.t.dtype) + state_bytes(self.t, 1, cols)
 
     def hit_rate(self, cache_rows: int, shard_rows: int) -> float:
         """Fraction of a shard's lookups its cache of ``cache_rows`` rows serves."""
@@ -123,8 +123,7 @@ class TierModel:
             misses = min(lookups * (1.0 - hit), float(s.num_rows))
             one_way = misses * rb / self.hw.host_rate
             mem = MemoryEstimate(weights=cached * s.num_cols * _itemsize(self.t.dtype),
-                                 optimizer=optimizer_bytes(self.t.optimizer.kind, cached,
-                                                           s.num_cols),
+                                 optimizer=state_bytes(self.t, cached, s.num_cols),
                                  buffers=s.memory.buffers + int(math.ceil(misses)) * rb,
                                  host=s.num_rows * rb)
             parts = sum_parts(list(s.parts) + [("lookup", one_way), ("emb_backward", one_way)])

@@ -161,28 +161,37 @@ class ShardingEnv:
                 found = sub
         return found
 
-    def fused(self, rows, dims, optimizers, names, memory=None, eviction=None):
+    def fused(self, rows, dims, optimizers, names, memory=None, eviction=None, configs=None):
         """The store of a strategy's local shards: ``FusedTables`` in device memory,
         :class:`~embedding.kernels.tiered.TieredTables` when ``memory`` (one
         :class:`~embedding.types.TableMemory` per table) puts them in host memory, or
         :class:`~embedding.kernels.dynamic.DynamicTables` when ``eviction`` (one
         :class:`~embedding.types.Eviction` per table, None for a fixed table) says they
-        are dynamic (a strategy's tables are all dynamic or all fixed)."""
+        are dynamic (a strategy's tables are all dynamic or all fixed).
+
+        ``configs`` (one :class:`~embedding.types.TableConfig` per local table) gives
+        the storage precision: every table of one store has the same ``dtype`` and
+        optimizer state dtype (the collection groups them so); without it the store
+        holds ``self.dtype``."""
+        prec = _precision(configs, self.dtype)
         if eviction is not None and any(e is not None for e in eviction):
             from embedding.kernels.dynamic import DynamicTables
 
             if any(e is None for e in eviction):
                 raise ValueError(f"eviction: a store holds dynamic tables only or fixed "
                                  f"tables only, got {list(eviction)} for {list(names)}")
+            _full_precision(prec, "dynamic")
             return DynamicTables(rows, dims, optimizers, eviction, dtype=self.dtype.name,
                                  device=self.device, names=names, threads=self.threads)
         if memory is not None and any(m.tiered for m in memory):
             from embedding.kernels.tiered import TieredTables
 
+            _full_precision(prec, "host-resident (tier host or cached)")
             return TieredTables(rows, dims, optimizers, memory, dtype=self.dtype.name,
                                 device=self.device, names=names, threads=self.threads)
-        return FusedTables(rows, dims, optimizers, dtype=self.dtype.name, device=self.device,
-                           names=names, threads=self.threads)
+        return FusedTables(rows, dims, optimizers, device=self.device, names=names,
+                           threads=self.threads,
+                           **{k: v for k, v in prec.items() if k != "names_of"})
 
     @property
     def xp(self):
@@ -191,6 +200,30 @@ class ShardingEnv:
 
             return cupy
         return np
+
+
+def _precision(configs, dtype) -> dict:
+    """FusedTables' precision arguments for the local tables ``configs`` (None: ``dtype``)."""
+    if not configs:
+        return {"dtype": np.dtype(dtype).name}
+    kinds = {(c.dtype, c.optimizer_state_dtype) for c in configs}
+    if len(kinds) != 1:
+        raise ValueError(f"configs: one store holds tables of one dtype and state dtype, got "
+                         f"{sorted(kinds)} for {[c.name for c in configs]}")
+    dt, sdt = kinds.pop()
+    return {"dtype": dt, "state_dtype": sdt, "rounding": [c.rounding for c in configs],
+            "seeds": [c.rounding_seed for c in configs], "names_of": [c.name for c in configs]}
+
+
+def _full_precision(prec: dict, store: str) -> None:
+    """ValueError naming the table when a store without half support gets a half table."""
+    if not prec.get("names_of"):
+        return
+    if prec["dtype"] in ("float16", "bfloat16") or prec["state_dtype"] != prec["dtype"]:
+        raise ValueError(f"dtype of table {prec['names_of'][0]!r}: {store} tables keep weights "
+                         f"and optimizer state in one dtype, float32 or float64; got "
+                         f"{prec['dtype']} (state {prec['state_dtype']}); half storage needs a "
+                         f"table in device memory")
 
 
 class ShardingStrategy(abc.ABC):

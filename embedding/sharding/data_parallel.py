@@ -40,7 +40,8 @@ class DataParallelSharding(ShardingStrategy):
                     raise ValueError(f"plan of table {t.name!r} (data_parallel): replica on "
                                      f"rank {s.rank} must be the whole table")
         self.fused = env.fused([t.num_rows for t in self.tables], [t.dim for t in self.tables],
-                               [t.optimizer for t in self.tables], [t.name for t in self.tables])
+                               [t.optimizer for t in self.tables], [t.name for t in self.tables],
+                               configs=self.tables)
         tindex = {t.name: i for i, t in enumerate(self.tables)}
         self._slot_table = tuple(tindex[f.table] for f in self.features)
 

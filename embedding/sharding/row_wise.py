@@ -161,7 +161,8 @@ class RowWiseSharding(ShardingStrategy):
                                [t.optimizer for t in self.tables],
                                [t.name for t in self.tables],
                                [p.memory for p in self.plans],
-                               [t.eviction if t.dynamic else None for t in self.tables])
+                               [t.eviction if t.dynamic else None for t in self.tables],
+                               configs=self.tables)
         tindex = {t.name: i for i, t in enumerate(self.tables)}
         self._feature_table = [tindex[f.table] for f in self.features]
 

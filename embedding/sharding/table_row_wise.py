@@ -79,7 +79,8 @@ class TableRowWiseSharding(ShardingStrategy):
                                    [self.tables[ti].dim for ti in self._my_tables],
                                    [self.tables[ti].optimizer for ti in self._my_tables],
                                    [self.tables[ti].name for ti in self._my_tables],
-                                   [self.plans[ti].memory for ti in self._my_tables])
+                                   [self.plans[ti].memory for ti in self._my_tables],
+                                   configs=[self.tables[ti] for ti in self._my_tables])
         local_index = {ti: i for i, ti in enumerate(self._my_tables)}
         mine_f = self._node_features[me]
         self._slot_table = tuple(local_index[tindex[self.features[fi].table]] for fi in mine_f)

@@ -91,7 +91,8 @@ class SlotWiseSharding(ShardingStrategy):
                                 f"{sh.col_offset + sh.num_cols}]" for ti, sh in local],
                                [self.plans[ti].memory for ti, _ in local],
                                [self.tables[ti].eviction if self.tables[ti].dynamic else None
-                                for ti, _ in local]
+                                for ti, _ in local],
+                               configs=[self.tables[ti] for ti, _ in local]
                                ) if local else None
         self._local = local
         table_index = {t.name: i for i, t in enumerate(self.tables)}

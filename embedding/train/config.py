@@ -46,7 +46,7 @@ from embedding.train.types import (CheckpointConfig, ConfigError, DataConfig, Da
                                    LoopConfig, ModelConfig, OutputConfig, PlanConfig,
                                    TablesConfig, TrainConfig)
 from embedding.types import (CachePolicy, Eviction, IdPolicy, OptimizerConfig, OptimizerKind,
-                             Pooling, Tier)
+                             Pooling, Rounding, Tier)
 from neocomm.config import parse_size
 
 __all__ = ["load_config", "parse_config", "apply_overrides", "config_to_dict", "to_toml",
@@ -214,7 +214,10 @@ SCHEMA: dict[str, dict[str, Check]] = {
                "tier": _str([t.value for t in Tier]), "tier_min_rows": _int(0),
                "cache": _cache_text, "cache_policy": _str([p.value for p in CachePolicy]),
                "admit_after": _int(1), "dynamic": _bool,
-               "eviction": _str([e.value for e in Eviction])},
+               "eviction": _str([e.value for e in Eviction]),
+               "dtype": _str(["", "float32", "float16", "bfloat16"]),
+               "rounding": _str([r.value for r in Rounding]), "rounding_seed": _int(0),
+               "state_dtype": _str(["", "float32", "float16", "bfloat16"])},
     "model": {"embedding_dim": _int(1), "bottom_mlp": _widths, "top_mlp": _widths,
               "dtype": _str(["float32", "float64"])},
     "sparse_optimizer": {"kind": _str(_SPARSE_KINDS), "lr": _float(positive=True),
@@ -372,6 +375,7 @@ def _cross_check(cfg: TrainConfig, path: str) -> None:
         raise ConfigError(path, "data.path", "the binary source reads one file (convert "
                           "several with neocomm data convert)")
     t = cfg.tables
+    _check_precision(path, cfg)
     if not t.rows:
         from embedding.presets import table_rows
 
@@ -385,6 +389,27 @@ def _cross_check(cfg: TrainConfig, path: str) -> None:
             d.source is DataSource.PARQUET and d.eval_path):
         raise ConfigError(path, "train.eval_batch_size", f"{tr.eval_batch_size} is larger than "
                           f"the held-out set (data.eval_records = {d.eval_records})")
+
+
+def _check_precision(path: str, cfg) -> None:
+    """ConfigError naming the key when ``[tables]`` precision settings do not fit the run."""
+    t = cfg.tables
+    half = t.dtype in ("float16", "bfloat16")
+    if t.rounding != "nearest" and not half:
+        raise ConfigError(path, "tables.rounding", f"{t.rounding!r} rounding applies to "
+                          f"tables.dtype float16 or bfloat16, got {t.dtype or cfg.model.dtype!r}")
+    if not half:
+        return
+    if cfg.model.dtype != "float32":
+        raise ConfigError(path, "tables.dtype", f"{t.dtype} tables compute in float32; "
+                          f"model.dtype is {cfg.model.dtype!r}")
+    if cfg.train.device != "cpu":
+        raise ConfigError(path, "tables.dtype", f"{t.dtype} tables run on train.device "
+                          f"'cpu' for now, got {cfg.train.device!r}")
+    if t.dynamic or t.tier != "device":
+        raise ConfigError(path, "tables.dtype", f"{t.dtype} tables live in device memory as "
+                          f"fixed tables; tables.tier is {t.tier!r}, tables.dynamic "
+                          f"{t.dynamic}")
 
 
 def apply_overrides(cfg: TrainConfig, *, steps: int | None = None,

@@ -110,9 +110,12 @@ def build_tables(cfg: TrainConfig, table_sizes, feature_names, feature_tables=()
     for t, feats in grouped.items():
         out.append(TableConfig(name=t, num_rows=feats[0][1], dim=cfg.model.embedding_dim,
                                pooling=Pooling(feats[0][2]),
-                               features=tuple(f for f, _, _ in feats), dtype=cfg.model.dtype,
+                               features=tuple(f for f, _, _ in feats),
+                               dtype=cfg.tables.dtype or cfg.model.dtype,
                                optimizer=cfg.sparse_optimizer, dynamic=cfg.tables.dynamic,
-                               eviction=cfg.tables.eviction))
+                               eviction=cfg.tables.eviction, rounding=cfg.tables.rounding,
+                               rounding_seed=cfg.tables.rounding_seed,
+                               state_dtype=cfg.tables.state_dtype or None))
     return out
 
 

@@ -61,11 +61,12 @@ def shard_arrays(collection, plan, rank: int) -> tuple[dict, dict]:
             continue
         i = _shard_index(plan, s.table, s.shard)
         base = f"emb/{s.table}/{i}"
-        arrays[f"{base}/weight"] = to_numpy(s.weight)
+        arrays[f"{base}/weight"] = _portable(to_numpy(s.weight))
         slices[f"{base}/weight"] = shard_slice(s.table, "weight", s.shard, (t.num_rows, t.dim))
         for spec in state_specs(s.tables.optimizers[s.index].kind):
             gshape = (t.num_rows,) if spec.per_row else (t.num_rows, t.dim)
-            arrays[f"{base}/{spec.name}"] = to_numpy(s.tables.state_view(s.index, spec.name))
+            arrays[f"{base}/{spec.name}"] = _portable(
+                to_numpy(s.tables.state_view(s.index, spec.name)))
             slices[f"{base}/{spec.name}"] = shard_slice(s.table, spec.name, s.shard, gshape)
     return arrays, slices
 
@@ -78,14 +79,14 @@ def checkpoint_bytes(plan, tables, rank: int, dense_params: int = 0) -> int:
     total = 0
     for tp in plan.tables:
         t = by_name[tp.table]
-        item = np.dtype(t.dtype).itemsize
+        item = _portable_itemsize(t.dtype)
         for shard in tp.shards:
             if shard.rank != rank or (tp.sharding is ShardingType.DATA_PARALLEL
                                       and rank != min(tp.ranks)):
                 continue
             total += shard.num_rows * shard.num_cols * item
             for spec in state_specs(t.optimizer.kind):
-                size = np.dtype(spec.dtype or t.dtype).itemsize
+                size = _portable_itemsize(spec.dtype or t.optimizer_state_dtype)
                 total += shard.num_rows * (1 if spec.per_row else shard.num_cols) * size
             if t.dynamic:  # at most: ids, count and last of every row, and the tick
                 total += shard.num_rows * 3 * 8 + 8
@@ -142,11 +143,25 @@ def check_vocabularies(ckpt, vocabularies: dict | None) -> None:
                 field=f"{table}.vocabulary")
 
 
+def _portable(arr: np.ndarray) -> np.ndarray:
+    """``arr`` as the checkpoint stores it: bfloat16 as float32 (exact; ``.npy`` files have
+    no bfloat16), every other dtype as it is."""
+    return arr.astype(np.float32) if arr.dtype.name == "bfloat16" else arr
+
+
+def _portable_itemsize(dtype) -> int:
+    """Bytes per element of ``dtype`` in a checkpoint (see :func:`_portable`)."""
+    return 4 if str(dtype) == "bfloat16" else np.dtype(dtype).itemsize
+
+
 def load_shards(ckpt, collection, plan, rank: int) -> int:
     """Fill this rank's shards (weights and sparse optimizer state) from ``ckpt``.
 
     The checkpoint may come from any plan and world size: each shard is
     assembled from whichever files overlap it. Returns the elements loaded.
+    Weights and state of any float dtype load into a table of any storage
+    precision, rounded to nearest; a table with a float32 master copy takes
+    it from the loaded rows.
     """
     dynamic = {t.name: t for t in collection.tables if t.dynamic}
     kinds = {s.tables.optimizers[s.index].kind for s in collection.local_shards()}
@@ -173,6 +188,7 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
             view = s.tables.state_view(s.index, spec.name)
             assign(view, parts[(s.table, spec.name, i)])
             loaded += int(view.size)
+    collection.sync_masters()
     return loaded
 
 

@@ -124,6 +124,13 @@ class TablesConfig:
     ``eviction`` (``count``: least used, ``age``: least recently used) when
     full; such tables are sharded table-wise or cyclic row-wise and stay in
     device memory.
+
+    Storage precision of every table (:mod:`embedding.precision`): ``dtype``
+    (``float32``, ``float16`` or ``bfloat16``; empty: ``model.dtype``); a
+    half table computes in float32 and rounds updates by ``rounding``
+    (``nearest``, ``stochastic`` with the bits of ``rounding_seed``, or
+    ``master``: a float32 master copy); ``state_dtype`` is the sparse
+    optimizer's state dtype (empty: float32 for half tables).
     """
 
     preset: str = "criteo-1tb-1000x"
@@ -138,6 +145,10 @@ class TablesConfig:
     admit_after: int = 1
     dynamic: bool = False
     eviction: str = "count"
+    dtype: str = ""
+    rounding: str = "nearest"
+    rounding_seed: int = 0
+    state_dtype: str = ""
 
 
 @dataclass(frozen=True)

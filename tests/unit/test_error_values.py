@@ -132,8 +132,8 @@ def test_fused_tables_dtype_shows_the_value():
     from embedding.kernels.fused import FusedTables
     from embedding.types import OptimizerConfig
 
-    with pytest.raises(ValueError, match=r"dtype: expected one of .*got 'float16'"):
-        FusedTables([4], [2], OptimizerConfig(), dtype="float16")
+    with pytest.raises(ValueError, match=r"dtype: expected one of .*got 'int8'"):
+        FusedTables([4], [2], OptimizerConfig(), dtype="int8")
 
 
 def test_default_ranks_per_node_says_where_it_came_from():

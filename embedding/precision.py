@@ -1,0 +1,170 @@
+"""Table storage precision: float32, float16 and bfloat16 rows, and how updates round.
+
+A table stores its rows in ``dtype`` (:data:`STORAGE_DTYPES`; bfloat16 is
+``ml_dtypes.bfloat16`` on NumPy and CuPy). Half tables (float16, bfloat16)
+are *computed* in float32 (:func:`compute_dtype`): lookups accumulate the
+rows in float32 and return float32, and the fused backward+optimizer forms
+the new row in float32, then rounds it into storage by the table's
+:class:`Rounding`:
+
+- ``NEAREST``: round to nearest, ties to even (IEEE; what ``astype`` does);
+- ``STOCHASTIC``: round up with probability equal to the distance from the
+  lower neighbour in units of the gap, so the rounded value is unbiased
+  (its expectation is the float32 value). The random bits come from a
+  counter-based hash of ``(seed, step, table, row, column)``
+  (:func:`random_bits`), so a run is reproducible bit for bit, and the
+  NumPy and CUDA kernels draw the same bits;
+- ``MASTER``: the store keeps a float32 master copy of the rows; the
+  optimizer updates the master and the stored row is its nearest rounding.
+
+Rounding works on the float32 bit pattern with integer operations only
+(:func:`round_bits`): add a rounding increment below the kept bits and drop
+them. For nearest-even the increment is ``2**(s-1) - 1 + lsb``; for
+stochastic rounding it is ``s`` random bits, which makes the probability of
+a carry exactly the dropped fraction. Values whose float16 rounding drops
+more than 32 bits (``|x| < 2**-32``) round to zero under either mode.
+"""
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+__all__ = ["STORAGE_DTYPES", "HALF_DTYPES", "Rounding", "storage_dtype", "compute_dtype",
+           "is_half", "random_bits", "round_bits", "round_to", "to_float32"]
+
+#: Storage dtypes of a table (float64 for tests and references).
+STORAGE_DTYPES = ("float32", "float16", "bfloat16", "float64")
+#: The 16-bit storage dtypes, computed in float32.
+HALF_DTYPES = ("float16", "bfloat16")
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+class Rounding(enum.Enum):
+    """How an update's float32 result is rounded into a half table's storage (module doc)."""
+
+    NEAREST = "nearest"
+    STOCHASTIC = "stochastic"
+    MASTER = "master"
+
+
+def storage_dtype(name, what: str = "dtype") -> np.dtype:
+    """The NumPy dtype of storage dtype ``name`` (a name or a dtype).
+
+    ValueError naming ``what`` and listing :data:`STORAGE_DTYPES` for any
+    other value; bfloat16 needs the ``ml_dtypes`` package.
+    """
+    try:
+        key = np.dtype(name).name
+    except TypeError:
+        key = str(name)
+    if key not in STORAGE_DTYPES:
+        raise ValueError(f"{what}: expected one of {list(STORAGE_DTYPES)}, got {name!r:.80}")
+    if key == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ValueError(f"{what}: bfloat16 needs the ml_dtypes package "
+                             f"(pip install 'neocomm[bf16]')") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(key)
+
+
+def is_half(dtype) -> bool:
+    """Whether ``dtype`` is a 16-bit storage dtype (float16 or bfloat16)."""
+    return np.dtype(dtype).name in HALF_DTYPES
+
+
+def compute_dtype(dtype) -> np.dtype:
+    """The dtype the kernels compute a table of storage ``dtype`` in: float32 for half
+    tables, the storage dtype otherwise."""
+    return np.dtype(np.float32) if is_half(dtype) else np.dtype(dtype)
+
+
+def to_float32(arr, xp=np):
+    """``arr`` (any storage dtype) as float32 (exact for half dtypes)."""
+    return arr.astype(xp.float32)
+
+
+def _mix(h, v):
+    """One splitmix64 step of ``h`` absorbing ``v`` (uint64 arrays, wrapping arithmetic)."""
+    z = (h ^ v) + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+def random_bits(seed: int, step: int, table: int, rows, dim: int) -> np.ndarray:
+    """``[len(rows), dim]`` uint32: the random bits of stochastic rounding for columns
+    ``0 .. dim-1`` of ``rows`` of local table ``table`` at update ``step``.
+
+    ``h = mix(mix(mix(mix(mix(0, seed), step), table), row), column)``, where
+    ``mix(h, v)`` is splitmix64's finaliser of ``(h ^ v) + 0x9E3779B97F4A7C15``
+    in wrapping uint64 arithmetic; the bits are ``h >> 32``. The CUDA kernel
+    computes the same function.
+    """
+    with np.errstate(over="ignore"):
+        h = np.zeros(1, np.uint64)
+        for v in (seed, step, table):
+            h = _mix(h, np.asarray([int(v) & (2 ** 64 - 1)], np.uint64))
+        h = _mix(h, np.asarray(rows, np.int64).astype(np.uint64))[:, None]
+        h = _mix(h, np.arange(int(dim), dtype=np.uint64)[None, :])
+    return (h >> np.uint64(32)).astype(np.uint32)
+
+
+def round_bits(x, dtype, rnd=None) -> np.ndarray:
+    """The uint16 bit patterns of float32 ``x`` rounded to half ``dtype``.
+
+    ``rnd`` None rounds to nearest, ties to even (bit for bit what NumPy's and
+    ml_dtypes' ``astype`` give, NaN aside: NaN becomes the quiet NaN of its
+    sign); ``rnd`` (uint32, shaped like ``x``) rounds stochastically with those
+    random bits (module doc).
+    """
+    name = np.dtype(dtype).name
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.int64)
+    sign = (u >> 16) & 0x8000
+    a = u & 0x7FFFFFFF
+    nan = a > 0x7F800000
+    if name == "bfloat16":
+        s = np.full(a.shape, 16, np.int64)
+        base = a
+    elif name == "float16":
+        e = (a >> 23) - 127
+        normal = e >= -14
+        s = np.where(normal, 13, np.minimum(-1 - e, 33))
+        base = np.where(normal, a - (112 << 23), (a & 0x7FFFFF) | 0x800000)
+    else:
+        raise ValueError(f"dtype: expected one of {list(HALF_DTYPES)}, got {dtype!r}")
+    if rnd is None:
+        inc = (np.int64(1) << (s - 1)) - 1 + ((base >> s) & 1)
+    else:
+        inc = np.asarray(rnd, np.uint32).astype(np.int64) & ((np.int64(1) << s) - 1)
+    out = (base + inc) >> s
+    if name == "float16":
+        out = np.where(s > 32, 0, out)                       # |x| < 2**-32: zero
+        out = np.where(a >= 0x47800000, 0x7C00, out)        # |x| >= 2**16 (and inf): inf
+        out = np.where(nan, 0x7E00, out)
+    else:
+        out = np.where(nan, 0x7FC0, out)
+    return (out | sign).astype(np.uint16)
+
+
+def round_to(x, dtype, rounding: Rounding = Rounding.NEAREST, *, seed: int = 0,
+             step: int = 0, table: int = 0, rows=None) -> np.ndarray:
+    """Float32 ``x`` (``[len(rows), dim]``) rounded into storage ``dtype``.
+
+    A non-half ``dtype`` is a plain cast. ``STOCHASTIC`` draws its bits with
+    :func:`random_bits` for ``(seed, step, table, rows)``; ``NEAREST`` and
+    ``MASTER`` round to nearest.
+    """
+    dt = np.dtype(dtype)
+    if not is_half(dt):
+        return np.asarray(x).astype(dt, copy=False)
+    rnd = None
+    if rounding is Rounding.STOCHASTIC:
+        x = np.asarray(x)
+        rnd = random_bits(seed, step, table, rows, x.shape[1])
+    return round_bits(x, dt, rnd).view(dt)
