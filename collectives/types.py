@@ -222,24 +222,30 @@ class FabricModel:
         switch = self.switch_latency if over > 1.0 else 0.0
 
         def local(link: Link) -> Link:
-            fast = speed if link.kind == "shm" else 1.0
+            # a copy through shared memory is a core's work: it shares the core too
+            fast = speed / over if link.kind == "shm" else 1.0
             return replace(link, latency=link.latency + switch,
                            bandwidth=link.bandwidth * fast)
 
         return replace(self, intra=local(self.intra), inter=local(self.inter),
-                       copy_bandwidth=self.copy_bandwidth * speed,
-                       reduce_bandwidth=self.reduce_bandwidth * speed,
+                       copy_bandwidth=self.copy_bandwidth * speed / over,
+                       reduce_bandwidth=self.reduce_bandwidth * speed / over,
                        node_bandwidth=self.node_bandwidth * speed,
                        step_overhead=self.step_overhead * over,
                        call_overhead=self.call_overhead * over,
                        cache_speedup=1.0, cores_per_node=0)
 
     def emulated(self) -> "FabricModel":
-        """This fabric with all its nodes emulated on one host, whose ``cores_per_node``
-        cores they share (each node gets its part)."""
-        if not self.cores_per_node:
+        """This fabric with all its nodes emulated on one host: they share its
+        ``cores_per_node`` cores, its last-level cache (``cache_bytes``) and its memory
+        (``node_bandwidth``), so each node gets its part of each."""
+        n = self.nodes
+        if n == 1:
             return self
-        return replace(self, cores_per_node=max(1, self.cores_per_node // self.nodes))
+        return replace(self, cores_per_node=max(1, self.cores_per_node // n)
+                       if self.cores_per_node else 0,
+                       cache_bytes=int(self.cache_bytes) // n,
+                       node_bandwidth=self.node_bandwidth / n)
 
     def with_shape(self, ranks_per_node: int, nodes: int) -> "FabricModel":
         """The same links for a group of another shape."""

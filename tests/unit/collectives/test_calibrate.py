@@ -41,15 +41,24 @@ def test_effective_fabric_folds_in_cache_and_oversubscription_and_is_off_by_defa
     host = replace(plain, cache_bytes=16 << 20, cache_speedup=2.0, cores_per_node=2,
                    switch_latency=10e-6, call_overhead=4e-6, step_overhead=5e-6)
     eff = host.effective(req)  # 4 ranks x (send + receive 1 MiB) = 8 MiB: in cache
-    assert eff.intra.bandwidth == 2 * plain.intra.bandwidth  # a shared-memory link
-    assert eff.copy_bandwidth == 2 * plain.copy_bandwidth
+    # a shared-memory copy runs 2x faster in cache, on half a core (2 ranks per core)
+    assert eff.intra.bandwidth == plain.intra.bandwidth
+    assert eff.copy_bandwidth == plain.copy_bandwidth
+    alone = replace(host, cores_per_node=4).effective(req)  # a core per rank
+    assert alone.intra.bandwidth == 2 * plain.intra.bandwidth
+    assert alone.copy_bandwidth == 2 * plain.copy_bandwidth
+    assert alone.reduce_bandwidth == 2 * plain.reduce_bandwidth
     assert eff.intra.latency == pytest.approx(plain.intra.latency + 10e-6)  # 2 ranks per core
     assert (eff.call_overhead, eff.step_overhead) == pytest.approx((8e-6, 10e-6))
     big = host.effective(replace(req, nbytes=8 << 20))  # 64 MiB working set: out of cache
-    assert big.intra.bandwidth == plain.intra.bandwidth
+    assert big.intra.bandwidth == plain.intra.bandwidth / 2
     nvlink = replace(host, intra=Link(1e-6, 100e9, kind="nvlink"))
     assert nvlink.effective(req).intra.bandwidth == 100e9  # the cache speeds memory only
     assert eff.effective(req) == eff  # applying it twice changes nothing
+    # emulated nodes share the host's cores, cache and memory: each gets its part
+    two = replace(host, nodes=2, node_bandwidth=10e9).emulated()
+    assert (two.cores_per_node, two.cache_bytes, two.node_bandwidth) == (1, 8 << 20, 5e9)
+    assert replace(host, nodes=1).emulated() == replace(host, nodes=1)
 
 
 def test_the_fitter_recovers_terms_that_generated_the_measurements():
