@@ -14,6 +14,7 @@ name                     rows in all     rows per table
 ``criteo-1tb-1000x``     199,028         ``ceil(n / 1000)``, no table below ``min(n, 1000)``
 ``tiny``                 3,469           ``ceil(n / 100000)``, no table below ``min(n, 100)``
 ``synthetic-N``          (varies)        N tables ``t0000``.. (:func:`synthetic`)
+``neo-model-a|f|i``      (varies)        Neo's DLRM workloads (:mod:`embedding.neo`)
 =======================  ==============  ========================================
 
 ``preset(name, dim=...)`` gives the planner its :class:`TableConfig` list
@@ -27,12 +28,12 @@ import math
 import random
 from dataclasses import dataclass
 
-from embedding.types import TableConfig
+from embedding.types import OptimizerConfig, TableConfig
 
 __all__ = ["TableSet", "TABLE_SETS", "table_set", "table_rows", "preset", "preset_names",
            "preset_pooling", "trainer_preset_names", "synthetic", "synthetic_pooling",
            "scale_table_sizes", "CRITEO_FEATURES", "CRITEO_1TB_ROWS",
-           "CRITEO_1TB_UNCAPPED_ROWS", "DEFAULT_DIM"]
+           "CRITEO_1TB_UNCAPPED_ROWS", "DEFAULT_DIM", "NEO_SETS"]
 
 #: Dimension of a set's tables when neither the set nor the caller gives one
 #: (MLPerf DLRM's on Criteo 1TB), elements.
@@ -90,8 +91,11 @@ class TableSet:
 
     ``dims`` are the set's own dimensions (empty: :data:`DEFAULT_DIM` for
     every table); ``ids_per_sample`` the mean ids per sample of each table
-    (empty: one each). ``trainable`` says whether ``neocomm train`` can
-    train the set: one table per Criteo feature, one id per sample.
+    (empty: one each); ``dtype`` the element type of every table's rows and
+    ``optimizer`` its sparse optimizer (an :class:`~embedding.types.OptimizerKind`
+    value). ``trainable`` says whether ``neocomm train`` can train the set: one
+    table per Criteo feature, one id per sample, float32 rows and the default
+    optimizer (the trainer's config sets its own).
     """
 
     name: str
@@ -100,6 +104,8 @@ class TableSet:
     dims: tuple[int, ...] = ()
     ids_per_sample: tuple[float, ...] = ()
     summary: str = ""
+    dtype: str = "float32"
+    optimizer: str = "sgd"
 
     def __post_init__(self):
         if len(self.names) != len(self.rows):
@@ -113,7 +119,8 @@ class TableSet:
     @property
     def trainable(self) -> bool:
         """One table per Criteo feature, one id per sample: what the trainer reads."""
-        return self.names == CRITEO_FEATURES and not self.ids_per_sample
+        return self.names == CRITEO_FEATURES and not self.ids_per_sample and \
+            self.dtype == "float32" and self.optimizer == "sgd"
 
     def tables(self, dim: int | None = None) -> list[TableConfig]:
         """The set's tables, every one ``dim`` wide when given (else the set's dims)."""
@@ -121,7 +128,8 @@ class TableSet:
             raise ValueError(f"dim: expected a positive int, got {dim!r}")
         dims = (dim,) * len(self.rows) if dim is not None else (
             self.dims or (DEFAULT_DIM,) * len(self.rows))
-        return [TableConfig(name=t, num_rows=n, dim=d)
+        optimizer = OptimizerConfig(kind=self.optimizer)
+        return [TableConfig(name=t, num_rows=n, dim=d, dtype=self.dtype, optimizer=optimizer)
                 for t, n, d in zip(self.names, self.rows, dims)]
 
     def pooling(self) -> dict[str, float]:
@@ -175,9 +183,13 @@ def _check_count(num_tables) -> None:
         raise ValueError(f"num_tables: expected an int >= 1, got {num_tables!r}")
 
 
+#: The sets of Neo's DLRM workloads (:mod:`embedding.neo`), made on demand.
+NEO_SETS = ("neo-model-a", "neo-model-f", "neo-model-i")
+
+
 def preset_names() -> list[str]:
     """Names :func:`preset` accepts (``synthetic-N`` stands for any N >= 1)."""
-    return list(TABLE_SETS) + ["synthetic-N"]
+    return list(TABLE_SETS) + list(NEO_SETS) + ["synthetic-N"]
 
 
 def trainer_preset_names() -> list[str]:
@@ -197,6 +209,10 @@ def table_set(name: str) -> TableSet:
     """The set called ``name``; ValueError naming the known sets otherwise."""
     if name in TABLE_SETS:
         return TABLE_SETS[name]
+    if name in NEO_SETS:
+        from embedding import neo
+
+        return neo.table_set(neo.model(name))
     count = _synthetic_count(name)
     if count is None:
         raise ValueError(f"preset: expected one of {preset_names()}, got {name!r}")
@@ -225,7 +241,8 @@ def table_rows(name: str) -> tuple[int, ...]:
     for ``synthetic-N`` (tables of their own dims and pooling, which the
     trainer's model cannot take).
     """
-    s = table_set(name) if name in TABLE_SETS or _synthetic_count(name) else None
+    s = table_set(name) if name in TABLE_SETS or name in NEO_SETS or _synthetic_count(name) \
+        else None
     if s is not None and s.trainable:
         return s.rows
     if s is not None:

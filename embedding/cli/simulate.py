@@ -37,8 +37,11 @@ def _size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from embedding.cli.simulate_zionex import add_parser
+
     sub = parser.add_subparsers(dest="what",
-                                metavar="{collective,step,scale,calibrate,validate}")
+                                metavar="{collective,step,scale,zionex,calibrate,validate}")
+    add_parser(sub, _size)
     for name, text in (("step", "one training step of a config, part by part, and samples/s"),
                        ("scale", "the step from 8 to 128 ranks (re-planned at each size): "
                                  "strong and weak scaling")):
@@ -145,11 +148,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from embedding.cli import simulate_zionex
+
     what = {"collective": _collective, "step": _step, "scale": _scale,
-            "calibrate": _calibrate, "validate": _validate}.get(args.what)
+            "zionex": simulate_zionex.run, "calibrate": _calibrate,
+            "validate": _validate}.get(args.what)
     if what is None:
-        print("neocomm simulate: expected a subcommand: collective, step, scale, calibrate or "
-              "validate", file=sys.stderr)
+        print("neocomm simulate: expected a subcommand: collective, step, scale, zionex, "
+              "calibrate or validate", file=sys.stderr)
         return 2
     from embedding.planner import PlanDoesNotFitError
 

@@ -8,7 +8,7 @@ from embedding.data import TABLE_PRESETS, table_size_preset
 from embedding.data.types import CRITEO_1TB_TABLE_SIZES, SPARSE_NAMES
 from embedding.planner import Hardware, PlanMismatchError, plan_sharding, validate_plan
 from embedding.planner.tables import preset_tables
-from embedding.presets import (CRITEO_1TB_ROWS, CRITEO_FEATURES, TABLE_SETS, preset,
+from embedding.presets import (CRITEO_1TB_ROWS, CRITEO_FEATURES, NEO_SETS, TABLE_SETS, preset,
                                preset_names, table_rows, trainer_preset_names)
 from embedding.train.config import parse_config
 from embedding.train.data import table_sizes_of
@@ -33,7 +33,7 @@ def check(plan, tables):
 def test_one_registry_for_both():
     assert list(TABLE_SETS) == ["criteo-1tb", "criteo-1tb-uncapped", "criteo-1tb-100x",
                                 "criteo-1tb-1000x", "tiny"]
-    assert preset_names() == list(TABLE_SETS) + ["synthetic-N"]
+    assert preset_names() == list(TABLE_SETS) + list(NEO_SETS) + ["synthetic-N"]
     assert trainer_preset_names() == list(TABLE_SETS) == list(TABLE_PRESETS)
     assert SPARSE_NAMES == CRITEO_FEATURES == tuple(f"C{i}" for i in range(1, 27))
     assert CRITEO_1TB_TABLE_SIZES == CRITEO_1TB_ROWS
