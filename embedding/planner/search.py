@@ -179,8 +179,12 @@ def _fit_memory(cands, choice, hw) -> list[tuple[int, ...]]:
             return place(chosen, hw, PartitionMethod.GREEDY)
         except PlanDoesNotFitError as exc:
             error = exc
-        if error.tier == "host":  # moving more rows to host memory cannot help
-            raise no_fit_error(cands, hw, error) from None
+        if error.tier == "host":  # more rows in host memory cannot help: spread them
+            best = _spread_host(cands, choice, W)
+            if best is None:
+                raise no_fit_error(cands, hw, error) from None
+            choice[best[1]] = best[2]
+            continue
         best = None
         for t, (cs, k) in enumerate(zip(cands, choice)):
             if cs[k].tiered:
@@ -206,6 +210,29 @@ def _fit_memory(cands, choice, hw) -> list[tuple[int, ...]]:
                                       needed=error.needed, available=error.available,
                                       device_short=max(0, need - have)) from None
         choice[best[1]] = best[2]
+
+
+def _spread_host(cands, choice, W):
+    """``(host bytes, table, candidate)``: the host-resident table with the largest shard in
+    host memory, moved to its host-resident candidate of smallest largest shard (more
+    ranks, and so more nodes' host memory, hold it) among those that take no more device
+    memory; None when no such move shrinks it. A move shrinks a table's largest host
+    shard and grows no device bytes, and :func:`_cheapest_move` lowers device bytes, so
+    the two together come to an end."""
+    best = None
+    for t, (cs, k) in enumerate(zip(cands, choice)):
+        if not cs[k].tiered:
+            continue
+        current = max(s.memory.host for s in cs[k].shards)
+        device = cs[k].device_bytes + cs[k].spread_memory * W
+        smaller = [j for j, c in enumerate(cs)
+                   if c.tiered and max(s.memory.host for s in c.shards) < current
+                   and c.device_bytes + c.spread_memory * W <= device]
+        if smaller and (best is None or current > best[0]):
+            j = min(smaller, key=lambda j: (max(s.memory.host for s in cands[t][j].shards),
+                                            j))
+            best = (current, t, j)
+    return best
 
 
 def _cheapest_move(cands, choice, W):

@@ -159,3 +159,23 @@ def test_no_host_tier_keeps_todays_plans():
     report = plan_sharding(tables, hw, constraints=cons)
     assert not any(t.memory.tiered for t in report.plan.tables)
     assert all(r.memory.host == 0 and r.host_seconds == 0 for r in report.ranks)
+
+
+def test_a_table_larger_than_one_nodes_host_memory_is_spread_over_nodes():
+    """A host-resident table that one node's host memory cannot hold whole is spread by rows
+    over the ranks of more nodes; each node's host bytes stay within its memory."""
+    tables = [TableConfig("big", 8_000_000, 64), TableConfig("small", 1000, 64)]
+    whole = 8_000_000 * 64 * 4
+    hw = Hardware(4, 2, 256 << 20, host_memory=int(0.75 * whole), host_bandwidth=20e9)
+    report = plan_sharding(tables, hw, Workload(batch_size=4096))
+    big = report.plan.table("big")
+    assert big.memory.tiered and big.sharding.value != "table_wise"
+    nodes = {hw.node_of(s.rank) for s in big.shards}
+    assert nodes == {0, 1}
+    per_node = [0, 0]
+    for r in report.ranks:
+        per_node[hw.node_of(r.rank)] += r.memory.host
+    assert max(per_node) <= hw.host_memory and sum(per_node) >= whole
+    # with room for the whole table on one node the planner is free to keep it whole
+    roomy = dataclasses.replace(hw, host_memory=4 * whole)
+    assert plan_sharding(tables, roomy, Workload(batch_size=4096)).plan.table("big")
