@@ -21,6 +21,13 @@ feature. To overlap the input dist of batch i+1 with the compute of batch i::
 Input is checked on every rank and the verdict agreed across the group
 before any id moves: a bad id on one rank raises the same
 :class:`~neocomm.errors.CollectiveArgumentError` (a ValueError) everywhere.
+
+Quantized communication: ``qcomms`` (a
+:class:`~embedding.sharding.qcomm.QComms`, or one per table) sets the
+precision the pooled rows (forward) and their gradients (backward) cross
+ranks in; tables of one sharding type with different settings get a
+strategy each. :meth:`~ShardedEmbeddingCollection.take_sent` counts the
+bytes this rank passed to those collectives.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ from embedding.jagged import KeyedJagged
 from embedding.precision import compute_dtype, is_half
 from embedding.sharding import STRATEGIES, ShardingEnv
 from embedding.sharding.base import LocalShard
+from embedding.sharding.qcomm import FP16_MAX, CommPrecision, QComms
 from embedding.types import (IdPolicy, ShardingPlan, ShardingType, TableConfig, check_dynamic,
                              enum_arg)
 
@@ -81,7 +89,9 @@ class ShardedEmbeddingCollection:
     ``dedup``: send each distinct id of a feature once (table-, column- and
     table-column-wise tables; see :mod:`embedding.sharding.dedup`). ``id_policy``:
     one :class:`~embedding.types.IdPolicy` for every table, or a mapping
-    from table name (missing tables: ``ERROR``). Weights start as
+    from table name (missing tables: ``ERROR``). ``qcomms``: the output dists'
+    precisions, one :class:`~embedding.sharding.qcomm.QComms` for every table or a
+    mapping from table name (missing tables: fp32). Weights start as
     :func:`init_weights` with ``seed``, independent of the plan.
     """
 
@@ -89,7 +99,7 @@ class ShardedEmbeddingCollection:
                  device: str = "cpu", dtype: str | None = None, threads: int = 1,
                  dedup: bool = False,
                  id_policy: IdPolicy | Mapping[str, IdPolicy] = IdPolicy.ERROR,
-                 seed: int = 0):
+                 seed: int = 0, qcomms: QComms | Mapping[str, QComms] | None = None):
         from neocomm.world import group_or_world
 
         group = group_or_world(group)
@@ -155,9 +165,11 @@ class ShardedEmbeddingCollection:
         self._rows = {f: None if t.dynamic else t.num_rows for t in self.tables
                       for f in t.features}
         self._policy = {f: pol[t.name] for t in self.tables for f in t.features}
-        # Strategies, in a fixed order on every rank: one per sharding type and store
-        # (tables in device memory, host-resident ones, dynamic ones, each their own store).
-        by_type: dict[tuple[ShardingType, str], list] = {}
+        qc = _qcomms_of(qcomms, names)
+        # Strategies, in a fixed order on every rank: one per sharding type, store (tables in
+        # device memory, host-resident ones, dynamic ones, each their own store), storage
+        # precision and QComms.
+        by_type: dict[tuple[ShardingType, str, tuple, QComms], list] = {}
         for t in self.tables:
             tp = plan.table(t.name)
             if tp.memory.tiered:
@@ -167,21 +179,25 @@ class ShardedEmbeddingCollection:
                 raise ValueError(f"dedup: dynamic table {t.name!r} does not support "
                                  f"deduplicated input dists yet; got dedup=True")
             store = "dynamic" if t.dynamic else "tiered" if tp.memory.tiered else "device"
-            # one store per storage precision (weights and state dtype), in a fixed order; a
-            # full-precision table is stored in the collection's dtype
+            # one store per storage precision (weights and state dtype) and comms setting, in
+            # table order; a full-precision table is stored in the collection's dtype
             st = t if is_half(t.dtype) else replace(t, dtype=dtype)
             prec = (st.dtype, st.optimizer_state_dtype)
-            by_type.setdefault((tp.sharding, store), {}).setdefault(prec, []).append((st, tp))
+            by_type.setdefault((tp.sharding, store, prec, qc[t.name]), []).append((st, tp))
         self.strategies = []
         self._maps = []
         for stype, cls in STRATEGIES.items():
             for store in ("device", "tiered", "dynamic"):
-                for members in by_type.get((stype, store), {}).values():
-                    ts, ps = zip(*members)
-                    strat = cls(ts, ps, self.env)
+                for key in [k for k in by_type if k[:2] == (stype, store)]:  # table order
+                    ts, ps = zip(*by_type[key])
+                    strat = cls(ts, ps, self.env, key[3])
                     self.strategies.append(strat)
                     self._maps.append([(f.col, self._cols[f.name][0], f.dim)
                                        for f in strat.features])
+        # fp16 gradients: the largest loss scale among the strategies that send them
+        self._fp16_scales = {s.qcomms.backward_loss_scale or 1.0 for s in self.strategies
+                             if s.qcomms.backward is CommPrecision.FP16
+                             and s.sharding_types[0] is not ShardingType.DATA_PARALLEL}
         self._identity = (len(self.strategies) == 1
                           and all(a == b for a, b, _ in self._maps[0]))
         self._last_ctx = None
@@ -236,6 +252,12 @@ class ShardedEmbeddingCollection:
             bags = strat.bags_of(d)
             if store is not None and bags is not None:
                 store.prefetch(bags)
+
+    def take_sent(self) -> dict[str, int]:
+        """Bytes of the pooled rows (``"forward"``) and gradients (``"backward"``) this rank
+        passed to collectives since the last call (each send buffer's ``nbytes``, the
+        block a rank keeps for itself included)."""
+        return self.env.take_sent()
 
     def local_shards(self) -> list[LocalShard]:
         """Every shard this rank holds (weights and optimizer state through ``tables``)."""
@@ -383,6 +405,8 @@ class ShardedEmbeddingCollection:
             raise ValueError(f"grad: expected shape {(b, self.out_dim)}, got "
                              f"{tuple(grad.shape)}")
         grad = grad.astype(self.env.dtype, copy=False)
+        if self._fp16_scales:
+            self._check_fp16(grad)
         with (timer or _untimed)("backward"):
             pending = []
             for strat, sctx, cmap in zip(self.strategies, ctxs, self._maps):
@@ -395,6 +419,44 @@ class ShardedEmbeddingCollection:
                 pending.append(strat.backward(sctx, part))
             for p in pending:
                 p.wait()
+
+
+    def _check_fp16(self, grad) -> None:
+        """Raise on every rank when a gradient, loss-scaled, would overflow fp16 (agreed
+        before any gradient moves)."""
+        from neocomm.agree import Problem, agree
+
+        peak = float(self.xp.abs(grad).max()) if grad.size else 0.0
+        scale = max(self._fp16_scales)
+        problem = None
+        if not peak * scale <= FP16_MAX:  # NaN too
+            tables = [t.name for s in self.strategies if s.qcomms.backward is
+                      CommPrecision.FP16 and (s.qcomms.backward_loss_scale or 1.0) == scale
+                      for t in s.tables]
+            key = "backward_loss_scale" if scale != 1.0 else "backward"
+            problem = Problem("grad", f"qcomms.{key}: fp16 gradients of tables "
+                              f"{tables} scaled by {scale:g} reach {peak * scale:.6g}, beyond "
+                              f"fp16's largest value {FP16_MAX:g}; use a loss scale below "
+                              f"{FP16_MAX / peak if peak else FP16_MAX:.6g}, or backward "
+                              f"\"bf16\" or \"fp32\"")
+        agree(self.group, "embedding backward", problem)
+
+
+def _qcomms_of(qcomms, names) -> dict[str, QComms]:
+    """One :class:`QComms` per table name from the collection's ``qcomms`` argument."""
+    if qcomms is None or isinstance(qcomms, QComms):
+        one = qcomms or QComms()
+        return {n: one for n in names}
+    if not isinstance(qcomms, Mapping):
+        raise TypeError(f"qcomms: expected a QComms or a mapping from table name to QComms, "
+                        f"got {type(qcomms).__name__}")
+    unknown = sorted(set(qcomms) - set(names))
+    if unknown:
+        raise ValueError(f"qcomms: unknown tables {unknown}; the tables are {list(names)}")
+    for name, q in qcomms.items():
+        if not isinstance(q, QComms):
+            raise TypeError(f"qcomms[{name!r}]: expected a QComms, got {type(q).__name__}")
+    return {n: qcomms.get(n, QComms()) for n in names}
 
 
 def assign(dst, src) -> None:

@@ -13,11 +13,16 @@ returning a :class:`Pending` whose ``wait()`` finishes it:
 
 Every cross-rank step is a call into :mod:`collectives` (``async_op=True``).
 Ids travel on the host (NumPy); pooled rows and gradients live where the
-shards live (NumPy, or CuPy with ``device="cuda"``).
+shards live (NumPy, or CuPy with ``device="cuda"``). The output dist and its
+reverse move pooled rows and gradients in the precisions of the strategy's
+:class:`~embedding.sharding.qcomm.QComms` (:attr:`ShardingStrategy.forward_wire`,
+:attr:`ShardingStrategy.backward_wire`), and :meth:`ShardingStrategy.send` counts the
+bytes of every buffer they pass to a collective (:attr:`ShardingEnv.sent`).
 """
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Sequence
 
@@ -26,6 +31,7 @@ import numpy as np
 from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags, FusedTables
 from embedding.kernels.segments import positions_of_segments
+from embedding.sharding.qcomm import CommPrecision, QComms, Wire
 from embedding.types import (Pooling, Shard, ShardingType, TableConfig, TablePlan,
                              check_pooling)
 
@@ -118,6 +124,14 @@ class ShardingEnv:
         self.dedup = bool(dedup)
         self._intra = None
         self._rail = None
+        #: bytes of the pooled-row (``"forward"``) and gradient (``"backward"``) buffers this
+        #: rank passed to collectives, summed since the last :meth:`take_sent`
+        self.sent = {"forward": 0, "backward": 0}
+
+    def take_sent(self) -> dict[str, int]:
+        """:attr:`sent` so far, then zero it."""
+        out, self.sent = self.sent, {"forward": 0, "backward": 0}
+        return out
 
     @property
     def node(self) -> int:
@@ -236,12 +250,36 @@ class ShardingStrategy(abc.ABC):
     """
 
     sharding_types: ClassVar[tuple[ShardingType, ...]] = ()
+    #: True when the forward output dist sums partial pools (a ReduceScatter)
+    reducing_forward: ClassVar[bool] = False
 
     def __init__(self, tables: Sequence[TableConfig], plans: Sequence[TablePlan],
-                 env: ShardingEnv):
+                 env: ShardingEnv, qcomms: QComms | None = None):
         self.tables = tuple(tables)
         self.plans = tuple(plans)
         self.env = env
+        self.qcomms = qcomms if qcomms is not None else QComms()
+        if not isinstance(self.qcomms, QComms):
+            raise TypeError(f"qcomms: expected a QComms, got {type(self.qcomms).__name__}")
+        if self.reducing_forward and self.qcomms.forward is CommPrecision.INT8:
+            names = ", ".join(repr(t.name) for t in self.tables)
+            kind = self.plans[0].sharding.value if self.plans else "row_wise"
+            raise ValueError(f"qcomms.forward: table {names} ({kind}) sums partial pools in a "
+                             f"ReduceScatter, which cannot take 'int8'; it takes fp32, fp16, "
+                             f"bf16")
+        # int8 rows: the widest width dividing every column block the strategy moves
+        row = math.gcd(*[t.dim for t in self.tables],
+                       *[s.num_cols for p in self.plans for s in p.shards])
+        if self.qcomms.forward is CommPrecision.INT8 and row < 3:
+            names = ", ".join(repr(t.name) for t in self.tables)
+            raise ValueError(f"qcomms.forward: int8 rows of table {names} would be {row} "
+                             f"value(s) wide (the greatest common divisor of the column "
+                             f"widths moved), {row + 8} bytes for {4 * row} in fp32; int8 "
+                             f"needs a common width of at least 3 columns: use fp16 or bf16")
+        #: the codec of the output dist (pooled rows) and of its reverse (gradients)
+        self.forward_wire = Wire(self.qcomms.forward, env.xp, env.dtype, row=row)
+        self.backward_wire = Wire(self.qcomms.backward, env.xp, env.dtype,
+                                  scale=self.qcomms.backward_loss_scale)
         feats, col = [], 0
         for t, p in zip(self.tables, self.plans):
             check_pooling(t.name, t.pooling, p.sharding)
@@ -254,6 +292,12 @@ class ShardingStrategy(abc.ABC):
     @property
     def feature_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.features)
+
+    def send(self, direction: str, op: str, buf, *args, **kwargs):
+        """``collectives.<op>(buf, ...)``, counting ``buf``'s bytes as sent in
+        ``direction`` (``"forward"``: pooled rows, ``"backward"``: their gradients)."""
+        self.env.sent[direction] += int(buf.nbytes)
+        return getattr(collectives_api(), op)(buf, *args, **kwargs)
 
     @abc.abstractmethod
     def input_dist(self, kjt: KeyedJagged) -> Pending:

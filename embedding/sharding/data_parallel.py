@@ -16,6 +16,7 @@ from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags
 from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingStrategy,
                                      collectives_api)
+from embedding.sharding.qcomm import QComms
 from embedding.types import Shard, ShardingType, TableConfig, TablePlan
 
 __all__ = ["DataParallelSharding"]
@@ -27,8 +28,8 @@ class DataParallelSharding(ShardingStrategy):
     sharding_types = (ShardingType.DATA_PARALLEL,)
 
     def __init__(self, tables: Sequence[TableConfig], plans: Sequence[TablePlan],
-                 env: ShardingEnv):
-        super().__init__(tables, plans, env)
+                 env: ShardingEnv, qcomms: QComms | None = None):
+        super().__init__(tables, plans, env, qcomms)
         for t, p in zip(self.tables, self.plans):
             ranks = sorted(s.rank for s in p.shards)
             if ranks != list(range(env.size)):

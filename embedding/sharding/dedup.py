@@ -134,7 +134,6 @@ class DedupPlan:
         s = self.s
         env = s.env
         xp = env.xp
-        c = collectives_api()
         req, owned = batch
         mine = s._by_owner[env.rank]
         send_counts = np.zeros(env.size, np.int64)
@@ -152,11 +151,12 @@ class DedupPlan:
             for _ in s._by_owner[r]:
                 recv_counts[r] += int(req.unique_counts[k]) * dims[k]
                 k += 1
-        h = c.all_to_all_v(sendbuf, send_counts, recv_counts=recv_counts, group=env.group,
-                           async_op=True)
+        wire = s.forward_wire  # rows of unique ids, coded like pooled rows
+        h = s.send("forward", "all_to_all_v", wire.encode(sendbuf), wire.count(send_counts),
+                   recv_counts=wire.count(recv_counts), group=env.group, async_op=True)
 
         def finish(res):
-            rows, _ = res
+            rows = wire.decode(res[0])
             layout = TableLayout(tuple(int(u) for u in req.unique_counts), tuple(dims))
             lens = np.concatenate(req.lengths) if req.lengths else np.zeros(0, np.int64)
             offsets = np.zeros(lens.size + 1, np.int64)
@@ -183,7 +183,6 @@ class DedupPlan:
         s = self.s
         env = s.env
         xp = env.xp
-        c = collectives_api()
         req, owned, rows = ctx
         layout = req.layout
         if layout.num_tables:
@@ -209,11 +208,12 @@ class DedupPlan:
         recv_counts = np.array([sum(int(owned.counts[g, k]) * s.slots[i].shard.num_cols
                                     for k, i in enumerate(mine)) for g in range(env.size)],
                                np.int64)
-        h = c.all_to_all_v(gbuf, send_counts, recv_counts=recv_counts, group=env.group,
-                           async_op=True)
+        wire = s.backward_wire
+        h = s.send("backward", "all_to_all_v", wire.encode(gbuf), send_counts,
+                   recv_counts=recv_counts, group=env.group, async_op=True)
 
         def finish(res):
-            grads, _ = res
+            grads = wire.decode(res[0])
             if s.fused is None:
                 s.apply_sparse(None)
                 return None

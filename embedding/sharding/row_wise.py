@@ -36,6 +36,7 @@ from embedding.kernels import Bags
 from embedding.kernels.segments import stable_argsort
 from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingStrategy,
                                      collectives_api, pack_jagged, unpack_jagged)
+from embedding.sharding.qcomm import QComms
 from embedding.types import Pooling, Shard, ShardingType, TableConfig, TablePlan
 
 __all__ = ["RowWiseSharding", "Route", "RowBlocks", "check_row_partition", "bucketize",
@@ -146,10 +147,11 @@ class RowWiseSharding(ShardingStrategy):
     """Row blocks of tables over every rank of the group (module doc)."""
 
     sharding_types = (ShardingType.ROW_WISE,)
+    reducing_forward = True
 
     def __init__(self, tables: Sequence[TableConfig], plans: Sequence[TablePlan],
-                 env: ShardingEnv):
-        super().__init__(tables, plans, env)
+                 env: ShardingEnv, qcomms: QComms | None = None):
+        super().__init__(tables, plans, env, qcomms)
         self._routes: list[Route] = []   # per table: id -> (rank, local row)
         local = []
         for t, p in zip(self.tables, self.plans):
@@ -211,16 +213,17 @@ class RowWiseSharding(ShardingStrategy):
         return Pending((h, hw), finish)
 
     def forward(self, batch) -> Pending:
-        c = collectives_api()
         env = self.env
         bags, own_lengths = batch
         b = bags.batch_size
         partial = self.fused.lookup(bags)
-        h = c.reduce_scatter(partial.reshape(-1), group=env.group, async_op=True)
+        wire = self.forward_wire  # fp16/bf16 partial sums add up in 16 bits
+        h = self.send("forward", "reduce_scatter", wire.encode(partial.reshape(-1)),
+                      group=env.group, async_op=True)
         scale = mean_scale(self.features, own_lengths, b, env.dtype, env.xp)
 
         def finish(res):
-            out = res.reshape(b, self.out_dim)
+            out = wire.decode(res).reshape(b, self.out_dim)
             if scale is not None:
                 out *= scale
             return out, (bags, scale)
@@ -228,15 +231,17 @@ class RowWiseSharding(ShardingStrategy):
         return Pending((h,), finish)
 
     def backward(self, ctx, grad) -> Pending:
-        c = collectives_api()
         env = self.env
         bags, scale = ctx
         g = env.xp.ascontiguousarray(grad, dtype=env.dtype)
         if scale is not None:
             g = g * scale
-        h = c.all_gather(g.reshape(-1), group=env.group, async_op=True)
+        wire = self.backward_wire
+        h = self.send("backward", "all_gather", wire.encode(g.reshape(-1)), group=env.group,
+                      async_op=True)
 
         def finish(res):
-            self.fused.backward_update(bags, res.reshape(bags.out_rows, self.out_dim))
+            self.fused.backward_update(bags, wire.decode(res).reshape(bags.out_rows,
+                                                                      self.out_dim))
 
         return Pending((h,), finish)

@@ -32,6 +32,7 @@ from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags
 from embedding.sharding.base import (Pending, ShardingEnv, collectives_api, displacements,
                                      pack_jagged)
+from embedding.sharding.qcomm import QComms
 from embedding.sharding.table_wise import SlotWiseSharding, check_column_partition
 from embedding.types import ShardingType, TableConfig, TablePlan
 
@@ -44,8 +45,8 @@ class TableColumnWiseSharding(SlotWiseSharding):
     sharding_types = (ShardingType.TABLE_COLUMN_WISE,)
 
     def __init__(self, tables: Sequence[TableConfig], plans: Sequence[TablePlan],
-                 env: ShardingEnv):
-        super().__init__(tables, plans, env)
+                 env: ShardingEnv, qcomms: QComms | None = None):
+        super().__init__(tables, plans, env, qcomms)
         self._hier = env.uniform and not env.dedup
         if not self._hier:
             return
@@ -156,7 +157,6 @@ class TableColumnWiseSharding(SlotWiseSharding):
             return super().forward(batch)
         env = self.env
         xp = env.xp
-        c = collectives_api()
         bags: Bags = batch
         b = bags.batch_size
         k, m_count = len(self._peers), len(env.nodes)
@@ -166,23 +166,30 @@ class TableColumnWiseSharding(SlotWiseSharding):
         else:
             pooled = xp.zeros((bags.out_rows, self._local_dim), env.dtype)
         widths = [int(self._dims_of[r]) for r in self._peers]
-        recv3, _ = c.all_to_all_v(pooled.reshape(-1),
-                                  np.full(k, m_count * b * self._local_dim, np.int64),
-                                  recv_counts=np.asarray([m_count * b * w for w in widths],
-                                                         np.int64), group=self._intra)
-        full = xp.empty((m_count, b, self._node_dim[me]), env.dtype)
+        # Encoded once: the node assembles whole rows from wire units (an int8 row never
+        # straddles two slices) and the rail carries them on; decoded at the end.
+        wire = self.forward_wire
+        u = wire.units
+        recv3, _ = self.send("forward", "all_to_all_v", wire.encode(pooled.reshape(-1)),
+                             wire.count(np.full(k, m_count * b * self._local_dim, np.int64)),
+                             recv_counts=wire.count(np.asarray([m_count * b * w for w in widths],
+                                                               np.int64)), group=self._intra)
+        full = wire.empty((m_count, b, u(self._node_dim[me])))
         at = 0
         for jp, r in enumerate(self._peers):
-            blk = recv3[at:at + m_count * b * widths[jp]].reshape(m_count, b, widths[jp])
-            at += m_count * b * widths[jp]
+            n = wire.count(m_count * b * widths[jp])
+            blk = recv3[at:at + n].reshape((m_count, b, u(widths[jp])) + wire.tail)
+            at += n
             for c0, dst, w in self._node_moves[r]:
-                full[:, :, dst:dst + w] = blk[:, :, c0:c0 + w]
-        h = c.all_to_all_v(full.reshape(-1), np.full(m_count, b * self._node_dim[me], np.int64),
-                           recv_counts=np.asarray([b * d for d in self._node_dim], np.int64),
-                           group=self._rail, async_op=True)
+                full[:, :, u(dst):u(dst + w)] = blk[:, :, u(c0):u(c0 + w)]
+        h = self.send("forward", "all_to_all_v", full.reshape(-1),
+                      wire.count(np.full(m_count, b * self._node_dim[me], np.int64)),
+                      recv_counts=wire.count(np.asarray([b * d for d in self._node_dim],
+                                                        np.int64)),
+                      group=self._rail, async_op=True)
 
         def finish(res):
-            recv4, _ = res
+            recv4 = wire.decode(res[0])
             out = xp.empty((b, self.out_dim), env.dtype)
             at = 0
             for m, fs in enumerate(self._node_features):
@@ -202,12 +209,12 @@ class TableColumnWiseSharding(SlotWiseSharding):
             return super().backward(ctx, grad)
         env = self.env
         xp = env.xp
-        c = collectives_api()
         bags: Bags = ctx
         b = bags.batch_size
         k, m_count = len(self._peers), len(env.nodes)
         me = env.node
         g = xp.asarray(grad, env.dtype)
+        wire = self.backward_wire  # encoded once, split in the node as is, decoded at the end
         pieces = []
         for m, fs in enumerate(self._node_features):
             blk = xp.empty((b, self._node_dim[m]), env.dtype)
@@ -216,25 +223,25 @@ class TableColumnWiseSharding(SlotWiseSharding):
                 dst = self._node_col[fi]
                 blk[:, dst:dst + f.dim] = g[:, f.col:f.col + f.dim]
             pieces.append(blk.reshape(-1))
-        gfull, _ = c.all_to_all_v(xp.concatenate(pieces),
-                                  np.asarray([b * d for d in self._node_dim], np.int64),
-                                  recv_counts=np.full(m_count, b * self._node_dim[me],
-                                                      np.int64), group=self._rail)
+        gfull, _ = self.send("backward", "all_to_all_v", wire.encode(xp.concatenate(pieces)),
+                             np.asarray([b * d for d in self._node_dim], np.int64),
+                             recv_counts=np.full(m_count, b * self._node_dim[me], np.int64),
+                             group=self._rail)
         gfull = gfull.reshape(m_count, b, self._node_dim[me])
         widths = [int(self._dims_of[r]) for r in self._peers]
         send = []
         for jp, r in enumerate(self._peers):
-            blk = xp.empty((m_count, b, widths[jp]), env.dtype)
+            blk = xp.empty((m_count, b, widths[jp]), gfull.dtype)
             for c0, src, w in self._node_moves[r]:
                 blk[:, :, c0:c0 + w] = gfull[:, :, src:src + w]
             send.append(blk.reshape(-1))
-        h = c.all_to_all_v(xp.concatenate(send),
-                           np.asarray([m_count * b * w for w in widths], np.int64),
-                           recv_counts=np.full(k, m_count * b * self._local_dim, np.int64),
-                           group=self._intra, async_op=True)
+        h = self.send("backward", "all_to_all_v", xp.concatenate(send),
+                      np.asarray([m_count * b * w for w in widths], np.int64),
+                      recv_counts=np.full(k, m_count * b * self._local_dim, np.int64),
+                      group=self._intra, async_op=True)
 
         def finish(res):
-            recv, _ = res
+            recv = wire.decode(res[0])
             local = recv.reshape(bags.out_rows, self._local_dim)
             if self._sq_tables:
                 sparse = None

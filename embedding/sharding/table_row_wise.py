@@ -27,6 +27,7 @@ from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags
 from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingStrategy,
                                      collectives_api, pack_jagged, unpack_jagged)
+from embedding.sharding.qcomm import QComms
 from embedding.sharding.row_wise import RowBlocks, bucketize, check_row_partition, mean_scale
 from embedding.types import Shard, ShardingType, TableConfig, TablePlan
 
@@ -37,10 +38,11 @@ class TableRowWiseSharding(ShardingStrategy):
     """Row blocks of a table over the ranks of one node (module doc)."""
 
     sharding_types = (ShardingType.TABLE_ROW_WISE,)
+    reducing_forward = True
 
     def __init__(self, tables: Sequence[TableConfig], plans: Sequence[TablePlan],
-                 env: ShardingEnv):
-        super().__init__(tables, plans, env)
+                 env: ShardingEnv, qcomms: QComms | None = None):
+        super().__init__(tables, plans, env, qcomms)
         if not env.uniform:
             raise ValueError(f"table_row_wise: every node must hold the same number of ranks, "
                              f"got {[len(n) for n in env.nodes]} ranks per node")
@@ -162,16 +164,17 @@ class TableRowWiseSharding(ShardingStrategy):
         else:
             partial = xp.zeros((bags.out_rows, d_me), env.dtype)
         ordered = partial.reshape(env.size, b * d_me)[xp.asarray(self._rs_order)]
-        c = collectives_api()
-        summed = c.reduce_scatter(ordered.reshape(-1), group=self._intra)
+        wire = self.forward_wire  # sums in the wire precision, decoded once at the end
+        summed = self.send("forward", "reduce_scatter", wire.encode(ordered.reshape(-1)),
+                           group=self._intra)
         # summed: [M, B, d_me], block m' is the batch of rail peer m'.
         recv_counts = np.array([b * d for d in self._node_dim], np.int64)
-        h = c.all_to_all_v(summed, np.full(m_count, b * d_me, np.int64),
-                           recv_counts=recv_counts, group=self._rail, async_op=True)
+        h = self.send("forward", "all_to_all_v", summed, np.full(m_count, b * d_me, np.int64),
+                      recv_counts=recv_counts, group=self._rail, async_op=True)
         scale = mean_scale(self.features, own_lengths, b, env.dtype, xp)
 
         def finish(res):
-            recv, _ = res
+            recv = wire.decode(res[0])
             out = xp.empty((b, self.out_dim), env.dtype)
             at = 0
             for m, fis in enumerate(self._node_features):
@@ -192,7 +195,6 @@ class TableRowWiseSharding(ShardingStrategy):
     def backward(self, ctx, grad) -> Pending:
         env = self.env
         xp = env.xp
-        c = collectives_api()
         bags, scale = ctx
         b = bags.batch_size
         g = xp.asarray(grad, env.dtype)
@@ -208,17 +210,18 @@ class TableRowWiseSharding(ShardingStrategy):
                 blk[:, c0:c0 + f.dim] = g[:, f.col:f.col + f.dim]
                 c0 += f.dim
             pieces.append(blk.reshape(-1))
-        sendbuf = xp.concatenate(pieces)
+        wire = self.backward_wire  # encoded once, decoded after the node's AllGather
+        sendbuf = wire.encode(xp.concatenate(pieces))
         d_me = self._node_dim[env.node]
-        recv, _ = c.all_to_all_v(sendbuf, np.array([b * d for d in self._node_dim], np.int64),
-                                 recv_counts=np.full(m_count, b * d_me, np.int64),
-                                 group=self._rail)
-        h = c.all_gather(recv, group=self._intra, async_op=True)
+        recv, _ = self.send("backward", "all_to_all_v", sendbuf,
+                            np.array([b * d for d in self._node_dim], np.int64),
+                            recv_counts=np.full(m_count, b * d_me, np.int64), group=self._rail)
+        h = self.send("backward", "all_gather", recv, group=self._intra, async_op=True)
 
         def finish(res):
             if self.fused is None or not bags.num_slots:
                 return None
-            gathered = res.reshape(env.size, b * d_me)
+            gathered = wire.decode(res).reshape(env.size, b * d_me)
             by_source = xp.empty_like(gathered)
             by_source[xp.asarray(self._rs_order)] = gathered
             self.fused.backward_update(bags, by_source.reshape(bags.out_rows, d_me))

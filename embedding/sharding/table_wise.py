@@ -32,6 +32,7 @@ from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags
 from embedding.sharding.base import (LocalShard, Pending, ShardingEnv, ShardingStrategy,
                                      collectives_api, pack_jagged, unpack_jagged)
+from embedding.sharding.qcomm import QComms
 from embedding.sharding.dedup import DedupPlan
 from embedding.types import OptimizerKind, Shard, ShardingType, TableConfig, TablePlan
 
@@ -74,8 +75,8 @@ class SlotWiseSharding(ShardingStrategy):
     """Slots (feature × shard) owned by single ranks; shared by TW, CW and TWCW."""
 
     def __init__(self, tables: Sequence[TableConfig], plans: Sequence[TablePlan],
-                 env: ShardingEnv):
-        super().__init__(tables, plans, env)
+                 env: ShardingEnv, qcomms: QComms | None = None):
+        super().__init__(tables, plans, env, qcomms)
         for t, p in zip(self.tables, self.plans):
             self._check_plan(t, p)
         # Local shards, in table order then column order.
@@ -185,7 +186,6 @@ class SlotWiseSharding(ShardingStrategy):
     def forward(self, batch) -> Pending:
         if self._dedup is not None:
             return self._dedup.forward(batch)
-        c = collectives_api()
         xp = self.env.xp
         bags: Bags = batch
         b = bags.batch_size
@@ -194,16 +194,19 @@ class SlotWiseSharding(ShardingStrategy):
         else:
             pooled = xp.zeros((bags.out_rows, 0), self.env.dtype)
         size = self.env.size
+        wire = self.forward_wire
+        buf = wire.encode(pooled.reshape(-1))
         if self._uniform:  # equal blocks: a plain AlltoAll, no count exchange
-            h = c.all_to_all(pooled.reshape(-1), group=self.env.group, async_op=True)
+            h = self.send("forward", "all_to_all", buf, group=self.env.group, async_op=True)
         else:
-            h = c.all_to_all_v(pooled.reshape(-1), np.full(size, b * self._local_dim, np.int64),
-                               recv_counts=self._dims_of * b, group=self.env.group,
-                               async_op=True)
+            h = self.send("forward", "all_to_all_v", buf,
+                          wire.count(np.full(size, b * self._local_dim, np.int64)),
+                          recv_counts=wire.count(self._dims_of * b), group=self.env.group,
+                          async_op=True)
 
         def finish(res):
             recv = res if self._uniform else res[0]
-            return self._assemble(recv, b), bags
+            return self._assemble(wire.decode(recv), b), bags
 
         return Pending((h,), finish)
 
@@ -254,20 +257,20 @@ class SlotWiseSharding(ShardingStrategy):
     def backward(self, ctx, grad) -> Pending:
         if self._dedup is not None:
             return self._dedup.backward(ctx, grad)
-        c = collectives_api()
         bags: Bags = ctx
         b = bags.batch_size
-        buf = self._split_grad(grad, b)
+        wire = self.backward_wire
+        buf = wire.encode(self._split_grad(grad, b))
         size = self.env.size
         if self._uniform:
-            h = c.all_to_all(buf, group=self.env.group, async_op=True)
+            h = self.send("backward", "all_to_all", buf, group=self.env.group, async_op=True)
         else:
-            h = c.all_to_all_v(buf, self._dims_of * b,
-                               recv_counts=np.full(size, b * self._local_dim, np.int64),
-                               group=self.env.group, async_op=True)
+            h = self.send("backward", "all_to_all_v", buf, self._dims_of * b,
+                          recv_counts=np.full(size, b * self._local_dim, np.int64),
+                          group=self.env.group, async_op=True)
 
         def finish(res):
-            recv = res if self._uniform else res[0]
+            recv = wire.decode(res if self._uniform else res[0])
             if self._sq_tables:
                 sparse = None
                 if self.fused is not None and bags.num_slots:

@@ -30,6 +30,12 @@ Every section and key is optional; what is left out keeps its default
     [checkpoint]
     every = 1000
 
+    [comms]
+    forward = "fp16"             # fp32 | fp16 | bf16 | int8 (pooled embeddings)
+    backward = "bf16"            # fp32 | fp16 | bf16 (their gradients)
+    dense = "bf16"               # fp32 | fp16 | bf16 (the dense AllReduce)
+    loss_scale = 1024            # static scale of fp16 gradients (0: none)
+
 An unknown section or key, or a value of the wrong type or range, raises
 :class:`~embedding.train.types.ConfigError` naming the file and the dotted
 key (``train.steps``). Relative paths are relative to the working directory.
@@ -42,7 +48,8 @@ from typing import Any, Callable, Mapping
 
 from embedding.data.schema import SchemaError, dense_columns, sparse_features
 from embedding.dense.types import DenseOptimizerConfig, DenseOptimizerKind
-from embedding.train.types import (CheckpointConfig, ConfigError, DataConfig, DataSource,
+from embedding.train.types import (CheckpointConfig, CommsConfig, ConfigError, DataConfig,
+                                   DataSource,
                                    LoopConfig, ModelConfig, OutputConfig, PlanConfig,
                                    TablesConfig, TrainConfig)
 from embedding.types import (CachePolicy, Eviction, IdPolicy, OptimizerConfig, OptimizerKind,
@@ -235,6 +242,9 @@ SCHEMA: dict[str, dict[str, Check]] = {
              "host_memory": _size_text, "shardings": _shardings},
     "checkpoint": {"dir": _str(), "every": _int(0), "keep": _int(1), "resume": _str()},
     "output": {"dir": _str(), "plot": _bool},
+    "comms": {"forward": _str(["fp32", "fp16", "bf16", "int8"]),
+              "backward": _str(["fp32", "fp16", "bf16"]), "dense": _str(["fp32", "fp16", "bf16"]),
+              "loss_scale": _float(minimum=0.0)},
 }
 
 
@@ -315,6 +325,7 @@ def _build(values: dict[str, dict[str, Any]], path: str,
         plan=section("plan", PlanConfig, base.plan),
         checkpoint=section("checkpoint", CheckpointConfig, base.checkpoint),
         output=section("output", OutputConfig, base.output),
+        comms=section("comms", CommsConfig, base.comms),
         source=path)
     _cross_check(cfg, path)
     return cfg
@@ -384,6 +395,13 @@ def _cross_check(cfg: TrainConfig, path: str) -> None:
         except ValueError as exc:
             raise ConfigError(path, "tables.preset", str(exc).removeprefix("preset: ")) \
                 from None
+    c = cfg.comms
+    if c.loss_scale and "fp16" not in (c.backward, c.dense):
+        raise ConfigError(path, "comms.loss_scale", f"{c.loss_scale:g} scales fp16 gradients "
+                          f"only; comms.backward is {c.backward!r} and comms.dense is "
+                          f"{c.dense!r} (set one to \"fp16\", or loss_scale = 0)")
+    if c.loss_scale == float("inf"):
+        raise ConfigError(path, "comms.loss_scale", "expected a finite number, got inf")
     tr = cfg.train
     if tr.eval_batch_size and tr.eval_batch_size > d.eval_records and not (
             d.source is DataSource.PARQUET and d.eval_path):

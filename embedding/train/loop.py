@@ -128,7 +128,8 @@ class Trainer:
         self.coll = ShardedEmbeddingCollection(
             self.tables, self.plan, group, device=tr.device, dtype=config.model.dtype,
             threads=self.threads,
-            dedup=tr.dedup, id_policy=id_policy_of(config), seed=tr.seed)
+            dedup=tr.dedup, id_policy=id_policy_of(config), seed=tr.seed,
+            qcomms=config.comms.qcomms())
         self.model = DenseModel(self.dense_config, seed=tr.seed, xp=self.coll.xp,
                                 bucket_bytes=tr.bucket_kib << 10,
                                 grad_alloc=symmetric_grads(group, self.coll.xp))
@@ -137,7 +138,11 @@ class Trainer:
         # from the plan, the same on every rank (a rank may hold no host-resident shard)
         self._tiered = any(tp.memory.tiered for tp in self.plan.tables)
         self.overlap = tr.overlap
-        self.grads = GradSync(self.model, group, overlap=tr.overlap)
+        from embedding.sharding.qcomm import CommPrecision, Wire
+
+        self.grads = GradSync(self.model, group, overlap=tr.overlap,
+                              wire=Wire(CommPrecision(config.comms.dense), self.coll.xp,
+                                        config.model.dtype, scale=config.comms.dense_scale()))
         self.timer = PhaseTimer()
         # one agreement per step: its calls replay their plans unagreed while the shape holds
         self.control = StepControl(group, "training step")
@@ -237,8 +242,12 @@ class Trainer:
         self.grads.finish(timer)
         if not finite(self.model.flat_grads):  # the same on every rank after the AllReduce
             self._drain()
+            c = self.cfg.comms
+            hint = (f" (comms.dense = \"fp16\" with comms.loss_scale = {c.loss_scale:g}: a "
+                    f"scaled sum beyond fp16's 65504 overflows; lower comms.loss_scale or use "
+                    f"\"bf16\")" if c.dense == "fp16" else "")
             err = TrainingError(f"step {step}: the dense gradients (after the AllReduce) hold "
-                                f"NaN or inf; stopping before the dense update",
+                                f"NaN or inf{hint}; stopping before the dense update",
                                 step=step, tensor="dense_grads")
             err.agreed = True
             raise err
@@ -331,6 +340,10 @@ class Trainer:
                 phases = self.timer.reset()
                 dt = now - t_log
                 extra = {"cache": self._cache_record(n_log, dt)} if self._tiered else {}
+                sent = self.coll.take_sent()
+                extra["comm_bytes"] = {"emb_forward": sent["forward"] // n_log,
+                                       "emb_backward": sent["backward"] // n_log,
+                                       "dense": self.grads.take_sent() // n_log}
                 self.metrics.write("train", step=step, loss=loss,
                                    loss_avg=float(np.mean(losses)),
                                    samples_per_s=cfg.batch_size * n_log / max(dt, 1e-9),
@@ -388,6 +401,7 @@ class Trainer:
 
     def _evaluate_and_log(self) -> dict:
         ev = self.evaluate()
+        self.coll.take_sent()  # the step records count training steps only
         self.last_eval = ev
         self.progress.auc = ev["auc"]
         self.metrics.write("eval", step=self.step, **ev)

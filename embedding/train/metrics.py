@@ -10,7 +10,10 @@ has ``event`` and ``time`` (seconds since the epoch):
   (mean over the steps since the last record), ``samples_per_s`` (global),
   ``step_ms`` and ``phases_ms`` (rank 0's mean per step of each phase); with
   host-resident tables ``cache`` (hit rate, bytes each way per step over all
-  ranks, ms per step per rank and its share of the step);
+  ranks, ms per step per rank and its share of the step); ``comm_bytes``: the bytes rank 0
+  passed per step to the collectives of the pooled embeddings (``emb_forward``), their
+  gradients (``emb_backward``) and the dense AllReduce (``dense``), in their ``[comms]``
+  precisions (each send buffer's size, the block a rank keeps included);
 * ``eval``: ``step``, ``auc``, ``log_loss``, ``accuracy``, ``records`` (of the first
   evaluation set) and ``sets``: the same numbers for every evaluation set by name;
 * ``checkpoint``: ``step``, ``path``, ``seconds``;

@@ -15,7 +15,7 @@ from embedding.types import OptimizerConfig, OptimizerKind
 from neocomm.errors import NeocommError
 
 __all__ = ["DataSource", "Phase", "DataConfig", "TablesConfig", "ModelConfig", "LoopConfig",
-           "PlanConfig", "CheckpointConfig", "OutputConfig", "TrainConfig", "ConfigError",
+           "PlanConfig", "CheckpointConfig", "OutputConfig", "CommsConfig", "TrainConfig", "ConfigError",
            "TrainingError", "DEFAULT_OUT"]
 
 #: Where outputs go when neither the config nor ``--out`` says (relative to the cwd).
@@ -224,6 +224,36 @@ class OutputConfig:
     plot: bool = False
 
 
+@dataclass(frozen=True)
+class CommsConfig:
+    """``[comms]``: the precision each exchange travels in (TorchRec's qcomm codecs).
+
+    ``forward``: pooled embeddings in the output dists (``fp32``, ``fp16``,
+    ``bf16``, ``int8`` rows with a float32 scale and bias each);
+    ``backward``: their gradients (``fp32``, ``fp16``, ``bf16``); ``dense``:
+    the dense gradients' AllReduce (``fp32``, ``fp16``, ``bf16``; 16-bit
+    sums). ``loss_scale`` (0: none): a static scale of the fp16 exchanges
+    of gradients, which multiply before rounding and divide after; a scaled
+    gradient beyond fp16's 65504 stops the run naming it.
+    """
+
+    forward: str = "fp32"
+    backward: str = "fp32"
+    dense: str = "fp32"
+    loss_scale: float = 0.0
+
+    def qcomms(self):
+        """The :class:`~embedding.sharding.qcomm.QComms` of the embedding output dists."""
+        from embedding.sharding.qcomm import QComms
+
+        scale = self.loss_scale if self.loss_scale and self.backward == "fp16" else None
+        return QComms(self.forward, self.backward, scale)
+
+    def dense_scale(self) -> float | None:
+        """The loss scale of the dense AllReduce (None: unscaled)."""
+        return self.loss_scale if self.loss_scale and self.dense == "fp16" else None
+
+
 def _sparse_default() -> OptimizerConfig:
     return OptimizerConfig(OptimizerKind.ROWWISE_ADAGRAD, lr=0.1)
 
@@ -245,6 +275,7 @@ class TrainConfig:
     plan: PlanConfig = field(default_factory=PlanConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    comms: CommsConfig = field(default_factory=CommsConfig)
     source: str = "<defaults>"
 
 

@@ -1,0 +1,253 @@
+"""Quantized communication: the precision pooled rows and their gradients travel in.
+
+TorchRec's qcomm codecs (``QCommsConfig``: ``forward_precision``,
+``backward_precision``, ``backward_loss_scale``) for neocomm's output dists.
+A :class:`QComms` says, per direction, how the pooled embeddings (forward)
+and their gradients (backward) cross ranks:
+
+* ``fp32``: as they are (the table dtype; no encoding);
+* ``fp16`` / ``bf16``: 2 bytes a value, rounded to nearest even; a reducing
+  collective (row-wise's ReduceScatter) sums them in 16 bits;
+* ``int8`` (forward only): FBGEMM's FUSED8BIT row-wise layout, each row of
+  ``g`` values sent as ``g`` uint8 codes then its float32 scale and bias
+  (``g + 8`` bytes, :mod:`embedding.checkpoint.fused8bit`); a value comes back
+  within half a step (``(max - min) / 510`` of its row) of what was sent.
+  Rows never straddle two features: ``g`` is the greatest common divisor of
+  the column widths a strategy moves. A reducing collective cannot take it.
+
+``backward_loss_scale`` (fp16 backward only) multiplies the gradients
+before they are rounded to fp16 and divides them after, keeping small
+gradients out of fp16's subnormal range; a scaled gradient beyond fp16's
+largest value (65504) is an error (the collection checks it on every rank
+before any gradient moves).
+
+A :class:`Wire` encodes a flat send buffer on the array module of the
+shards (NumPy or CuPy: the codes are made where the rows are, no host copy)
+and decodes the receive buffer into the table dtype.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from embedding.types import enum_arg
+
+__all__ = ["CommPrecision", "QComms", "Wire", "FP16_MAX", "ROW_TAIL_BYTES", "wire_dtype",
+           "encode_int8_rows", "decode_int8_rows", "check_loss_scale"]
+
+#: float16's largest finite value (IEEE 754 binary16).
+FP16_MAX = 65504.0
+#: Bytes after each int8 row's codes: its float32 scale, then its float32 bias (FUSED8BIT).
+ROW_TAIL_BYTES = 8
+#: Added to a row's range before its reciprocal is taken (FBGEMM's ``kEpsilon``).
+_EPSILON = 1e-8
+
+
+class CommPrecision(enum.Enum):
+    """How values travel in an output dist (module doc)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+
+#: Precisions a direction takes: int8 codes pooled rows only.
+_FORWARD = tuple(CommPrecision)
+_BACKWARD = (CommPrecision.FP32, CommPrecision.FP16, CommPrecision.BF16)
+
+
+def _names(precisions) -> str:
+    return ", ".join(p.value for p in precisions)
+
+
+def check_loss_scale(scale, precision: CommPrecision, key: str, precision_key: str):
+    """``scale`` as a float (None stays None); ValueError naming ``key`` unless it is a
+    finite number > 0 set with an fp16 ``precision`` (named ``precision_key``)."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+            or not math.isfinite(scale) or not scale > 0:
+        raise ValueError(f"{key}: expected a finite number > 0, got {scale!r}")
+    if precision is not CommPrecision.FP16:
+        raise ValueError(f"{key}: {scale!r} scales an fp16 exchange only; {precision_key} is "
+                         f"{precision.value!r} (set it to \"fp16\" or drop {key})")
+    return float(scale)
+
+
+@dataclass(frozen=True)
+class QComms:
+    """The precision of each direction of the output dists (module doc).
+
+    ``forward``: pooled rows (fp32, fp16, bf16, int8); ``backward``: their
+    gradients (fp32, fp16, bf16); ``backward_loss_scale``: a static scale of
+    an fp16 backward (None: 1).
+    """
+
+    forward: CommPrecision = CommPrecision.FP32
+    backward: CommPrecision = CommPrecision.FP32
+    backward_loss_scale: float | None = None
+
+    def __post_init__(self):
+        fwd = enum_arg(CommPrecision, self.forward, "forward")
+        bwd = enum_arg(CommPrecision, self.backward, "backward")
+        if bwd not in _BACKWARD:
+            raise ValueError(f"backward: {bwd.value!r} codes pooled rows only (forward); "
+                             f"gradients take {_names(_BACKWARD)}")
+        object.__setattr__(self, "forward", fwd)
+        object.__setattr__(self, "backward", bwd)
+        object.__setattr__(self, "backward_loss_scale", check_loss_scale(
+            self.backward_loss_scale, bwd, "backward_loss_scale", "backward"))
+
+    @property
+    def quantized(self) -> bool:
+        """True when either direction is not fp32."""
+        return self.forward is not CommPrecision.FP32 or \
+            self.backward is not CommPrecision.FP32
+
+    def describe(self) -> str:
+        """``forward=fp16, backward=bf16`` (and the loss scale when set), for messages."""
+        text = f"forward={self.forward.value}, backward={self.backward.value}"
+        if self.backward_loss_scale is not None:
+            text += f", backward_loss_scale={self.backward_loss_scale:g}"
+        return text
+
+
+def wire_dtype(precision: CommPrecision, dtype) -> np.dtype:
+    """The dtype a buffer of ``precision`` travels in (``dtype``, the table's, for fp32)."""
+    from neocomm.types import bfloat16
+
+    if precision is CommPrecision.FP16:
+        return np.dtype(np.float16)
+    if precision is CommPrecision.BF16:
+        if bfloat16 is None:
+            raise ValueError("bf16: communication in bfloat16 needs the ml_dtypes package")
+        return np.dtype(bfloat16)
+    if precision is CommPrecision.INT8:
+        return np.dtype(np.uint8)
+    return np.dtype(dtype)
+
+
+# -- int8 rows (FUSED8BIT) ---------------------------------------------------------------
+def encode_int8_rows(x, xp=np):
+    """``[n, g]`` float rows -> ``[n, g + 8]`` uint8: codes, float32 scale, float32 bias."""
+    x = x.astype(np.float32, copy=False)
+    n, g = x.shape
+    out = xp.empty((n, g + ROW_TAIL_BYTES), np.uint8)
+    if n == 0:
+        return out
+    lo = x.min(axis=1)
+    span = x.max(axis=1) - lo
+    inv = np.float32(255.0) / (span + np.float32(_EPSILON))
+    codes = xp.rint((x - lo[:, None]) * inv[:, None])
+    xp.clip(codes, 0, 255, out=codes)
+    out[:, :g] = codes.astype(np.uint8)
+    tail = xp.empty((n, 2), np.float32)
+    tail[:, 0] = span / np.float32(255.0)
+    tail[:, 1] = lo
+    out[:, g:] = tail.view(np.uint8)
+    return out
+
+
+def decode_int8_rows(buf, dtype, xp=np):
+    """``[n, g + 8]`` uint8 rows of :func:`encode_int8_rows` -> ``[n, g]`` of ``dtype``."""
+    n, width = buf.shape
+    g = width - ROW_TAIL_BYTES
+    tail = xp.ascontiguousarray(buf[:, g:]).view(np.float32)
+    out = buf[:, :g].astype(np.float32)
+    out *= tail[:, 0:1]
+    out += tail[:, 1:2]
+    return out.astype(dtype, copy=False)
+
+
+# -- bfloat16 bits (NumPy through ml_dtypes; CuPy by integer rounding) ----------------
+def _to_bf16(x, xp):
+    from neocomm.types import bfloat16
+
+    if xp is np:
+        return x.astype(bfloat16)
+    bits = x.astype(np.float32).view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))))
+    rounded = xp.where(xp.isnan(x), np.uint32(0x7FC00000), rounded)
+    return (rounded >> np.uint32(16)).astype(np.uint16).view(bfloat16)
+
+
+def _from_bf16(buf, dtype, xp):
+    if xp is np:
+        return buf.astype(dtype)
+    bits = buf.view(np.uint16).astype(np.uint32) << np.uint32(16)
+    return bits.view(np.float32).astype(dtype, copy=False)
+
+
+class Wire:
+    """One direction's codec on one strategy: encodes flat send buffers, decodes receive
+    buffers, and converts element counts into wire elements (module doc).
+
+    ``row``: the width of an int8 row (it divides every block the strategy
+    moves); ``scale``: the loss scale of an fp16 backward (None: 1).
+    """
+
+    def __init__(self, precision: CommPrecision, xp, dtype, *, row: int = 1,
+                 scale: float | None = None):
+        self.precision = precision
+        self.xp = xp
+        self.value_dtype = np.dtype(dtype)
+        self.dtype = wire_dtype(precision, dtype)
+        self.row = int(row) if precision is CommPrecision.INT8 else 1
+        self.scale = scale
+
+    @property
+    def identity(self) -> bool:
+        """True when buffers travel as they are (fp32)."""
+        return self.precision is CommPrecision.FP32
+
+    @property
+    def tail(self) -> tuple[int, ...]:
+        """The trailing shape of one wire unit: ``(row + 8,)`` for int8, ``()`` otherwise."""
+        return (self.row + ROW_TAIL_BYTES,) if self.precision is CommPrecision.INT8 else ()
+
+    def units(self, cols: int) -> int:
+        """Wire units of ``cols`` columns (int8: rows of ``row`` columns; else columns)."""
+        return int(cols) // self.row
+
+    def count(self, n):
+        """Wire elements of ``n`` values (an int or an int64 array of counts)."""
+        if self.precision is CommPrecision.INT8:
+            return n // self.row * (self.row + ROW_TAIL_BYTES)
+        return n
+
+    def encode(self, flat):
+        """The send buffer of the values ``flat`` (1-D, a multiple of ``row`` long)."""
+        xp = self.xp
+        if self.identity:
+            return xp.ascontiguousarray(flat)
+        if self.precision is CommPrecision.INT8:
+            return encode_int8_rows(flat.reshape(-1, self.row), xp).reshape(-1)
+        if self.scale is not None:
+            flat = flat * flat.dtype.type(self.scale)
+        if self.precision is CommPrecision.FP16:
+            return flat.astype(np.float16)
+        return _to_bf16(flat, xp)
+
+    def decode(self, buf):
+        """The values (table dtype, 1-D) of a received buffer."""
+        xp = self.xp
+        if self.identity:
+            return buf
+        if self.precision is CommPrecision.INT8:
+            return decode_int8_rows(buf.reshape(-1, self.row + ROW_TAIL_BYTES),
+                                    self.value_dtype, xp).reshape(-1)
+        if self.precision is CommPrecision.FP16:
+            out = buf.astype(self.value_dtype)
+        else:
+            out = _from_bf16(buf, self.value_dtype, xp)
+        if self.scale is not None:
+            out *= out.dtype.type(1.0 / self.scale)
+        return out
+
+    def empty(self, shape):
+        """An uninitialised wire buffer of ``shape`` values (``shape[-1]`` in units)."""
+        return self.xp.empty(tuple(shape) + self.tail, self.dtype)

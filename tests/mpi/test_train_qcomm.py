@@ -1,0 +1,52 @@
+"""The trainer with quantized communication: AUC beside float32, bytes counted per step.
+
+    mpirun -n 2 python scripts/mpi_pytest.py tests/mpi/test_train_qcomm.py
+"""
+from __future__ import annotations
+
+import pytest
+
+from embedding.train import Trainer, parse_config
+from embedding.train.metrics import read_metrics
+from test_train import shared_dir
+
+STEPS = 120
+
+
+def config(out, comms):
+    doc = {"tables": {"rows": [50, 70, 30, 200]},
+           "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
+           "data": {"records": 48 * STEPS, "eval_records": 2048},
+           "train": {"steps": STEPS, "batch_size": 48, "eval_every": 0, "log_every": STEPS,
+                     "eval_batch_size": 256},
+           "comms": comms, "output": {"dir": str(out)}}
+    return parse_config(doc, "test")
+
+
+def train(world, out, comms):
+    t = Trainer(config(out, comms), world.world)
+    t.train()
+    t.close()
+    record = None
+    if world.rank == 0:
+        record = [r for r in read_metrics(t.metrics.path) if r["event"] == "train"][-1]
+    return t.last_eval["auc"], world.comm.bcast(record and record["comm_bytes"], root=0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_fp16_comms_keep_the_auc_and_halve_the_bytes(world, tmp_path, all_ranks):
+    base = shared_dir(world, tmp_path)
+    auc32, bytes32 = train(world, f"{base}/fp32", {})
+    auc16, bytes16 = train(world, f"{base}/fp16", {"forward": "fp16", "backward": "fp16",
+                                                    "dense": "fp16", "loss_scale": 1024})
+    auc_mix, bytes_mix = train(world, f"{base}/int8", {"forward": "int8", "backward": "bf16",
+                                                        "dense": "bf16"})
+    all_ranks(auc32 > 0.55, f"the float32 run did not learn: AUC {auc32}")
+    all_ranks(abs(auc16 - auc32) <= 0.002, f"fp16 AUC {auc16} vs fp32 {auc32}")
+    all_ranks(abs(auc_mix - auc32) <= 0.002, f"int8/bf16 AUC {auc_mix} vs fp32 {auc32}")
+    all_ranks(all(v > 0 for v in bytes32.values()), f"nothing counted: {bytes32}")
+    all_ranks(all(2 * bytes16[k] == bytes32[k] for k in bytes32), f"{bytes16} vs {bytes32}")
+    # int8 rows of 8 values: 8 codes + 8 bytes of scale and bias for 32 bytes in fp32
+    all_ranks(2 * bytes_mix["emb_forward"] == bytes32["emb_forward"]
+              and 2 * bytes_mix["emb_backward"] == bytes32["emb_backward"]
+              and 2 * bytes_mix["dense"] == bytes32["dense"], f"{bytes_mix} vs {bytes32}")
