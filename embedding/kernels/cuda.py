@@ -6,13 +6,19 @@ global row key with ``cupy.argsort`` (stable), finds the segments of equal
 keys and runs ``segment_update``: one warp per unique row sums the row's
 gradient contributions in sorted order and applies the optimizer in
 registers — the per-occurrence gradients are never materialised.
+
+Half tables (float16, bfloat16 weights or optimizer state) go to the kernels
+as their raw ``uint16`` bits; the kernels compute in float32 and round their
+stores as :mod:`embedding.precision` does (``rounding=`` of the update
+functions, as in :mod:`embedding.kernels.cpu`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from embedding.kernels.cuda_src import MAX_DIM, OPTIMIZER_CODES, source_for
+from embedding.kernels.cuda_src import MAX_DIM, OPTIMIZER_CODES, ROUNDING_CODES, source_for
 from embedding.kernels.layout import Bags, TableLayout, per_table_configs
+from embedding.precision import compute_dtype, is_half
 
 __all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update", "aggregate_rows",
            "available"]
@@ -44,14 +50,32 @@ def _cp():
     return cupy
 
 
-def _function(dtype, name: str):
+def _function(dtype, name: str, state_dtype=None):
+    """Kernel ``name`` of the module for weight ``dtype`` and float state ``state_dtype``
+    (None: the compute dtype)."""
     cp = _cp()
-    key = (np.dtype(dtype).name, cp.cuda.Device().id)
+    sname = None if state_dtype is None else np.dtype(state_dtype).name
+    if sname == compute_dtype(dtype).name:
+        sname = None
+    key = (np.dtype(dtype).name, sname, cp.cuda.Device().id)
     mod = _MODULES.get(key)
     if mod is None:
-        mod = cp.RawModule(code=source_for(np.dtype(dtype).name))
+        mod = cp.RawModule(code=source_for(np.dtype(dtype).name, sname))
         _MODULES[key] = mod
     return mod.get_function(name)
+
+
+def _bits(arr):
+    """``arr`` as the kernels take it: half arrays as their ``uint16`` bits (a view)."""
+    return arr.view(_cp().uint16) if is_half(arr.dtype) else arr
+
+
+def _state_dtype(state: dict | None, weights_dtype):
+    """The dtype of the float optimizer state in ``state`` (the compute dtype when none)."""
+    for name in ("momentum", "exp_avg", "exp_avg_sq"):
+        if state and name in state:
+            return state[name].dtype
+    return compute_dtype(weights_dtype)
 
 
 def _blocks(warps: int) -> tuple[int]:
@@ -94,7 +118,7 @@ def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None, arg_out=No
     """
     cp = _cp()
     bags.check(layout)
-    dtype = weights.dtype
+    dtype = compute_dtype(weights.dtype)
     if out is None:
         out = cp.empty((bags.out_rows, bags.out_dim), dtype)
     if not out.flags.c_contiguous:
@@ -113,9 +137,9 @@ def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None, arg_out=No
     has_arg = np.int32(arg_out is not None)
     if arg_out is None:
         arg_out = cp.zeros(1, cp.int64)
-    _function(dtype, "pooled_lookup")(
+    _function(weights.dtype, "pooled_lookup")(
         _blocks(n), (_THREADS,),
-        (weights, woff, dims, st, sc, sm, sx, idx, off, pw, has_w, np.int64(n),
+        (_bits(weights), woff, dims, st, sc, sm, sx, idx, off, pw, has_w, np.int64(n),
          np.int32(bags.num_slots), np.int32(bags.batch_size), np.int64(bags.out_dim), out,
          arg_out, has_arg))
     return out
@@ -142,30 +166,50 @@ def _segments(keys, row_base):
     return order.astype(cp.int64), sk, seg_start, seg_table
 
 
-def _opt_args(configs, dtype, state: dict | None, weights):
-    """Per-table optimizer arrays and state buffers of ``segment_update``."""
+def _opt_args(configs, dtype, state: dict | None, weights, rounding=None):
+    """Per-table optimizer arrays, state buffers and rounding arguments of ``segment_update``
+    (``dtype``: the compute dtype; ``rounding`` as in :func:`apply_updates`)."""
     cp = _cp()
     dt = np.dtype(dtype).type
     dummy_t = cp.zeros(1, dtype)
     dummy_i = cp.zeros(1, cp.int64)
     if configs is None:
         return (cp.zeros(1, cp.int32), dummy_t, cp.zeros(1, cp.float64), dummy_t, dummy_t,
-                dummy_t, dummy_t, dummy_i)
+                dummy_t, dummy_t, dummy_i) + _rounding_args(None, 1)
+    dummy_s = _bits(cp.zeros(1, _state_dtype(state, weights.dtype)))
     kinds = np.asarray([OPTIMIZER_CODES[c.kind.value] for c in configs], np.int32)
     hyper = np.asarray([[dt(c.lr), dt(c.eps), dt(c.beta1), dt(1) - dt(c.beta1), dt(c.beta2),
                          dt(1) - dt(c.beta2)] for c in configs], dtype).reshape(-1)
     betas = np.asarray([[c.beta1, c.beta2] for c in configs], np.float64).reshape(-1)
-    state = state or {}
-    return (cp.asarray(kinds), cp.asarray(hyper), cp.asarray(betas), weights,
-            state.get("momentum", dummy_t), state.get("exp_avg", dummy_t),
-            state.get("exp_avg_sq", dummy_t), state.get("step", dummy_i))
+    state = {k: _bits(v) for k, v in (state or {}).items()}
+    return (cp.asarray(kinds), cp.asarray(hyper), cp.asarray(betas), _bits(weights),
+            state.get("momentum", dummy_s), state.get("exp_avg", dummy_s),
+            state.get("exp_avg_sq", dummy_s), state.get("step", dummy_i)
+            ) + _rounding_args(rounding, len(configs))
+
+
+def _rounding_args(rounding, num_tables: int) -> tuple:
+    """``(codes, seeds, step, master)`` of ``segment_update``: every table nearest when
+    ``rounding`` is None, else from its ``(modes, seeds, step, master)``."""
+    cp = _cp()
+    mask = (1 << 64) - 1
+    if rounding is None:
+        return (cp.zeros(num_tables, cp.int32), cp.zeros(num_tables, cp.uint64), np.uint64(0),
+                cp.zeros(1, cp.float32))
+    modes, seeds, step, master = rounding
+    codes = np.asarray([ROUNDING_CODES[m.value] for m in modes], np.int32)
+    seeds = np.asarray([int(x) & mask for x in seeds], np.uint64)
+    return (cp.asarray(codes), cp.asarray(seeds), np.uint64(int(step) & mask),
+            cp.zeros(1, cp.float32) if master is None else master)
 
 
 def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, configs=None,
-                  weights=None, state=None, row_terms=None):
+                  weights=None, state=None, row_terms=None, rounding=None):
     """Launch ``segment_update`` over the segments of ``keys``; returns the segment info.
 
-    ``row_terms`` is ``(terms per occurrence, int32 flag per table)`` or None."""
+    ``dtype`` is the compute dtype (gradients, sums); mode 1 runs the module
+    of ``weights``' and ``state``'s dtypes. ``row_terms`` is ``(terms per
+    occurrence, int32 flag per table)`` or None."""
     cp = _cp()
     woff, dims, row_base = _layout_arrays(layout)
     order, sk, seg_start, seg_table = _segments(keys, row_base)
@@ -178,12 +222,14 @@ def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, configs=No
     else:
         agg_off = cp.zeros(1, cp.int64)
         agg = cp.zeros(1, dtype)
-    _function(dtype, "segment_update")(
+    kernel = (_function(dtype, "segment_update") if mode == 0 else
+              _function(weights.dtype, "segment_update", _state_dtype(state, weights.dtype)))
+    kernel(
         _blocks(u), (_THREADS,),
         (sk, order, seg_start, seg_table, np.int64(u), row_base, woff, dims) + grad_source
         + (row_terms if row_terms is not None
            else (cp.zeros(1, dtype), cp.zeros(layout.num_tables, cp.int32)))
-        + (np.int32(mode), agg, agg_off) + _opt_args(configs, dtype, state, weights))
+        + (np.int32(mode), agg, agg_off) + _opt_args(configs, dtype, state, weights, rounding))
     return sk, seg_start, seg_table, agg, agg_off
 
 
@@ -218,7 +264,7 @@ def _bag_source(layout, bags: Bags, grad_out, weights=None):
                              "lookup read")
         max_arg = cp.empty((bags.out_rows, bags.out_dim), cp.int64)
         pooled_lookup(layout, weights, bags, cp.empty((bags.out_rows, bags.out_dim),
-                                                      weights.dtype), max_arg)
+                                                      compute_dtype(weights.dtype)), max_arg)
     source = (np.int32(1), grad_out, occ_bag, off, sc, sm, sx, max_arg, pw, has_w,
               np.int32(bags.num_slots), np.int32(bags.batch_size), np.int64(bags.out_dim),
               cp.zeros(1, dtype), cp.zeros(1, cp.int64))
@@ -254,26 +300,28 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out, weights=None):
 
 
 def backward_update(layout: TableLayout, config, weights, state: dict, bags: Bags,
-                    grad_out) -> None:
+                    grad_out, rounding=None) -> None:
     """Device twin of :func:`embedding.kernels.cpu.backward_update` (fused: sort + one launch)."""
     bags.check(layout)
     _check_dims(layout)
-    keys, source = _bag_source(layout, bags, grad_out.astype(weights.dtype, copy=False), weights)
+    cdt = compute_dtype(weights.dtype)
+    keys, source = _bag_source(layout, bags, grad_out.astype(cdt, copy=False), weights)
     if keys.size == 0:
         return
-    _run_segments(layout, keys, weights.dtype, source, 1,
-                  per_table_configs(config, layout.num_tables), weights, state)
+    _run_segments(layout, keys, cdt, source, 1, per_table_configs(config, layout.num_tables),
+                  weights, state, rounding=rounding)
 
 
 def apply_updates(layout: TableLayout, config, weights, state: dict, sparse,
-                  unique: bool = True, row_terms=None) -> None:
-    """Device twin of :func:`embedding.kernels.cpu.apply_updates` (duplicates always summed)."""
+                  unique: bool = True, row_terms=None, rounding=None) -> None:
+    """Device twin of :func:`embedding.kernels.cpu.apply_updates` (duplicates always summed;
+    ``rounding`` as there)."""
     cp = _cp()
     _check_dims(layout)
     if len(sparse) != layout.num_tables:
         raise ValueError(f"sparse: expected {layout.num_tables} (rows, grads) pairs, got "
                          f"{len(sparse)}")
-    dtype = weights.dtype
+    dtype = compute_dtype(weights.dtype)
     keys, flats, row_offs, terms = [], [], [], []
     given = np.zeros(layout.num_tables, np.int32)  # tables whose row terms replace mean(g*g)
     base = 0
@@ -297,7 +345,7 @@ def apply_updates(layout: TableLayout, config, weights, state: dict, sparse,
     source = _row_source(dtype, grad_rows, grad_row_offsets)
     terms_arg = (cp.concatenate(terms), cp.asarray(given)) if given.any() else None
     _run_segments(layout, keys, dtype, source, 1, per_table_configs(config, layout.num_tables),
-                  weights, state, terms_arg)
+                  weights, state, terms_arg, rounding)
 
 
 def _row_source(dtype, grad_rows, grad_row_offsets):

@@ -1,6 +1,13 @@
 """CUDA sources of the fused kernels (compiled by CuPy's RawModule, or by nvcc in tests).
 
-One source per weight dtype (``T`` is ``float`` or ``double``). Arithmetic
+One source per weight dtype and optimizer-state dtype: ``T`` is the compute type
+(``float`` for float32 and half tables, ``double`` for float64), ``W`` the
+weights' storage type and ``S`` the float state's. Half storage (float16,
+bfloat16) is passed as its raw ``unsigned short`` bits: loads widen to float
+exactly (:func:`half_to_float`), stores round with the integer rounding of
+:mod:`embedding.precision` (nearest-even, or stochastic with the same
+splitmix64 bits of ``(seed, step, table, row, column)``), so a half table's
+rows come out bit for bit as the NumPy twin's. Arithmetic
 goes through round-to-nearest intrinsics (``__fadd_rn`` …) so the compiler
 cannot contract a multiply and an add into an FMA: each operation rounds
 like the NumPy twin in :mod:`embedding.kernels.cpu`, and sums run in the
@@ -24,12 +31,14 @@ Kernels (one warp per bag or per unique row, 32 lanes over the columns):
 """
 from __future__ import annotations
 
-__all__ = ["MAX_DIM", "OPTIMIZER_CODES", "source_for", "KERNEL_NAMES"]
+__all__ = ["MAX_DIM", "OPTIMIZER_CODES", "ROUNDING_CODES", "source_for", "KERNEL_NAMES"]
 
 #: Widest row the device backward keeps in registers: 32 lanes × 32 values.
 MAX_DIM = 1024
 #: Optimizer codes of ``segment_update``.
 OPTIMIZER_CODES = {"sgd": 0, "rowwise_adagrad": 1, "adam": 2}
+#: Rounding codes of ``segment_update`` (per table; :class:`embedding.precision.Rounding`).
+ROUNDING_CODES = {"nearest": 0, "stochastic": 1, "master": 2}
 KERNEL_NAMES = ("pooled_lookup", "occurrence_keys", "segment_update")
 
 _OPS = {
@@ -48,6 +57,99 @@ _BODY = r"""
 #define MAX_CHUNKS 32
 
 typedef long long i64;
+typedef unsigned long long u64;
+
+// ---- half storage: raw float16 / bfloat16 bits (embedding/precision.py, bit for bit)
+
+// float16 (fp16 != 0) or bfloat16 bits h widened to float: exact, subnormals, inf and NaN
+// (payload kept) included
+__device__ __forceinline__ float half_to_float(const unsigned int h, const int fp16) {
+    if (!fp16) return __uint_as_float(h << 16);
+    const unsigned int sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    if (e != 0u) return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+    // zero or subnormal: m * 2**-24, exact in float
+    return __uint_as_float(sign | __float_as_uint(__fmul_rn((float)m, 5.9604644775390625e-8f)));
+}
+
+// float x rounded to float16 (fp16 != 0) or bfloat16 bits: add a rounding increment below
+// the s kept-away bits, then drop them. stochastic == 0: nearest, ties to even; else the low s
+// bits of rnd (a carry happens with probability equal to the dropped fraction)
+__device__ __forceinline__ unsigned short float_to_half(const float x, const int fp16,
+                                                       const int stochastic,
+                                                       const unsigned int rnd) {
+    const unsigned int u = __float_as_uint(x);
+    const unsigned int sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (unsigned short)(sign | (fp16 ? 0x7e00u : 0x7fc0u));
+    int s = 16;
+    u64 base = a;
+    if (fp16) {
+        if (a >= 0x47800000u) return (unsigned short)(sign | 0x7c00u);   // |x| >= 2**16: inf
+        const int e = (int)(a >> 23) - 127;
+        if (e >= -14) {
+            s = 13;
+            base = a - (112u << 23);
+        } else {
+            s = -1 - e;
+            if (s > 32) return (unsigned short)sign;                      // |x| < 2**-32: zero
+            base = (a & 0x7fffffu) | 0x800000u;
+        }
+    }
+    const u64 inc = stochastic ? ((u64)rnd & (((u64)1 << s) - 1))
+                               : (((u64)1 << (s - 1)) - 1 + ((base >> s) & 1));
+    return (unsigned short)(((base + inc) >> s) | sign);
+}
+
+// one splitmix64 step of h absorbing v (embedding.precision.random_bits)
+__device__ __forceinline__ u64 mix64(const u64 h, const u64 v) {
+    u64 z = (h ^ v) + (u64)0x9E3779B97F4A7C15;
+    z = (z ^ (z >> 30)) * (u64)0xBF58476D1CE4E5B9;
+    z = (z ^ (z >> 27)) * (u64)0x94D049BB133111EB;
+    return z ^ (z >> 31);
+}
+
+// W_CODE / S_CODE: 0 when the weights / the float state are stored as a float type (plain
+// conversions), 1 for float16 bits, 2 for bfloat16 bits
+#if W_CODE == 0
+#define LOAD_W(v) ((T)(v))
+#else
+#define LOAD_W(v) ((T)half_to_float((v), W_CODE == 1))
+#endif
+#if S_CODE == 0
+#define LOAD_S(v) ((T)(v))
+#define ROUND_S(x) ((S)(x))
+#else
+#define LOAD_S(v) ((T)half_to_float((v), S_CODE == 1))
+#define ROUND_S(x) float_to_half((float)(x), S_CODE == 1, 0, 0u)
+#endif
+
+// Rounding modes of a table's weights (embedding.precision.Rounding)
+#define ROUND_NEAREST 0
+#define ROUND_STOCHASTIC 1
+#define ROUND_MASTER 2
+
+// the value the optimizer reads of weight element j: the master copy of a MASTER table
+__device__ __forceinline__ T read_weight(const W* __restrict__ weights,
+                                         const float* __restrict__ master, const i64 j,
+                                         const int rmode) {
+    if (rmode == ROUND_MASTER) return (T)master[j];
+    return LOAD_W(weights[j]);
+}
+
+// store the optimizer's new value v of weight element j (column c of a row whose hash prefix
+// is hrow): the master copy keeps v, the stored weight is v rounded by rmode
+__device__ __forceinline__ void write_weight(W* __restrict__ weights, float* __restrict__ master,
+                                             const i64 j, const T v, const int rmode,
+                                             const u64 hrow, const int c) {
+#if W_CODE == 0
+    weights[j] = (W)v;
+#else
+    if (rmode == ROUND_MASTER) master[j] = (float)v;
+    const int sto = rmode == ROUND_STOCHASTIC;
+    const unsigned int rnd = sto ? (unsigned int)(mix64(hrow, (u64)c) >> 32) : 0u;
+    weights[j] = float_to_half((float)v, W_CODE == 1, sto, rnd);
+#endif
+}
 
 __device__ __forceinline__ T warp_sum(T v) {
     for (int o = 16; o > 0; o >>= 1) v = ADD(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -55,7 +157,7 @@ __device__ __forceinline__ T warp_sum(T v) {
 }
 
 extern "C" __global__ void pooled_lookup(
-        const T* __restrict__ weights, const i64* __restrict__ weight_offsets,
+        const W* __restrict__ weights, const i64* __restrict__ weight_offsets,
         const int* __restrict__ dims, const int* __restrict__ slot_table,
         const i64* __restrict__ slot_col, const int* __restrict__ slot_mean,
         const int* __restrict__ slot_max,
@@ -75,7 +177,7 @@ extern "C" __global__ void pooled_lookup(
         const i64 g = gs / num_slots;
         const int t = slot_table[s];
         const int d = dims[t];
-        const T* w = weights + weight_offsets[t];
+        const W* w = weights + weight_offsets[t];
         const i64 start = offsets[bag], end = offsets[bag + 1];
         const i64 at = (g * batch_size + b) * out_dim + slot_col[s];
         T* o = out + at;
@@ -86,7 +188,7 @@ extern "C" __global__ void pooled_lookup(
             T acc = (T)0;
             i64 arg = -1;
             for (i64 i = start; i < end; ++i) {
-                T x = w[indices[i] * d + c];
+                T x = LOAD_W(w[indices[i] * d + c]);
                 if (has_per_id) x = MUL(x, per_id[i]);
                 if (mx) {
                     if (i == start || x > acc) {
@@ -168,8 +270,12 @@ extern "C" __global__ void segment_update(
         const int mode, T* __restrict__ agg, const i64* __restrict__ agg_offsets,
         // per table: optimizer code, (lr, eps, b1, 1-b1, b2, 1-b2) in T, (beta1, beta2) in double
         const int* __restrict__ kinds, const T* __restrict__ hyper, const double* __restrict__ betas,
-        T* __restrict__ weights, T* __restrict__ momentum, T* __restrict__ exp_avg,
-        T* __restrict__ exp_avg_sq, i64* __restrict__ step) {
+        W* __restrict__ weights, S* __restrict__ momentum, S* __restrict__ exp_avg,
+        S* __restrict__ exp_avg_sq, i64* __restrict__ step,
+        // per table: rounding mode and stochastic-rounding seed of half weights; the update
+        // counter; float32 master rows (laid out like weights) of MASTER tables
+        const int* __restrict__ rounding, const u64* __restrict__ seeds, const u64 update_step,
+        float* __restrict__ master) {
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
     T g[MAX_CHUNKS];
@@ -200,39 +306,52 @@ extern "C" __global__ void segment_update(
             for (int c = lane; c < d; c += 32, ++k) dst[c] = g[k];
             continue;
         }
-        T* w = weights + weight_offsets[t] + row * d;
+        const i64 w0 = weight_offsets[t] + row * d;
         const int kind = kinds[t];
+        const int rmode = rounding[t];
+        const u64 hrow = rmode == ROUND_STOCHASTIC
+            ? mix64(mix64(mix64(mix64((u64)0, seeds[t]), update_step), (u64)t), (u64)row)
+            : (u64)0;
         const T lr = hyper[6 * t], eps = hyper[6 * t + 1], b1 = hyper[6 * t + 2];
         const T omb1 = hyper[6 * t + 3], b2 = hyper[6 * t + 4], omb2 = hyper[6 * t + 5];
         if (kind == 0) {
             k = 0;
-            for (int c = lane; c < d; c += 32, ++k) w[c] = SUB(w[c], MUL(g[k], lr));
+            for (int c = lane; c < d; c += 32, ++k)
+                write_weight(weights, master, w0 + c,
+                             SUB(read_weight(weights, master, w0 + c, rmode), MUL(g[k], lr)),
+                             rmode, hrow, c);
         } else if (kind == 1) {
             const T total = warp_sum(sumsq);
             const T add = has_row_term[t] ? row_term[order[lo]] : DIV(total, (T)d);
-            const T m = ADD(momentum[grow], add);
+            const T m = ADD(LOAD_S(momentum[grow]), add);
             __syncwarp();
-            if (lane == 0) momentum[grow] = m;
+            if (lane == 0) momentum[grow] = ROUND_S(m);
             const T scale = DIV(lr, ADD(SQRT(m), eps));
             k = 0;
-            for (int c = lane; c < d; c += 32, ++k) w[c] = SUB(w[c], MUL(g[k], scale));
+            for (int c = lane; c < d; c += 32, ++k)
+                write_weight(weights, master, w0 + c,
+                             SUB(read_weight(weights, master, w0 + c, rmode), MUL(g[k], scale)),
+                             rmode, hrow, c);
         } else {
             const i64 n = step[grow] + 1;
             __syncwarp();
             if (lane == 0) step[grow] = n;
             const T bc1 = (T)(1.0 - pow(betas[2 * t], (double)n));
             const T bc2 = (T)(1.0 - pow(betas[2 * t + 1], (double)n));
-            T* m1 = exp_avg + weight_offsets[t] + row * d;
-            T* m2 = exp_avg_sq + weight_offsets[t] + row * d;
+            S* m1 = exp_avg + w0;
+            S* m2 = exp_avg_sq + w0;
             k = 0;
             for (int c = lane; c < d; c += 32, ++k) {
                 const T gc = g[k];
-                const T m = ADD(MUL(m1[c], b1), MUL(omb1, gc));
-                const T v = ADD(MUL(m2[c], b2), MUL(omb2, MUL(gc, gc)));
-                m1[c] = m;
-                m2[c] = v;
+                const T m = ADD(MUL(LOAD_S(m1[c]), b1), MUL(omb1, gc));
+                const T v = ADD(MUL(LOAD_S(m2[c]), b2), MUL(omb2, MUL(gc, gc)));
+                m1[c] = ROUND_S(m);
+                m2[c] = ROUND_S(v);
                 const T denom = ADD(SQRT(DIV(v, bc2)), eps);
-                w[c] = SUB(w[c], MUL(DIV(DIV(m, bc1), denom), lr));
+                write_weight(weights, master, w0 + c,
+                             SUB(read_weight(weights, master, w0 + c, rmode),
+                                 MUL(DIV(DIV(m, bc1), denom), lr)),
+                             rmode, hrow, c);
             }
         }
     }
@@ -240,12 +359,33 @@ extern "C" __global__ void segment_update(
 """
 
 
-def source_for(dtype: str) -> str:
-    """The CUDA source of the kernels for weight dtype ``dtype`` (float32 or float64)."""
-    ctype = {"float32": "float", "float64": "double"}.get(str(dtype))
-    if ctype is None:
-        raise ValueError(f"dtype: expected float32 or float64, got {dtype}")
+#: Storage dtype -> (C storage type, W_CODE / S_CODE, compute C type).
+_STORAGE = {"float32": ("float", 0, "float"), "float64": ("double", 0, "double"),
+            "float16": ("unsigned short", 1, "float"),
+            "bfloat16": ("unsigned short", 2, "float")}
+
+
+def source_for(dtype: str, state_dtype: str | None = None) -> str:
+    """The CUDA source of the kernels for weight dtype ``dtype`` (float32, float64, float16,
+    bfloat16) and optimizer-state dtype ``state_dtype`` (default: the compute dtype, float64
+    for float64 weights and float32 otherwise).
+
+    A float64 table computes in double, every other in float. Half state
+    with float64 weights is refused: its stores would round through float.
+    """
+    if str(dtype) not in _STORAGE:
+        raise ValueError(f"dtype: expected one of {sorted(_STORAGE)}, got {dtype}")
+    wtype, wcode, ctype = _STORAGE[str(dtype)]
+    sname = {"float": "float32", "double": "float64"}[ctype] if state_dtype is None \
+        else str(state_dtype)
+    if sname not in _STORAGE:
+        raise ValueError(f"state_dtype: expected one of {sorted(_STORAGE)}, got {state_dtype}")
+    stype, scode, _ = _STORAGE[sname]
+    if scode and ctype == "double":
+        raise ValueError(f"state_dtype: the device kernels keep {sname} optimizer state for "
+                         f"float32, float16 and bfloat16 tables, not {dtype}")
     body = _BODY
     for name, fn in _OPS[ctype].items():
         body = body.replace(f"@{name}@", fn)
-    return f"typedef {ctype} T;\n" + body
+    return (f"typedef {ctype} T;\ntypedef {wtype} W;\ntypedef {stype} S;\n"
+            f"#define W_CODE {wcode}\n#define S_CODE {scode}\n" + body)

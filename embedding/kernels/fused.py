@@ -76,10 +76,10 @@ class FusedTables:
         self.step = 0
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
-        if device == "cuda" and (is_half(self.dtype) or is_half(self.state_dtype)):
-            raise ValueError(f"dtype: the device kernels store float32 and float64 tables; "
-                             f"{self.dtype.name} storage (state {self.state_dtype.name}) runs "
-                             f"on device 'cpu' for now")
+        if device == "cuda" and self.compute_dtype == np.float64 and is_half(self.state_dtype):
+            raise ValueError(f"state_dtype: the device kernels keep {self.state_dtype.name} "
+                             f"optimizer state for float32, float16 and bfloat16 tables, not "
+                             f"{self.dtype.name}; use device 'cpu' or a wider state_dtype")
         self.device = device
         if int(threads) < 1:
             raise ValueError(f"threads: expected >= 1, got {threads}")

@@ -24,6 +24,7 @@ device functions, locals, casts)               no shared memory)
                                                built with ``-cl-fp32-correctly-rounded-
                                                divide-sqrt``): round-to-nearest like CUDA
 ``pow`` on doubles                             OpenCL ``pow`` (``cl_khr_fp64`` enabled)
+``__float_as_uint``, ``__uint_as_float``       ``as_uint``, ``as_float`` (bit casts)
 ``__shfl_xor_sync(full mask, v, o[, 32])``     exchange through a ``__local`` scratch of
                                                32 slots, a barrier before and after the
                                                write (scratch threaded as an extra first
@@ -162,7 +163,7 @@ class Translation:
 # --------------------------------------------------------------------------- translation
 
 _KNOWN_DUNDER = {"__global__", "__device__", "__forceinline__", "__restrict__",
-                 "__shfl_xor_sync", "__syncwarp"} | {
+                 "__shfl_xor_sync", "__syncwarp", "__float_as_uint", "__uint_as_float"} | {
     f"__{p}{op}_rn" for p in "fd" for op in ("add", "sub", "mul", "div", "sqrt")}
 _REFUSED_WORDS = {"warpSize", "template", "typename", "namespace", "using", "class",
                   "operator", "new", "delete", "nullptr", "constexpr", "static_assert", "asm",
@@ -192,6 +193,8 @@ _PRELUDE = r"""/* Translated from CUDA C by tests/devsim/opencl.py: do not edit.
 #define __nc_threadIdx_x ((uint)((get_group_id(0) % (__NC_B >> 5)) * 32 + get_local_id(0)))
 #define __nc_gridDim_x ((uint)(get_num_groups(0) / (__NC_B >> 5)))
 static inline void __nc_syncwarp(void) { barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE); }
+static inline uint __float_as_uint(float x) { return as_uint(x); }
+static inline float __uint_as_float(uint x) { return as_float(x); }
 """
 _ARITH = "static inline {t} __{p}{op}_rn({t} a, {t} b) {{ return a {sym} b; }}\n"
 _SQRT = "static inline {t} __{p}sqrt_rn({t} a) {{ return sqrt(a); }}\n"

@@ -64,3 +64,21 @@ def test_device_training_matches_numpy(world, all_ranks, tmp_path, monkeypatch, 
     all_ranks(np.allclose(a, b, rtol=1e-5, atol=1e-6), f"NumPy {a} vs device {b}")
     all_ranks(abs(host.last_eval["auc"] - dev.last_eval["auc"]) < 1e-4,
               f"AUC NumPy {host.last_eval} vs device {dev.last_eval}")
+
+
+def test_device_training_with_half_tables_matches_numpy(world, all_ranks, tmp_path, monkeypatch):
+    """bfloat16 tables with stochastic rounding: the device run draws the same rounding bits,
+    so its losses follow the NumPy run's."""
+    monkeypatch.setenv("NEOCOMM_BACKEND", "nccl")
+    base = world.comm.bcast(str(tmp_path) if world.rank == 0 else None, root=0)
+    opts = dict(plan={"shardings": ["table_wise"]},
+                tables={"dtype": "bfloat16", "rounding": "stochastic", "rounding_seed": 5})
+    host = _train(_config(f"{base}/cpu", "cpu", **opts), world)
+    dev = _train(_config(f"{base}/cuda", "cuda", **opts), world)
+    shard = dev.coll.local_shards()[0].weight
+    all_ranks(isinstance(shard, cp.ndarray) and shard.dtype.name == "bfloat16",
+              f"the device run keeps {type(shard).__name__} of {shard.dtype}")
+    a = np.array([loss for _, loss in host.losses])
+    b = np.array([loss for _, loss in dev.losses])
+    all_ranks(len(a) == len(b) == STEPS, f"{len(a)} and {len(b)} losses")
+    all_ranks(np.allclose(a, b, rtol=1e-5, atol=1e-6), f"NumPy {a} vs device {b}")

@@ -480,6 +480,21 @@ def test_translated_probe_is_clean_under_oclgrind():
     _check_probe(args, 2, 64)
 
 
+def test_translated_bit_casts_run_on_pocl():
+    """``__float_as_uint`` / ``__uint_as_float`` (half storage) keep every bit, NaN included."""
+    _require("pocl")
+    prog = ocl.Program('extern "C" __global__ void k(const float* a, unsigned int* bits, '
+                       'float* back) { const int i = blockIdx.x * blockDim.x + threadIdx.x; '
+                       'bits[i] = __float_as_uint(a[i]); '
+                       'back[i] = __uint_as_float(bits[i] ^ 0x80000000u); }', "pocl")
+    a = np.random.default_rng(12).integers(0, 2 ** 32, 64, dtype=np.uint64).astype(np.uint32)
+    a[:4] = [0x7FC00001, 0xFF800000, 0x00000001, 0x80000000]
+    bits, back = np.zeros(64, np.uint32), np.zeros(64, np.float32)
+    prog.launch("k", (2,), (32,), (a.view(np.float32), bits, back))
+    np.testing.assert_array_equal(bits, a)
+    np.testing.assert_array_equal(back.view(np.uint32), a ^ np.uint32(0x80000000))
+
+
 def test_translation_of_the_kernels_is_mechanical():
     for dtype in DTYPES:
         tr = ocl.translate(source_for(dtype))

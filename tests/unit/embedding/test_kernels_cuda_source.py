@@ -54,10 +54,11 @@ def _fmas_per_kernel(tmp_path: Path, source: str, fmad: bool) -> dict[str, int]:
     return {m.group(1): len(_FMA.findall(m.group(0))) for m in _ENTRY.finditer(out.read_text())}
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_nvcc_contracts_nothing_in_the_kernels(tmp_path, dtype):
-    contracted = _fmas_per_kernel(tmp_path, source_for(dtype), fmad=True)
-    plain = _fmas_per_kernel(tmp_path, source_for(dtype), fmad=False)
+@pytest.mark.parametrize("dtype, state_dtype", [("float32", None), ("float64", None),
+                                                ("float16", "float16"), ("bfloat16", None)])
+def test_nvcc_contracts_nothing_in_the_kernels(tmp_path, dtype, state_dtype):
+    contracted = _fmas_per_kernel(tmp_path, source_for(dtype, state_dtype), fmad=True)
+    plain = _fmas_per_kernel(tmp_path, source_for(dtype, state_dtype), fmad=False)
     assert set(contracted) == set(KERNEL_NAMES), contracted
     fused = {k: (plain[k], n) for k, n in contracted.items() if n != plain[k]}
     assert not fused, f"nvcc fused operations into FMAs in the {dtype} kernels " \
@@ -70,5 +71,9 @@ def test_the_check_sees_a_contracted_kernel(tmp_path):
 
 
 def test_source_rejects_other_dtypes():
-    with pytest.raises(ValueError, match="dtype"):
-        source_for("float16")
+    with pytest.raises(ValueError, match=r"dtype: expected one of .*got int8"):
+        source_for("int8")
+    with pytest.raises(ValueError, match=r"state_dtype: expected one of .*got int16"):
+        source_for("float32", "int16")
+    with pytest.raises(ValueError, match=r"state_dtype: .*float16 optimizer state.*not float64"):
+        source_for("float64", "float16")

@@ -19,7 +19,11 @@ import pytest
 from embedding.kernels.cuda_src import KERNEL_NAMES, source_for
 
 ARCHS = ("sm_80", "sm_90")
-DTYPES = ("float32", "float64")
+#: ``(weight dtype, optimizer-state dtype or None)`` of every source the device path builds:
+#: each weight dtype with its compute-dtype state, and half or wider state apart from it.
+DTYPES = (("float32", None), ("float64", None), ("float16", None), ("bfloat16", None),
+          ("float16", "float16"), ("bfloat16", "bfloat16"), ("float32", "bfloat16"),
+          ("float16", "float64"))
 _PROPERTIES = re.compile(r"Function properties for (\w+)\s*\n\s*(\d+) bytes stack frame, "
                          r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
@@ -39,12 +43,13 @@ def _nvcc() -> str:
     pytest.skip(reason)
 
 
-def _compile(tmp_path: Path, dtype: str, arch: str, *extra: str) -> str:
-    """ptxas's report of compiling ``source_for(dtype)`` to a cubin for ``arch``."""
-    src = tmp_path / f"kernels_{dtype}.cu"
-    src.write_text(source_for(dtype))
+def _compile(tmp_path: Path, dtype: str, arch: str, *extra: str, state_dtype=None) -> str:
+    """ptxas's report of compiling ``source_for(dtype, state_dtype)`` to a cubin for ``arch``."""
+    tag = f"{dtype}_{state_dtype or 'compute'}"
+    src = tmp_path / f"kernels_{tag}.cu"
+    src.write_text(source_for(dtype, state_dtype))
     cmd = [_nvcc(), "-cubin", f"-arch={arch}", "-Xptxas", "-v", *extra,
-           "-o", str(tmp_path / f"kernels_{dtype}_{arch}.cubin"), str(src)]
+           "-o", str(tmp_path / f"kernels_{tag}_{arch}.cubin"), str(src)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     report = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{report}"
@@ -65,16 +70,17 @@ def _spills(report: str, arch: str) -> list[str]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_kernels_compile_without_register_spills(tmp_path, dtype, arch):
-    report = _compile(tmp_path, dtype, arch)
+@pytest.mark.parametrize("dtype, state_dtype", DTYPES, ids=lambda x: str(x))
+def test_kernels_compile_without_register_spills(tmp_path, dtype, state_dtype, arch):
+    report = _compile(tmp_path, dtype, arch, state_dtype=state_dtype)
     entries = {name for name, target in _ENTRY.findall(report) if target == arch}
     assert entries == set(KERNEL_NAMES), report
     table = _spill_table(report)
     missing = [name for name in KERNEL_NAMES if name not in table]
     assert not missing, f"ptxas reported no properties for {missing}:\n{report}"
     spills = _spills(report, arch)
-    assert not spills, f"register spills in the {dtype} kernels:\n" + "\n".join(spills)
+    assert not spills, (f"register spills in the {dtype} kernels (state {state_dtype}):\n"
+                        + "\n".join(spills))
 
 
 def test_spill_check_sees_forced_spills(tmp_path):
