@@ -90,7 +90,11 @@ def reducer(xp, dtype, op: ReduceOp):
             else:
                 x, y = a[s:e].astype(wide), b[s:e].astype(wide)
             ufunc(x, y, out=x)
-            out[s:e] = x if xp is np else x.astype(out.dtype)  # the one rounding
+            if xp is np:
+                with np.errstate(over="ignore"):  # IEEE: beyond the type's range is inf
+                    out[s:e] = x  # the one rounding
+            else:
+                out[s:e] = x.astype(out.dtype)
 
     return widened
 
@@ -114,7 +118,8 @@ def combine_many(op: ReduceOp, inputs, out, piece: int = PIECE) -> None:
             acc = inputs[0][s:e].astype(xp.float32)
             for view in inputs[1:]:
                 ufunc(acc, view[s:e].astype(xp.float32), out=acc)
-            out[s:e] = acc.astype(out.dtype)  # the one rounding
+            with np.errstate(over="ignore"):  # IEEE: beyond the type's range is inf
+                out[s:e] = acc.astype(out.dtype)  # the one rounding
         else:
             acc = out[s:e]
             ufunc(inputs[0][s:e], inputs[1][s:e], out=acc)
