@@ -103,6 +103,13 @@ def _reduce_op(op) -> tuple[ReduceOp, Problem | None]:
         return ReduceOp.SUM, Problem("op", str(exc))
 
 
+def _backend_reduces(ctx, sendbuf, rop: ReduceOp) -> Problem | None:
+    """The problem of a reduction the group's backend cannot do on ``sendbuf``'s dtype
+    (bfloat16 on NCCL before 2.10), for the call's agreement to raise on every rank."""
+    why = ctx.backend.reduce_reason(sendbuf.dtype, rop)
+    return None if why is None else Problem("sendbuf", f"sendbuf: {why}")
+
+
 def _apart(sendbuf, recvbuf):
     """``sendbuf``, or a copy of it when ``recvbuf`` is the same memory: an exchange in
     place would overwrite blocks before they are sent."""
@@ -239,6 +246,7 @@ def _plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, async_op, alg
     ctx = context(None, sendbuf, kind.value, state)
     p, dev = ctx.group.size, ctx.backend.device
     problem = problem or check_buffer("sendbuf", sendbuf, device=dev, reducible=True)
+    problem = problem or _backend_reduces(ctx, sendbuf, rop)
     counts = None
     if problem is None:
         if recv_counts is None:
@@ -315,6 +323,7 @@ def _plan_all_reduce(state, sendbuf, recvbuf, op, async_op, algo, chunk_bytes):
     dev = ctx.backend.device
     problem = problem or check_buffer("sendbuf", sendbuf, device=dev, reducible=True,
                                       writable=recvbuf is None)
+    problem = problem or _backend_reduces(ctx, sendbuf, rop)
     if problem is None and recvbuf is not None:
         problem = _check_out(sendbuf, recvbuf, dev, sendbuf.size,
                              f"{sendbuf.size} elements (as sendbuf)")

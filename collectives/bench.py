@@ -7,7 +7,10 @@ median is reported, so that a noisy neighbour hurts every algorithm alike).
 The peer, ``mpi``, is the native MPI call (mpi4py's ``Alltoall``,
 ``Allreduce`` … directly on the group's communicator), measured in the same
 run. ``check`` iterations then fill the inputs with a known pattern and
-count wrong output elements, summed over the ranks.
+count wrong output elements, summed over the ranks: elements that differ
+from the exact result, or for float16 and bfloat16 reductions that differ
+by more than the error bound of :mod:`neocomm.reduction` for ``p - 1``
+rounding steps (:meth:`_Case.tolerance`).
 
 With ``device=True`` (``neocomm bench --device``) the buffers are CuPy
 arrays, allocated once per size, so every call runs over the device backend
@@ -36,6 +39,7 @@ from collectives.chunking import staging_pool
 from collectives.simulate import bus_factor, count_of, many_to_many_peers, sweep
 from collectives.types import CollectiveOp
 from neocomm.errors import CollectiveArgumentError
+from neocomm.reduction import error_bound, is_half
 from neocomm.types import ReduceOp, bfloat16
 
 __all__ = ["BenchConfig", "Row", "run_bench", "bus_factor", "peer_name", "PEER",
@@ -281,7 +285,7 @@ class _Case:
             acc = f(0, lo, hi)
             for i in range(1, p):
                 acc = red(acc, f(i, lo, hi))
-            return acc.astype(dt)
+            return acc if is_half(dt) else acc.astype(dt)  # 16-bit: exact, see tolerance()
         if op is CollectiveOp.ALL_GATHER:
             return np.concatenate([f(i, 0, n // p) for i in range(p)]).astype(dt)
         if op in (CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY):
@@ -299,8 +303,23 @@ class _Case:
             return self.send
         return self.recv
 
+    def tolerance(self, it: int):
+        """How far from :meth:`expected` an element may be: 0, except for float16 and
+        bfloat16 reductions, whose results may be off by the error bound of
+        :mod:`neocomm.reduction` with ``p - 1`` rounding steps (the deepest reduction
+        tree over ``p`` ranks, whatever the algorithm)."""
+        op, p, r, n = self.op, self.group.size, self.group.rank, self.count
+        if op not in (CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER) \
+                or not is_half(self.dtype):
+            return 0
+        lo, hi = (0, n) if op is CollectiveOp.ALL_REDUCE else (r * (n // p),
+                                                                (r + 1) * (n // p))
+        inputs = [_fill(i, np.arange(lo, hi), it, self.dtype) for i in range(p)]
+        return error_bound(inputs, ReduceOp.parse(self.cfg.reduce_op), max(0, p - 1))
+
     def wrong(self, run, it: int) -> int:
-        """Run once on pattern ``it``; count wrong elements on this rank."""
+        """Run once on pattern ``it``; count elements on this rank off by more than
+        :meth:`tolerance`."""
         self.fill(it)
         run()
         _sync(self.cfg)
@@ -308,7 +327,8 @@ class _Case:
             return 0
         out = self.output()
         got = (out.get() if self.cfg.device else out).astype(np.float64)
-        return int(np.count_nonzero(got != self.expected(it).astype(np.float64)))
+        want = self.expected(it).astype(np.float64)
+        return int(np.count_nonzero(~(np.abs(got - want) <= self.tolerance(it))))
 
 
 _PREPARABLE = (CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V, CollectiveOp.ALL_REDUCE,
@@ -316,32 +336,21 @@ _PREPARABLE = (CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V, CollectiveOp.
 
 
 def _mpi_buf(a: np.ndarray):
-    """An mpi4py buffer spec; 2-byte float types travel as raw bytes (no reduction)."""
+    """An mpi4py buffer spec: 2-byte float types travel as the MPI backend sends them
+    (an opaque 2-byte type that its user-defined ops reduce)."""
     if a.dtype.name in ("float16", "bfloat16"):
-        return a.view(np.uint16)
+        from neocomm.backends.mpi import mpi_datatype
+
+        return [a, mpi_datatype(a.dtype)]
     return a
 
 
-_HALF_OPS: dict = {}
-
-
 def _mpi_op(dtype: np.dtype, op: ReduceOp):
-    """MPI's reduction op; 2-byte float types get a NumPy user-defined op (MPI has none)."""
-    from mpi4py import MPI
+    """The MPI op the MPI backend reduces ``dtype`` with (user-defined ops for the 2-byte
+    floats, widened to float32 and rounded once per step)."""
+    from neocomm.backends.mpi import mpi_op
 
-    if dtype.name not in ("float16", "bfloat16"):
-        return getattr(MPI, op.name)
-    key = (dtype, op)
-    if key not in _HALF_OPS:
-        ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum,
-                 "prod": np.multiply}[op.value]
-
-        def reduce(inbuf, outbuf, datatype):
-            a, b = np.frombuffer(inbuf, dtype), np.frombuffer(outbuf, dtype)
-            ufunc(a, b, out=b)
-
-        _HALF_OPS[key] = MPI.Op.Create(reduce, commute=True)
-    return _HALF_OPS[key]
+    return mpi_op(dtype, op)
 
 
 def sizes(cfg: BenchConfig) -> list[int]:

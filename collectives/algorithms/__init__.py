@@ -17,6 +17,9 @@ tuple, with
   of two or more ranks, from the primitives of :mod:`collectives.alphabeta`);
   the base class prices a one-rank group as one local copy and applies the
   fabric's calibration factor;
+- ``rounding_steps(request, fabric) -> int``: how many times a reduced
+  element is rounded to its type at most (the error bound of float16 and
+  bfloat16 sums, :mod:`neocomm.reduction`);
 - ``run(call)``: a generator that moves the data of one :class:`Call` with
   the backend's non-blocking send/recv and local array compute, yielding
   the handles it waits for (:mod:`collectives.progress`).
@@ -35,14 +38,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from neocomm.reduction import reducer
+
 from collectives import alphabeta
 from collectives.types import CollectiveOp, FabricModel, Request
 
-__all__ = ["Algorithm", "Call", "registry", "refresh", "lookup", "names", "displs", "UFUNCS"]
-
-#: ReduceOp value -> ufunc name (looked up on the array module of the buffers).
-UFUNCS = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "multiply"}
-
+__all__ = ["Algorithm", "Call", "registry", "refresh", "lookup", "names", "displs"]
 
 class Algorithm:
     """Base of the algorithm plug-ins; subclasses set ``name``, ``ops``, ``order``,
@@ -72,6 +73,14 @@ class Algorithm:
         if request.op not in self.ops:
             return f"does not implement {request.op.value}"
         return self.shape_reason(request.op, fabric, request.group_size)
+
+    def rounding_steps(self, request: Request, fabric: FabricModel) -> int:
+        """The most roundings to the element type on any element's way through this
+        algorithm's reduction of ``request``: the ``steps`` of the error bound of
+        :mod:`neocomm.reduction`. The default, ``p - 1``, holds for any reduction
+        tree over ``p`` inputs (the backend's own included); algorithms with
+        shallower trees say so."""
+        return max(0, int(request.group_size) - 1)
 
     def formula(self, request: Request, fabric: FabricModel) -> float:
         """Alpha-beta seconds of ``request`` on a group of two or more ranks, before
@@ -130,9 +139,11 @@ class Call:
         """Whether ``peer`` is on another node than this rank."""
         return self.layout.node[peer] != self.layout.node[self.rank]
 
-    def ufunc(self):
-        """The in-place-capable ufunc of this call's reduction, on ``xp``."""
-        return getattr(self.xp, UFUNCS[self.reduce_op.value])
+    def reducer(self, dtype):
+        """``f(a, b, out=c)``: this call's reduction of two arrays of ``dtype`` on ``xp``
+        (``c`` may be ``a`` or ``b``). float16 and bfloat16 are widened to float32 a piece
+        at a time and rounded once (:func:`neocomm.reduction.reducer`)."""
+        return reducer(self.xp, dtype, self.reduce_op)
 
     def tags(self, phase: int) -> int:
         from collectives.progress import TAG_PHASE

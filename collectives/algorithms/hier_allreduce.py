@@ -48,6 +48,12 @@ class HierarchicalAllReduce(Algorithm):
                      group_size: int | None = None) -> str | None:
         return hierarchical_shape_reason(fabric)
 
+    def rounding_steps(self, request: Request, fabric: FabricModel) -> int:
+        """Ring ReduceScatter in the node (``ranks_per_node - 1``; one when the node's
+        buffers are symmetric), then a ring or Rabenseifner AllReduce over the
+        rails (at most ``nodes - 1``)."""
+        return max(0, fabric.ranks_per_node - 1) + max(0, fabric.nodes - 1)
+
     def formula(self, request: Request, fabric: FabricModel) -> float:
         """Ring ReduceScatter in the node, the cheaper of ring and Rabenseifner
         AllReduce of ``1 / ranks_per_node`` of the data over each rail (one NIC share

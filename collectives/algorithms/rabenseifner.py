@@ -73,7 +73,8 @@ def _swap_reduce(call: Call, peer: int, send_view, cur, acc, lo: int, hi: int, t
     """Send ``send_view`` to ``peer`` while receiving its copy of ``[lo, hi)`` and
     reducing it into ``acc[lo:hi] = cur[lo:hi] (op) received``, chunk by chunk."""
     pool, policy = call.pool, call.policy
-    ufunc, dtype = call.ufunc(), acc.dtype
+    dtype = acc.dtype
+    ufunc = call.reducer(dtype)
     chunk, depth, lanes = policy.elems(call.is_inter(peer)), policy.depth, policy.lanes
     sends = [call.isend(send_view[a:a + chunk], peer, tag + (i % lanes))
              for i, a in enumerate(range(0, send_view.size, chunk))]
@@ -176,6 +177,11 @@ class Rabenseifner(Algorithm):
         if request.op is CollectiveOp.REDUCE_SCATTER:
             return reduce_scatter_seconds(request, fabric)
         return all_reduce_seconds(request, fabric)
+
+    def rounding_steps(self, request: Request, fabric: FabricModel) -> int:
+        """``ceil(log2 p)``: a fold step (groups of no power of two) and ``log2`` of the
+        largest power of two not above ``p`` halving steps."""
+        return ab.log2ceil(int(request.group_size))
 
     def supports(self, request: Request, fabric: FabricModel) -> str | None:
         reason = super().supports(request, fabric)

@@ -56,7 +56,8 @@ def ring_reduce_scatter(call: Call, members, src, bounds, *, acc=None, final=Non
         elif acc is None:
             final[:] = src[lo:hi]
         return
-    pool, ufunc, dtype = call.pool, call.ufunc(), src.dtype
+    pool, dtype = call.pool, src.dtype
+    ufunc = call.reducer(dtype)
     me = members.index(call.rank)
     my_lo = bounds[me][0]
 
@@ -118,7 +119,8 @@ def ring_all_reduce(call: Call, members, src, acc, bounds, *, tag: int):
         if acc is not src:
             acc[:] = src
         return
-    pool, ufunc, dtype = call.pool, call.ufunc(), src.dtype
+    pool, dtype = call.pool, src.dtype
+    ufunc = call.reducer(dtype)
 
     def own(a, b):
         return src[a:b], None

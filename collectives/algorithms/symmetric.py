@@ -29,6 +29,7 @@ import math
 import numpy as np
 
 from neocomm.errors import CollectiveArgumentError
+from neocomm.reduction import combine_many
 
 from collectives import alphabeta as ab
 from collectives import symmetric as sym
@@ -60,6 +61,11 @@ class Symmetric(Algorithm):
         if fabric.nodes > 1:
             return "needs a group within one node (shared memory)"
         return None
+
+    def rounding_steps(self, request: Request, fabric: FabricModel) -> int:
+        """One: a rank reduces every input of its segment at once (16-bit floats in
+        float32, rounded once)."""
+        return min(1, max(0, int(request.group_size) - 1))
 
     def formula(self, request: Request, fabric: FabricModel) -> float:
         """Direct loads from the peers' symmetric buffers: syncs plus local memory work.
@@ -144,21 +150,12 @@ def _all_reduce_two_shot(call: Call):
 
 def reduce_into(call: Call, inputs, out, first: int) -> None:
     """``out = inputs[first] op inputs[first+1] op ...`` (cyclic order), in pieces;
-    ``out`` may be ``inputs[first]`` itself (in place)."""
-    ufunc = call.ufunc()
+    ``out`` may be ``inputs[first]`` itself (in place). float16 and bfloat16 accumulate
+    in float32 and round once (:func:`neocomm.reduction.combine_many`)."""
     order = [inputs[(first + i) % len(inputs)] for i in range(len(inputs))]
-    if len(order) == 1:
-        if not np.shares_memory(out, order[0]):
-            out[...] = order[0]
-        return
     n = out.size
-    piece = max(1, n if len(order) == 2 else _PIECE_BYTES // out.itemsize)
-    for s in range(0, n, piece):
-        e = min(n, s + piece)
-        acc = out[s:e]
-        ufunc(order[0][s:e], order[1][s:e], out=acc)
-        for view in order[2:]:
-            ufunc(acc, view[s:e], out=acc)
+    piece = n if len(order) == 2 else _PIECE_BYTES // out.itemsize
+    combine_many(call.reduce_op, order, out, piece)
 
 
 def _enter(call: Call):

@@ -220,6 +220,14 @@ class Backend(abc.ABC):
     def close(self) -> None:
         """Release resources (communicators, staging buffers)."""
 
+    def reduce_reason(self, dtype, op: ReduceOp) -> str | None:
+        """Why this backend cannot reduce ``dtype`` with ``op``, in the user's terms
+        (naming the dtype, the op and what it does reduce), or None when it can. The
+        collectives layer asks before a reducing call and agrees the answer across
+        the group. Every dtype of :func:`collectives.validate.check_buffer`'s
+        reducible list by default."""
+        return None
+
     # -- what a backend implements (arguments already valid) -------------
     @abc.abstractmethod
     def _send(self, buf, peer: int, tag: int, async_op: bool) -> Handle: ...

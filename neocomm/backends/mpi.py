@@ -2,9 +2,10 @@
 
 No pickling on the data path: every call passes the arrays themselves with
 an explicit MPI datatype. float16 and bfloat16, which MPI has no reduction
-for, travel as 2-byte contiguous types and reduce with NumPy through
-user-defined MPI ops. So do sums of 8- and 16-bit integers: Open MPI's
-vectorised reduction saturates them on overflow (127 + 1 = 127 for int8),
+for, travel as 2-byte contiguous types and reduce through user-defined MPI
+ops that widen each piece MPI hands them to float32 and round once
+(:mod:`neocomm.reduction`): one rounding per reduction step. So do sums
+of 8- and 16-bit integers: Open MPI's vectorised reduction saturates them on overflow (127 + 1 = 127 for int8),
 where NCCL, NumPy and C wrap around; neocomm wraps on every backend.
 """
 from __future__ import annotations
@@ -16,15 +17,14 @@ import numpy as np
 from neocomm import watchdog
 from neocomm.backends.base import Backend, CompletedHandle, Handle
 from neocomm.errors import CollectiveArgumentError
+from neocomm.reduction import reducer
 from neocomm.types import BackendKind, ReduceOp, bfloat16
 
-__all__ = ["MpiBackend", "predefined_datatype"]
+__all__ = ["MpiBackend", "predefined_datatype", "mpi_datatype", "mpi_op"]
 
 _NATIVE = {"float32": "FLOAT", "float64": "DOUBLE", "int8": "INT8_T", "uint8": "UINT8_T",
            "int16": "INT16_T", "uint16": "UINT16_T", "int32": "INT32_T", "int64": "INT64_T",
            "uint32": "UINT32_T", "uint64": "UINT64_T", "bool": "C_BOOL"}
-_UFUNC = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum,
-          ReduceOp.PROD: np.multiply}
 
 
 #: integer types whose MPI_SUM may saturate instead of wrapping (Open MPI's AVX reduction)
@@ -61,12 +61,12 @@ def _op(name: str, op: ReduceOp):
     if name in _NATIVE and not (op is ReduceOp.SUM and name in _SATURATING_SUMS):
         return getattr(MPI, op.name)
     dtype = np.dtype(bfloat16) if name == "bfloat16" else np.dtype(name)
-    ufunc = _UFUNC[op]
+    combine = reducer(np, dtype, op)  # 2-byte floats: widened to float32, rounded once
 
     def reduce(inbuf, outbuf, datatype):
         a = np.frombuffer(inbuf, dtype)
         b = np.frombuffer(outbuf, dtype)
-        ufunc(a, b, out=b)
+        combine(a, b, out=b)
 
     return MPI.Op.Create(reduce, commute=True)
 
@@ -94,6 +94,12 @@ def mpi_op(dtype, op: ReduceOp):
     if mop is None:
         mop = _OP_BY_DTYPE[key] = _op(dtype.name, op)
     return mop
+
+
+def mpi_datatype(dtype):
+    """The MPI datatype this backend moves ``dtype`` with: MPI's own, or for float16 and
+    bfloat16 a committed opaque 2-byte type (reduced by :func:`mpi_op`'s user ops)."""
+    return _mpi_type(np.dtype(dtype))
 
 
 def _spec(buf):

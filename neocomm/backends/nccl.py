@@ -23,7 +23,9 @@ Datatypes: copies (AlltoAll(v), AllGather, Broadcast, send/recv) move
 bytes, so every dtype travels. Reductions use NCCL's types; int16 and
 uint16, which NCCL lacks, reduce as int32/uint32 and wrap back, which is
 exact (two's-complement wrap-around, as MPI and NCCL define for the other
-integer types).
+integer types). float16 reduces in NCCL's kernels, one rounding per step;
+bfloat16 needs NCCL 2.10 or later, and a reducing call on an older NCCL is
+refused on every rank before it starts (:meth:`NcclBackend.reduce_reason`).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from neocomm.backends.base import Backend, Handle, cuda_availability
 from neocomm.errors import BackendUnavailableError
 from neocomm.types import BackendKind, ReduceOp
 
-__all__ = ["NcclBackend", "normalize_unique_id", "NCCL_REDUCIBLE"]
+__all__ = ["NcclBackend", "normalize_unique_id", "NCCL_REDUCIBLE", "version_text"]
 
 # ncclDataType_t and ncclRedOp_t values from nccl.h (used when CuPy lacks a constant).
 _NCCL_DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
@@ -47,6 +49,8 @@ _WIDEN = {"int16": "int32", "uint16": "uint32"}
 NCCL_REDUCIBLE = tuple(_NCCL_DTYPES) + tuple(_WIDEN)
 _NCCL_OPS = {ReduceOp.SUM: 0, ReduceOp.PROD: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3}
 _UINT8 = 1
+#: the first NCCL version code with bfloat16 (2.10.0)
+_BF16_VERSION = 21000
 UNIQUE_ID_BYTES = 128
 
 
@@ -127,6 +131,22 @@ class NcclBackend(Backend):
         comm, self._comm = getattr(self, "_comm", None), None
         if comm is not None:
             comm.destroy()
+
+    def reduce_reason(self, dtype, op: ReduceOp) -> str | None:
+        """NCCL reduces bfloat16 from version 2.10 on (``cupy.cuda.nccl.get_version()``
+        >= 21000); every other dtype of :data:`NCCL_REDUCIBLE` with every op."""
+        name = np.dtype(dtype).name
+        if name == "bfloat16":
+            version = int(self._nccl.get_version())
+            if version < _BF16_VERSION:
+                others = ", ".join(n for n in NCCL_REDUCIBLE if n != "bfloat16")
+                return (f"the nccl backend cannot reduce bfloat16 ({op.value}): NCCL "
+                        f"{version_text(version)} has no bfloat16 reductions (NCCL >= 2.10 "
+                        f"has); it reduces {others} (or use NEOCOMM_BACKEND=staged)")
+        elif name not in NCCL_REDUCIBLE:
+            return (f"the nccl backend cannot reduce {name} ({op.value}); it reduces "
+                    f"{', '.join(NCCL_REDUCIBLE)}")
+        return None
 
     # -- helpers -------------------------------------------------------
     def _code(self, name: str) -> int:
@@ -289,6 +309,15 @@ class NcclBackend(Backend):
         self._comm.allReduce(token.data.ptr, token.data.ptr, 1, self._code("int32"),
                              self._op(ReduceOp.SUM), self._stream())
         return self._enqueued("barrier")
+
+
+def version_text(code: int) -> str:
+    """``"2.10.3"`` of an NCCL version code: ``major * 10000 + minor * 100 + patch`` from
+    2.9 on, ``major * 1000 + minor * 100 + patch`` before (``NCCL_VERSION_CODE``)."""
+    code = int(code)
+    major, rest = (code // 10000, code % 10000) if code >= 10000 else (code // 1000,
+                                                                       code % 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
 
 
 def _check_one_gpu_per_rank(group, device: int) -> None:

@@ -30,6 +30,22 @@ def test_half_precision_reduction_and_unknown_algorithm(world, all_ranks):
         run_bench(BenchConfig(CollectiveOp.ALL_REDUCE, algos=("bogus",)), world.world)
 
 
+@pytest.mark.parametrize("op", [CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER])
+def test_bfloat16_products_checked_within_the_bound(world, all_ranks, op):
+    """bfloat16 products through the MPI peer (the backend's user ops) and our algorithms,
+    checked against the exact products within the bound of neocomm.reduction."""
+    from neocomm.types import bfloat16
+
+    if bfloat16 is None:
+        pytest.skip("bfloat16 needs ml_dtypes")
+    cfg = BenchConfig(op, 4096, 4096, 1.0, iters=1, warmup=0, check=2, repeat=1,
+                      algos=("native", "ring", "rabenseifner"), dtype="bfloat16",
+                      reduce_op="prod")
+    rows = run_bench(cfg, world.world)
+    all_ranks({r.algo for r in rows} == {PEER, "native", "ring", "rabenseifner"}
+              and all(r.wrong == 0 for r in rows), str([(r.algo, r.wrong) for r in rows]))
+
+
 @pytest.mark.parametrize("op", [CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
                                 CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_GATHER,
                                 CollectiveOp.BROADCAST])

@@ -641,15 +641,25 @@ class _Collectives:
 
 
 def _reduce(data: np.ndarray, op: str, n: int) -> np.ndarray:
-    """Element-wise reduction over ranks in rank order, in the type itself (integers wrap)."""
-    acc = data[0].copy()
+    """Element-wise reduction over ranks in rank order, as NCCL's ring reduces: one step
+    per rank, each step's result stored in the type itself (integers wrap). float16 and
+    bfloat16 are computed in float32 and rounded to the type once per step, as NCCL's
+    kernels do, so a sum of ``n`` ranks rounds ``n - 1`` times. ncclAvg divides integer
+    sums by ``n`` (ncclDevSumPostDiv) and multiplies each float input by ``1/n`` in the
+    type before summing (ncclDevPreMulSum)."""
     uf = _UFUNC[op]
+    dtype = data.dtype
+    half = dtype.name in ("float16", "bfloat16")
     with np.errstate(over="ignore", invalid="ignore"):
+        if op == "avg" and dtype.kind == "f":
+            scale = np.asarray(1.0 / n).astype(dtype)
+            data = (data.astype(np.float32 if half else dtype) * scale).astype(dtype)
+        acc = data[0].copy()
         for r in range(1, n):
-            uf(acc, data[r], out=acc)
-        if op == "avg":
-            if np.issubdtype(acc.dtype, np.integer):
-                acc = (acc // n).astype(acc.dtype)
+            if half:
+                acc[...] = uf(acc.astype(np.float32), data[r].astype(np.float32))
             else:
-                acc = (acc / acc.dtype.type(n)).astype(acc.dtype)
+                uf(acc, data[r], out=acc)
+        if op == "avg" and dtype.kind in "iu":
+            acc = (acc // n).astype(dtype)
     return acc
