@@ -26,13 +26,13 @@ assumption is named in :attr:`NeoModel.assumed`:
   MFLOPS per sample;
 - the optimizers: row-wise AdaGrad for the tables, SGD for the dense layers.
 
-:func:`table_set` gives the tables as a :class:`~embedding.presets.TableSet`
-(registered in :mod:`embedding.presets` as ``neo-model-a``, ``neo-model-f``,
-``neo-model-i``: ``neocomm plan --tables neo-model-a`` plans one);
-:func:`dense_config` the dense model; :func:`predict` plans a model for a
-number of ranks on a fabric and prices its step with
-:func:`embedding.simulate.estimate_step`, the cost model of ``neocomm
-simulate step``.
+:func:`table_fields` gives the tables as the fields of a
+:class:`~embedding.presets.TableSet` (registered in :mod:`embedding.presets` as
+``neo-model-a``, ``neo-model-f``, ``neo-model-i``: ``neocomm plan --tables
+neo-model-a`` plans one); :func:`dense_config` the dense model;
+:func:`embedding.simulate.predict_workload` plans a model for a number of ranks on a
+fabric and prices its step with :func:`embedding.simulate.estimate_step`, the cost
+model of ``neocomm simulate step``. This module imports nothing of the planner.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["NeoModel", "MODELS", "ROW_SPREAD", "PAPER", "model", "table_set", "dims_of",
-           "dense_config", "num_parameters", "Prediction", "predict"]
+__all__ = ["NeoModel", "MODELS", "ROW_SPREAD", "PAPER", "model", "table_fields", "dims_of",
+           "dense_config", "num_parameters"]
 
 #: Where the paper's figures come from (arXiv 2104.05158, the ISCA 2022 version).
 PAPER = "https://arxiv.org/abs/2104.05158"
@@ -150,8 +150,7 @@ def dense_config(m: NeoModel):
     layers averaging ``mlp_width`` (the last is the logit), half bottom and half top,
     and as many vectors in the dot interaction as bring the forward's FLOPs closest to
     ``mflops_per_sample``."""
-    from embedding.dense.types import DenseConfig
-    from embedding.simulate import dense_flops_per_sample
+    from embedding.dense.types import DenseConfig, dense_flops_per_sample
 
     width = round((m.mlp_layers * m.mlp_width - 1) / (m.mlp_layers - 1))
     bottom = m.mlp_layers // 2
@@ -186,73 +185,20 @@ def _rows(m: NeoModel, dims: list[int]) -> list[int]:
     return [max(1, round(w * scale)) for w in weights]
 
 
-def table_set(m: NeoModel):
-    """The model's tables as a :class:`~embedding.presets.TableSet` (module doc)."""
-    from embedding.presets import TableSet
-
+def table_fields(m: NeoModel) -> dict:
+    """The model's tables as the fields of a :class:`~embedding.presets.TableSet` (module
+    doc): ``name``, ``rows``, ``names``, ``dims``, ``ids_per_sample``, ``dtype``,
+    ``optimizer`` and ``summary``."""
     dims = dims_of(m)
-    names = tuple(f"{m.name[-1]}{i:04d}" for i in range(m.num_tables))
-    return TableSet(m.preset, tuple(_rows(m, dims)), names, tuple(dims),
-                    (m.pooling,) * m.num_tables, dtype=m.dtype, optimizer="rowwise_adagrad",
-                    summary=f"Neo's {m.name}: {m.num_tables} tables, "
-                            f"{m.parameters:.3g} parameters with the dense layers")
+    return dict(name=m.preset, rows=tuple(_rows(m, dims)),
+                names=tuple(f"{m.name[-1]}{i:04d}" for i in range(m.num_tables)),
+                dims=tuple(dims), ids_per_sample=(m.pooling,) * m.num_tables, dtype=m.dtype,
+                optimizer="rowwise_adagrad",
+                summary=f"Neo's {m.name}: {m.num_tables} tables, {m.parameters:.3g} "
+                        f"parameters with the dense layers")
 
 
 def num_parameters(m: NeoModel) -> int:
     """Parameters of the workload as built: its tables' rows x dims plus its dense layers."""
-    s = table_set(m)
-    return sum(r * d for r, d in zip(s.rows, s.dims)) + dense_config(m).num_parameters
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """A model's predicted step on ``ranks`` ranks: ``step`` the
-    :class:`~embedding.simulate.StepEstimate`, ``host_bytes`` the host memory its
-    host-resident tables take on the node that holds the most (0: every table in device
-    memory), ``tiered`` how many tables live in host memory."""
-
-    model: NeoModel
-    ranks: int
-    nodes: int
-    global_batch: int
-    step: object
-    host_bytes: int
-    tiered: int
-
-    @property
-    def samples_per_second(self) -> float:
-        return self.step.samples_per_second
-
-    def to_dict(self) -> dict:
-        return {"workload": self.model.name, "ranks": self.ranks, "nodes": self.nodes,
-                "global_batch": self.global_batch, "host_bytes_per_node": self.host_bytes,
-                "tiered_tables": self.tiered, **self.step.to_dict()}
-
-
-def predict(m: NeoModel, ranks: int, *, fabric: str = "zionex", host_memory: int = 0,
-            reserve: float = 0.1) -> Prediction:
-    """Plan ``m`` for ``ranks`` ranks of ``fabric`` (one per GPU, ``local_batch`` samples
-    each) as ``neocomm plan`` does, with ``host_memory`` bytes per node for host-resident
-    tables (0: none) and ``reserve`` of device memory kept for the dense model, then price
-    the step with the GPU's peak FP32 rate for the dense part. Raises
-    :class:`~embedding.planner.PlanDoesNotFitError` when the tables fit nowhere."""
-    from embedding.dense.types import DenseOptimizerKind
-    from embedding.planner import Workload, plan_sharding
-    from embedding.planner.hardware import hardware_for, load_target
-    from embedding.planner.tables import preset_tables
-    from embedding.simulate import estimate_step
-
-    target = load_target(fabric)
-    if not target.flop_rate:
-        raise ValueError(f"fabric: {fabric!r} declares no GPU whose FLOP rate prices the "
-                         f"dense layers")
-    hardware = hardware_for(target, ranks, reserve=reserve, host_memory=int(host_memory))
-    tables, constraints = preset_tables(m.preset)
-    batch = m.local_batch * ranks
-    report = plan_sharding(tables, hardware, Workload(batch_size=batch),
-                           constraints=constraints)
-    step = estimate_step(report, hardware, dense_config(m), batch, flop_rate=target.flop_rate,
-                         optimizer=DenseOptimizerKind.SGD)
-    tiered = sum(1 for t in report.tables if t.host_memory)
-    host = max(report.node_host_bytes(hardware.ranks_per_node))
-    return Prediction(m, ranks, hardware.num_nodes, batch, step, host, tiered)
+    dims = dims_of(m)
+    return sum(r * d for r, d in zip(_rows(m, dims), dims)) + dense_config(m).num_parameters

@@ -212,7 +212,7 @@ def table_set(name: str) -> TableSet:
     if name in NEO_SETS:
         from embedding import neo
 
-        return neo.table_set(neo.model(name))
+        return TableSet(**neo.table_fields(neo.model(name)))
     count = _synthetic_count(name)
     if count is None:
         raise ValueError(f"preset: expected one of {preset_names()}, got {name!r}")

@@ -19,17 +19,24 @@ only the collectives with the calibrated link model:
 Each rank runs as many threads as the job's ranks would (this host's cores
 over the ranks on it), beside co-running trainers that fill the host's other
 cores as the job's other ranks would. :func:`profile_step` returns the seconds per step of
-each part, per rank.
+each part, per rank: the mean over the measured steps, as the trainer's metrics log
+reports a window's steps (a step that a collection pause or the scheduler stretches
+counts).
+
+The ranks of a job meet at every step (the loss and health AllReduce of ``sync``), so a
+step lasts as long as its slowest rank's: with ``n`` ranks whose step times vary as the
+measured steps do, the expected wait at the meeting point is the expected largest of
+``n`` draws of a step time less their mean (:func:`expected_max`), which ``sync`` gains.
 """
 from __future__ import annotations
 
 import dataclasses
 import io
-from statistics import median
+from statistics import fmean, median
 
 from embedding.types import ShardingType
 
-__all__ = ["COMPUTE_PARTS", "profile_step", "rank_shares"]
+__all__ = ["COMPUTE_PARTS", "profile_step", "rank_shares", "expected_max"]
 
 #: the parts the profile measures; :mod:`embedding.simulate` adds the collectives
 COMPUTE_PARTS = ("data", "input_dist", "lookup", "output_dist", "dense", "sync",
@@ -65,8 +72,23 @@ def _one_rank_trainer(cfg, batch: int, threads: int, data=None):
                    stream=io.StringIO(), outputs=False)
 
 
-def _trainer_parts(cfg, data, batch: int, threads: int, steps: int, warmup: int) -> dict:
-    """Seconds per step of the trainer's own parts at ``batch`` samples, one rank."""
+def expected_max(samples, n: int) -> float:
+    """The expected largest of ``n`` independent draws from the empirical distribution of
+    ``samples`` (order statistics: the ``i``-th smallest of ``m`` is the largest of ``n``
+    draws with probability ``(i/m)^n - ((i-1)/m)^n``); ``mean(samples)`` for ``n = 1``."""
+    xs = sorted(float(x) for x in samples)
+    m = len(xs)
+    if not m:
+        raise ValueError("samples: expected at least one")
+    if int(n) < 1:
+        raise ValueError(f"n: expected a count >= 1, got {n}")
+    return sum(x * ((i / m) ** n - ((i - 1) / m) ** n) for i, x in enumerate(xs, 1))
+
+
+def _trainer_parts(cfg, data, batch: int, threads: int, steps: int, warmup: int,
+                   ranks: int = 1) -> dict:
+    """Mean seconds per step of the trainer's own parts at ``batch`` samples, one rank;
+    ``sync`` adds the expected wait for the slowest of ``ranks`` ranks (module doc)."""
     trainer = _one_rank_trainer(cfg, batch, threads, data)
     trainer.run(warmup, horizon=warmup + steps)
     trainer.timer.reset()
@@ -74,7 +96,10 @@ def _trainer_parts(cfg, data, batch: int, threads: int, steps: int, warmup: int)
     for _ in range(steps):
         trainer.run(1, horizon=trainer.step + 2)
         per_step.append({k.value: v for k, v in trainer.timer.reset().items()})
-    return {p: median(s[p] for s in per_step) for p in _TRAINER_PARTS}
+    out = {p: fmean(s[p] for s in per_step) for p in _TRAINER_PARTS}
+    totals = [sum(s[p] for p in _TRAINER_PARTS) for s in per_step]
+    out["sync"] += expected_max(totals, ranks) - fmean(totals)
+    return out
 
 
 class _co_runners:
@@ -187,7 +212,7 @@ def _embedding_parts(cfg, data, tables, shares: dict[str, float], batch: int, th
         stages.backward(grad, ctx, timer)
         per_step.append({p.value: s for p, s in timer.reset().items()})
     per_step = per_step[warmup:]
-    secs = {p: median(s[p] for s in per_step) for p in ("lookup", "emb_backward")}
+    secs = {p: fmean(s[p] for s in per_step) for p in ("lookup", "emb_backward")}
     ids = data.ids_per_sample or {}
     weight = {t.name: t.dim * float(ids.get(t.name, 1.0)) for t in held}
     scale = sum(shares[n] * w for n, w in weight.items()) / sum(weight.values())
@@ -222,7 +247,7 @@ def profile_step(cfg, data, tables, plan, global_batch: int, *, ranks_on_host: i
 
 def _profile(cfg, data, tables, plan, global_batch, threads, steps, warmup) -> dict:
     common = _fastest(lambda: _trainer_parts(cfg, data, global_batch // plan.world_size,
-                                             threads, steps, warmup))
+                                             threads, steps, warmup, plan.world_size))
     shares = rank_shares(plan, tables)
     seen: dict[tuple, dict] = {}
     out = {}

@@ -27,12 +27,14 @@ from dataclasses import dataclass
 
 from collectives.cost import call_overhead, estimate
 from collectives.types import CollectiveOp, Request
-from embedding.dense.types import DenseConfig, DenseOptimizerKind
+from embedding.dense.types import (DenseConfig, DenseOptimizerKind,  # noqa: F401 (re-export)
+                                   dense_flops_per_sample)
 from embedding.planner.estimate import CostModel, Scope
 from embedding.planner.types import STEP_PARTS, Hardware, PlanReport
 from embedding.types import ShardingType
 
 __all__ = ["StepEstimate", "estimate_step", "dense_flops_per_sample", "measure_flop_rate",
+           "WorkloadPrediction", "predict_workload",
            "PARTS"]
 
 #: the parts of a predicted step: reading the batch (measured on CPU fabrics only, where
@@ -54,13 +56,6 @@ _CALLS = {ShardingType.TABLE_WISE: ((_A2A, _W), (_A2A, _W), (_A2A, _W)),
           ShardingType.ROW_WISE: ((_A2A, _W), (_RS, _W), (_AG, _W)),
           ShardingType.CYCLIC_ROW_WISE: ((_A2A, _W), (_RS, _W), (_AG, _W)),
           ShardingType.TABLE_ROW_WISE: ((_A2A, _W), (_RS, _N), (_AG, _N))}
-
-
-def dense_flops_per_sample(dense: DenseConfig) -> float:
-    """Floating-point operations of one sample's dense forward (2 per multiply-add)."""
-    macs = sum(i * o for _, i, o in dense.layer_shapes())
-    macs += dense.num_interactions * dense.embedding_dim
-    return 2.0 * macs
 
 
 @dataclass(frozen=True)
@@ -164,6 +159,59 @@ def estimate_step(report: PlanReport, hardware: Hardware, dense: DenseConfig,
     return StepEstimate(tuple((p, visible[p]) for p in PARTS),
                         tuple((p, hidden[p]) for p in PARTS), total, int(global_batch),
                         slowest)
+
+
+@dataclass(frozen=True)
+class WorkloadPrediction:
+    """A Neo workload's (:mod:`embedding.neo`) predicted step on ``ranks`` ranks: ``step``
+    the :class:`StepEstimate`, ``host_bytes`` the host memory its
+    host-resident tables take on the node that holds the most (0: every table in device
+    memory), ``tiered`` how many tables live in host memory."""
+
+    model: object
+    ranks: int
+    nodes: int
+    global_batch: int
+    step: object
+    host_bytes: int
+    tiered: int
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.step.samples_per_second
+
+    def to_dict(self) -> dict:
+        return {"workload": self.model.name, "ranks": self.ranks, "nodes": self.nodes,
+                "global_batch": self.global_batch, "host_bytes_per_node": self.host_bytes,
+                "tiered_tables": self.tiered, **self.step.to_dict()}
+
+
+def predict_workload(m, ranks: int, *, fabric: str = "zionex", host_memory: int = 0,
+                     reserve: float = 0.1) -> WorkloadPrediction:
+    """Plan Neo workload ``m`` (:class:`~embedding.neo.NeoModel`) for ``ranks`` ranks of
+    ``fabric`` (one per GPU, ``local_batch`` samples each) as ``neocomm plan`` does, with ``host_memory`` bytes per node for host-resident
+    tables (0: none) and ``reserve`` of device memory kept for the dense model, then price
+    the step with the GPU's peak FP32 rate for the dense part. Raises
+    :class:`~embedding.planner.PlanDoesNotFitError` when the tables fit nowhere."""
+    from embedding.neo import dense_config
+    from embedding.planner import Workload, plan_sharding
+    from embedding.planner.hardware import hardware_for, load_target
+    from embedding.planner.tables import preset_tables
+
+    target = load_target(fabric)
+    if not target.flop_rate:
+        raise ValueError(f"fabric: {fabric!r} declares no GPU whose FLOP rate prices the "
+                         f"dense layers")
+    hardware = hardware_for(target, ranks, reserve=reserve, host_memory=int(host_memory))
+    tables, constraints = preset_tables(m.preset)
+    batch = m.local_batch * ranks
+    report = plan_sharding(tables, hardware, Workload(batch_size=batch),
+                           constraints=constraints)
+    step = estimate_step(report, hardware, dense_config(m), batch, flop_rate=target.flop_rate,
+                         optimizer=DenseOptimizerKind.SGD)
+    tiered = sum(1 for t in report.tables if t.host_memory)
+    host = max(report.node_host_bytes(hardware.ranks_per_node))
+    return WorkloadPrediction(m, ranks, hardware.num_nodes, batch, step, host, tiered)
 
 
 def measure_flop_rate(repeat: int = 5) -> float:

@@ -41,6 +41,7 @@ def add_parser(sub, size) -> None:
 def _rows(args) -> list[dict]:
     from embedding import neo
     from embedding.planner import PlanDoesNotFitError
+    from embedding.simulate import predict_workload
 
     names = [w.strip() for w in str(args.workload).split(",") if w.strip()]
     if not names:
@@ -62,11 +63,12 @@ def _rows(args) -> list[dict]:
                    m.reported_qps if n == 128 else None, "paper_verified": m.verified}
             try:
                 try:
-                    p = neo.predict(m, n, fabric=args.fabric)
+                    p = predict_workload(m, n, fabric=args.fabric)
                 except PlanDoesNotFitError:
                     if not args.host_memory:
                         raise
-                    p = neo.predict(m, n, fabric=args.fabric, host_memory=args.host_memory)
+                    p = predict_workload(m, n, fabric=args.fabric,
+                                         host_memory=args.host_memory)
             except PlanDoesNotFitError as exc:
                 row.update(predicted=None, reason=str(exc))
             else:

@@ -8,7 +8,8 @@ import numpy as np
 
 from embedding.types import enum_arg
 
-__all__ = ["DenseConfig", "DenseOptimizerKind", "DenseOptimizerConfig", "Bucket"]
+__all__ = ["DenseConfig", "DenseOptimizerKind", "DenseOptimizerConfig", "Bucket",
+           "dense_flops_per_sample"]
 
 
 @dataclass(frozen=True)
@@ -131,3 +132,10 @@ class Bucket:
     offset: int
     numel: int
     params: tuple[str, ...]
+
+
+def dense_flops_per_sample(dense: DenseConfig) -> float:
+    """Floating-point operations of one sample's dense forward (2 per multiply-add)."""
+    macs = sum(i * o for _, i, o in dense.layer_shapes())
+    macs += dense.num_interactions * dense.embedding_dim
+    return 2.0 * macs

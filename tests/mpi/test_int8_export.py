@@ -31,6 +31,7 @@ def example(world, tmp_path):
     return base
 
 
+@pytest.mark.mpi(min_size=2)  # row- and column-wise shards need two ranks
 @pytest.mark.parametrize("sharding", ["row_wise", "cyclic_row_wise", "column_wise"])
 def test_every_rank_takes_its_shards_of_the_export(world, example, all_ranks, sharding):
     cfg = config(example, f"{example}/{sharding}")

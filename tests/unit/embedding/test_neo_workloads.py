@@ -6,6 +6,7 @@ import json
 import pytest
 
 from embedding import neo
+from embedding.simulate import predict_workload
 from embedding.planner.tables import preset_tables
 from embedding.presets import preset_names, table_rows
 from embedding.simulate import dense_flops_per_sample
@@ -46,8 +47,8 @@ def test_the_prediction_is_the_simulators_step():
     """predict() prices the planner's plan with estimate_step: the step is the sum of its
     visible parts, the throughput the global batch over it, more ranks more samples/s."""
     m = neo.model("model-i")
-    small = neo.predict(m, 8, host_memory=2 << 40)
-    large = neo.predict(m, 64)
+    small = predict_workload(m, 8, host_memory=2 << 40)
+    large = predict_workload(m, 64)
     for p, n in ((small, 8), (large, 64)):
         assert p.global_batch == m.local_batch * n
         assert p.step.step_seconds == pytest.approx(sum(t for _, t in p.step.parts))
@@ -73,7 +74,7 @@ def test_the_command_prints_and_writes_the_predictions(capsys, tmp_path):
     rows = data["rows"]
     assert [(r["workload"], r["ranks"]) for r in rows] == [("model-i", 64), ("model-i", 128)]
     m = neo.model("model-i")
-    expect = neo.predict(m, 128)
+    expect = predict_workload(m, 128)
     got = rows[1]["predicted"]
     assert got["samples_per_second"] == pytest.approx(expect.samples_per_second)
     assert got["parts"] == pytest.approx(dict(expect.step.parts))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from embedding.profile import _co_runners, rank_shares, read_training
+from embedding.profile import _co_runners, expected_max, rank_shares, read_training
 from embedding.simulate import PARTS, estimate_step
 from embedding.types import Shard, ShardingPlan, ShardingType, TablePlan, TableConfig
 from neocomm.cli import main
@@ -43,6 +43,26 @@ def test_a_metrics_log_gives_the_median_window_after_the_first(tmp_path):
     log.write_text(json.dumps(rows[1]) + "\n")
     with pytest.raises(ValueError, match="no training window after the first 1"):
         read_training(str(log))
+
+
+def test_the_slowest_of_n_ranks_waits_the_expected_largest_of_n_steps():
+    import random
+    import statistics
+
+    steps = [10.0, 10.0, 10.0, 14.0]  # one step in four is stretched by 4
+    assert expected_max(steps, 1) == pytest.approx(statistics.fmean(steps))
+    # the largest of 2 draws is 14 unless both draws are 10: 1 - (3/4)^2 of the time
+    assert expected_max(steps, 2) == pytest.approx(10 + 4 * (1 - 0.75 ** 2))
+    assert expected_max(steps, 64) == pytest.approx(14, rel=1e-6)
+    rng = random.Random(3)
+    xs = [rng.gauss(0, 1) for _ in range(200)]
+    drawn = statistics.fmean(max(rng.choice(xs) for _ in range(4)) for _ in range(40000))
+    assert expected_max(xs, 4) == pytest.approx(drawn, abs=0.03)
+    assert expected_max([5.0] * 7, 8) == pytest.approx(5.0)  # no spread, no wait
+    with pytest.raises(ValueError, match="samples"):
+        expected_max([], 2)
+    with pytest.raises(ValueError, match="n: expected a count >= 1, got 0"):
+        expected_max([1.0], 0)
 
 
 def test_co_runners_run_beside_the_profile_and_are_gone_after():
