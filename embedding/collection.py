@@ -282,6 +282,14 @@ class ShardedEmbeddingCollection:
                 assign(s.weight, weights[sh.row_slice, sh.col_slice])
         self.sync_masters()
 
+    def set_update_step(self, step: int) -> None:
+        """Number every store's next update ``step`` (the stochastic rounding's counter): a
+        resume at training step ``step`` rounds as the run it continues would have."""
+        for strat in self.strategies:
+            store = getattr(strat, "fused", None)
+            if store is not None and hasattr(store, "step"):
+                store.step = int(step)
+
     def sync_masters(self) -> None:
         """Set the float32 master copies of tables with ``master`` rounding from their
         stored rows (after the weights were written directly)."""

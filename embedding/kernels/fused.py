@@ -109,6 +109,16 @@ class FusedTables:
         self.master = (self.xp.zeros(lay.total_elements, np.float32)
                        if Rounding.MASTER in self.rounding else None)
 
+    def master_weight(self, t: int):
+        """Table ``t``'s ``[rows, dim]`` float32 master rows (a view), or None when the table
+        keeps no master copy (its rounding is not ``master``)."""
+        if self.master is None or self.rounding[t] is not Rounding.MASTER:
+            return None
+        lay = self.layout
+        off = lay.weight_offsets[t]
+        return self.master[off:off + lay.rows[t] * lay.dims[t]].reshape(lay.rows[t],
+                                                                         lay.dims[t])
+
     def sync_master(self) -> None:
         """Set the float32 master rows of ``MASTER`` tables from the stored weights."""
         if self.master is not None:

@@ -32,7 +32,7 @@ from embedding.collection import assign
 from embedding.checkpoint import (CheckpointMismatchError, read_for_plan, shard_slice)
 from embedding.dense._xp import to_numpy
 from embedding.optim import state_specs
-from embedding.types import ShardingType
+from embedding.types import Rounding, ShardingType
 
 __all__ = ["shard_arrays", "dense_arrays", "load_shards", "load_dense", "check_state",
            "checkpoint_bytes", "dynamic_entries"]
@@ -61,7 +61,8 @@ def shard_arrays(collection, plan, rank: int) -> tuple[dict, dict]:
             continue
         i = _shard_index(plan, s.table, s.shard)
         base = f"emb/{s.table}/{i}"
-        arrays[f"{base}/weight"] = _portable(to_numpy(s.weight))
+        master = _master(s)  # a table with a master copy saves it: the float32 rows
+        arrays[f"{base}/weight"] = _portable(to_numpy(s.weight if master is None else master))
         slices[f"{base}/weight"] = shard_slice(s.table, "weight", s.shard, (t.num_rows, t.dim))
         for spec in state_specs(s.tables.optimizers[s.index].kind):
             gshape = (t.num_rows,) if spec.per_row else (t.num_rows, t.dim)
@@ -84,7 +85,8 @@ def checkpoint_bytes(plan, tables, rank: int, dense_params: int = 0) -> int:
             if shard.rank != rank or (tp.sharding is ShardingType.DATA_PARALLEL
                                       and rank != min(tp.ranks)):
                 continue
-            total += shard.num_rows * shard.num_cols * item
+            master = t.rounding is Rounding.MASTER  # saved as its float32 master rows
+            total += shard.num_rows * shard.num_cols * (4 if master else item)
             for spec in state_specs(t.optimizer.kind):
                 size = _portable_itemsize(spec.dtype or t.optimizer_state_dtype)
                 total += shard.num_rows * (1 if spec.per_row else shard.num_cols) * size
@@ -171,6 +173,7 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
                                                    if tp.table not in dynamic))
     parts = read_for_plan(ckpt, fixed, rank, tensors=names) if fixed.tables else {}
     loaded = 0
+    masters = []
     for s in collection.local_shards():
         if s.table in dynamic:
             entries = _dynamic_entries(ckpt, plan, s.table, rank)
@@ -183,13 +186,25 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
             continue
         i = _shard_index(plan, s.table, s.shard)
         assign(s.weight, parts[(s.table, "weight", i)])
+        masters.append((s, parts[(s.table, "weight", i)]))
         loaded += int(s.weight.size)
         for spec in state_specs(s.tables.optimizers[s.index].kind):
             view = s.tables.state_view(s.index, spec.name)
             assign(view, parts[(s.table, spec.name, i)])
             loaded += int(view.size)
     collection.sync_masters()
+    for s, rows in masters:  # the master copy takes the saved rows at full precision
+        master = _master(s)
+        if master is not None:
+            assign(master, np.asarray(rows, np.float32))
+    collection.set_update_step(int(ckpt.step))
     return loaded
+
+
+def _master(shard):
+    """The float32 master rows of local ``shard``, or None (no master copy)."""
+    get = getattr(shard.tables, "master_weight", None)
+    return None if get is None else get(shard.index)
 
 
 def dynamic_entries(ckpt, table: str) -> dict:

@@ -269,7 +269,43 @@ def test_collection_mixes_precisions_and_checkpoints_round_trip(tmp_path, name):
     want = f32.gather_table("a").astype(storage_dtype(name)).astype(np.float32)
     np.testing.assert_array_equal(half.gather_table("a"), want)
     store = half.strategies[0].fused
-    np.testing.assert_array_equal(store.master, store.weights.astype(np.float32))
+    # the master copy takes the checkpoint's float32 rows, not their rounding
+    np.testing.assert_array_equal(store.master_weight(0), f32.gather_table("a"))
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "master"])
+@pytest.mark.parametrize("name", HALVES)
+def test_a_resume_continues_a_half_table_bit_for_bit(tmp_path, name, rounding):
+    """Saved after 2 steps and resumed: stochastic rounding draws the bits the run straight
+    through would (the update counter resumes at the checkpoint's step), and a master table
+    resumes its float32 rows, not their rounding."""
+    from embedding.checkpoint.reader import load_checkpoint
+    from embedding.checkpoint.writer import CheckpointWriter
+    from embedding.train.state import load_shards, shard_arrays
+
+    straight, plan = _collection(name, rounding)
+    _train(straight, steps=2, seed=3)
+    _train(straight, steps=3, seed=4)
+    first, _ = _collection(name, rounding)
+    _train(first, steps=2, seed=3)
+    arrays, slices = shard_arrays(first, plan, 0)
+    if rounding == "master":
+        assert arrays["emb/a/0/weight"].dtype == np.float32
+        assert not np.array_equal(arrays["emb/a/0/weight"],
+                                  first.gather_table("a"))  # more precise than storage
+    w = CheckpointWriter(tmp_path, step=2)
+    w.write(arrays, slices)
+    ckpt = load_checkpoint(w.commit(plan=plan, tables=first.tables))
+    resumed, _ = _collection(name, rounding, seed=9)
+    load_shards(ckpt, resumed, plan, 0)
+    _train(resumed, steps=3, seed=4)
+    for t in ("a", "b"):
+        np.testing.assert_array_equal(resumed.gather_table(t), straight.gather_table(t))
+    a, b = straight.strategies[0].fused, resumed.strategies[0].fused
+    for key in a.state:
+        np.testing.assert_array_equal(np.asarray(a.state[key]), np.asarray(b.state[key]))
+    if rounding == "master":
+        np.testing.assert_array_equal(a.master_weight(0), b.master_weight(0))
 
 
 def test_trainer_config_reads_precision_and_names_bad_keys(tmp_path):
