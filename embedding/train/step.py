@@ -117,7 +117,7 @@ class GradSync:
         buf = grad if self.wire is None else self.wire.encode(grad)
         self.sent += int(buf.nbytes)
         h = collectives.all_reduce(buf, group=self.group, async_op=async_op)
-        return h, (None if buf is grad else buf), grad
+        return h, (None if buf is grad else buf), grad  # h: the handle, or the result
 
     def hook(self):
         """The bucket hook for ``model.backward`` (None without overlap)."""
@@ -134,8 +134,10 @@ class GradSync:
         grads = self.model.flat_grads
         with timer(Phase.GRAD_SYNC):
             if self.size > 1:
-                if not self.overlap:
-                    self._handles.append(self._start(grads, True))
+                if not self.overlap:  # one blocking call over the whole gradient
+                    out, buf, _ = self._start(grads, False)
+                    if buf is not None:
+                        grads[...] = self.wire.decode(out)
                 self._complete()
         if self.size > 1:
             grads *= grads.dtype.type(1.0 / self.size)

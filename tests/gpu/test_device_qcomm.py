@@ -1,0 +1,68 @@
+"""Quantized output dists on device arrays, against the same collection on NumPy.
+
+The pooled output and the shards after an SGD step of a collection with an
+fp16, bf16 or int8 forward and an fp16 or bf16 backward: the device run
+(CuPy encodes and decodes the wire format, NCCL or the staged backend moves it:
+the stand-in when no GPU is here) must agree with the NumPy run of the same
+codec to within one rounding of the codec per rank (the two sum the 16-bit
+partial results of a row-wise table in other orders), and must send exactly the
+bytes the NumPy run sends.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cupy as cp
+from embedding.collection import ShardedEmbeddingCollection
+from embedding.sharding.qcomm import QComms
+from gpu_cases import load_mpi_tests
+
+pytestmark = pytest.mark.mpi(min_size=1)
+
+Q = load_mpi_tests("test_qcomm")
+S = load_mpi_tests("test_sharding")
+
+
+@pytest.fixture(params=["nccl", "staged"])
+def backend(request, monkeypatch, world):
+    monkeypatch.setenv("NEOCOMM_BACKEND", request.param)
+    return request.param
+
+
+def _run(world, mix, qcomms, device):
+    group = world.world
+    tables = Q._tables()
+    plan = S.make_plan(tables, mix, group)
+    coll = ShardedEmbeddingCollection(tables, plan, group, qcomms=qcomms, device=device)
+    xp = cp if device == "cuda" else np
+    rng = np.random.default_rng(77)
+    for t in tables:
+        coll.load_table(t.name, xp.asarray(rng.standard_normal((t.num_rows, t.dim))))
+    coll.take_sent()
+    bags, _ = S.global_batch(rng, tables, group.size, False)
+    grad = rng.standard_normal((S.BATCH * group.size, coll.out_dim))
+    out = coll.forward(S.local_kjt(bags, None, group.rank))
+    coll.backward(xp.asarray(grad[group.rank * S.BATCH:(group.rank + 1) * S.BATCH]))
+    sent = coll.take_sent()
+    out = cp.asnumpy(out) if device == "cuda" else out
+    return out, {t.name: coll.gather_table(t.name) for t in tables}, sent
+
+
+@pytest.mark.parametrize("q", [QComms("fp16", "fp16", 1024.0), QComms("bf16", "bf16"),
+                               QComms("int8", "bf16")], ids=["fp16", "bf16", "int8+bf16"])
+@pytest.mark.parametrize("mix", ["tw", "cw", "rw", "mixed", "cyc"])
+def test_device_qcomm_matches_numpy(world, all_ranks, backend, mix, q):
+    S.skip_if_uneven(mix, world)
+    if q.forward.value == "int8" and (mix in Q.REDUCING or Q.int8_row(world, mix) < 3):
+        pytest.skip("int8 is refused there (tests/mpi/test_qcomm.py checks the refusal)")
+    out_h, w_h, sent_h = _run(world, mix, q, "cpu")
+    out_d, w_d, sent_d = _run(world, mix, q, "cuda")
+    eps = Q.EPS["bf16" if "bf16" in (q.forward.value, q.backward.value) else "fp16"]
+    bound = 2 * world.size * eps * (1 + float(np.abs(out_h).max()))
+    err = float(np.max(np.abs(out_d - out_h), initial=0))
+    all_ranks(err <= bound, f"{mix}: device forward differs by {err} > {bound}")
+    worst = max(float(np.max(np.abs(np.asarray(w_d[t]) - w_h[t]), initial=0)) for t in w_h)
+    all_ranks(worst <= bound, f"{mix}: device shards differ by {worst} > {bound}")
+    all_ranks(sent_d == sent_h, f"{mix}: device sent {sent_d}, NumPy {sent_h}")
+    all_ranks(sent_h["forward"] > 0, f"{mix}: nothing was sent")
