@@ -16,9 +16,9 @@ STEPS = 120
 def config(out, comms):
     doc = {"tables": {"rows": [50, 70, 30, 200]},
            "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
-           "data": {"records": 48 * STEPS, "eval_records": 2048},
+           "data": {"records": 48 * STEPS, "eval_records": 2160},
            "train": {"steps": STEPS, "batch_size": 48, "eval_every": 0, "log_every": STEPS,
-                     "eval_batch_size": 256},
+                     "eval_batch_size": 240},  # splits over 2, 3 and 4 ranks
            "comms": comms, "output": {"dir": str(out)}}
     return parse_config(doc, "test")
 
