@@ -10,6 +10,8 @@ bytes the NumPy run sends.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -20,8 +22,9 @@ from gpu_cases import load_mpi_tests
 
 pytestmark = pytest.mark.mpi(min_size=1)
 
-Q = load_mpi_tests("test_qcomm")
 S = load_mpi_tests("test_sharding")
+sys.modules.setdefault("test_sharding", S)  # test_qcomm imports it by name
+Q = load_mpi_tests("test_qcomm")
 
 
 @pytest.fixture(params=["nccl", "staged"])
@@ -65,4 +68,5 @@ def test_device_qcomm_matches_numpy(world, all_ranks, backend, mix, q):
     worst = max(float(np.max(np.abs(np.asarray(w_d[t]) - w_h[t]), initial=0)) for t in w_h)
     all_ranks(worst <= bound, f"{mix}: device shards differ by {worst} > {bound}")
     all_ranks(sent_d == sent_h, f"{mix}: device sent {sent_d}, NumPy {sent_h}")
-    all_ranks(sent_h["forward"] > 0, f"{mix}: nothing was sent")
+    total = world.comm.allreduce(sent_h["forward"])  # a rank may hold no table of the mix
+    all_ranks(total > 0, f"{mix}: nothing was sent")
