@@ -16,7 +16,7 @@ model's tables into the physical ones a plan places.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from embedding.types import PackedTable, PackMember, ShardingPlan, TableConfig
 
@@ -36,10 +36,10 @@ def _kind(t: TableConfig) -> tuple:
     return tuple(getattr(t, f) for f in PACK_SAME)
 
 
-def packed_tables(tables: Sequence[TableConfig], plan: ShardingPlan
-                  ) -> tuple[TableConfig, ...]:
-    """The physical tables of ``tables`` under ``plan``: each packed table (in the place of
-    its first member) as one :class:`TableConfig` of its members' rows together, reading
+def packed_tables(tables: Sequence[TableConfig],
+                  plan: ShardingPlan | Sequence[PackedTable]) -> tuple[TableConfig, ...]:
+    """The physical tables of ``tables`` under ``plan`` (a plan, or its packed tables): each
+    packed table (in the place of its first member) as one :class:`TableConfig` of its members' rows together, reading
     every member's features in member order; unpacked tables as they are.
 
     ValueError naming the packed table, the member and the value when a member is not
@@ -47,14 +47,16 @@ def packed_tables(tables: Sequence[TableConfig], plan: ShardingPlan
     from the first member in dim, dtype, optimizer, pooling or rounding; or when a
     packed table's name is a table's name.
     """
-    if not plan.packs:
+    packs = tuple(plan.packs if isinstance(plan, ShardingPlan) else plan)
+    if not packs:
         return tuple(tables)
     by_name = {t.name: t for t in tables}
+    of = {m: p for p in packs for m in p.tables}
     out, done = [], set()
     for t in tables:
-        p = plan.pack_of(t.name)
+        p = of.get(t.name)
         if p is None:
-            if t.name in {q.name for q in plan.packs}:
+            if t.name in {q.name for q in packs}:
                 raise ValueError(f"packs: packed table {t.name!r} has the name of a table")
             out.append(t)
             continue
@@ -86,10 +88,12 @@ def packed_tables(tables: Sequence[TableConfig], plan: ShardingPlan
 
 
 def choose_packs(tables: Sequence[TableConfig], max_rows: int = DEFAULT_PACK_ROWS, *,
-                 keep: Sequence[str] = ()) -> tuple[PackedTable, ...]:
+                 keep: Sequence[str] = (), group_by: Callable[[str], object] | None = None
+                 ) -> tuple[PackedTable, ...]:
     """The packed tables the planner makes of ``tables``: fixed tables of at most
     ``max_rows`` rows (not named in ``keep``) grouped by dim, dtype, optimizer, pooling and
-    rounding, in table order; each group of two or more becomes ``packed_d<dim>`` (with
+    rounding (and ``group_by(name)``, when given: the planner's other per-table settings),
+    in table order; each group of two or more becomes ``packed_d<dim>`` (with
     ``_<k>`` for a second group of one dim, and ``_`` added while the name is a table's).
     """
     if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
@@ -98,7 +102,8 @@ def choose_packs(tables: Sequence[TableConfig], max_rows: int = DEFAULT_PACK_ROW
     groups: dict[tuple, list[TableConfig]] = {}
     for t in tables:
         if not t.dynamic and t.num_rows <= max_rows and t.name not in keep:
-            groups.setdefault(_kind(t), []).append(t)
+            key = _kind(t) + ((group_by(t.name),) if group_by is not None else ())
+            groups.setdefault(key, []).append(t)
     names = {t.name for t in tables}
     per_dim: dict[int, int] = {}
     out = []

@@ -14,6 +14,11 @@ Arrays (through :mod:`embedding.checkpoint`, one ``.npy`` each, checksummed):
   arrays without a slice; a load reads every rank's and keeps the ids its
   shard owns (every id table-wise, ``splitmix64(id) % N == rank`` cyclic),
   so they too come back under any plan and world size;
+* a packed table (:mod:`embedding.packing`) is written as its members: each
+  shard's rows of member ``m`` as ``emb/<m>/<packed table>.<shard>/<tensor>``
+  with a slice of ``m``'s own tensor, so a packed checkpoint loads into an
+  unpacked plan, and the reverse, element for element (the manifest's plan
+  records the packing it was written with);
 * ``dense/params``, ``dense/opt/<state>`` and ``dense/opt/steps`` (rank 0):
   the dense model's flat parameters and its optimizer's flat state.
 
@@ -29,7 +34,8 @@ import dataclasses
 import numpy as np
 
 from embedding.collection import assign
-from embedding.checkpoint import (CheckpointMismatchError, read_for_plan, shard_slice)
+from embedding.checkpoint import (CheckpointError, CheckpointMismatchError, read_box,
+                                  read_for_plan, shard_box, shard_slice)
 from embedding.dense._xp import to_numpy
 from embedding.optim import state_specs
 from embedding.types import ShardingType
@@ -46,6 +52,17 @@ def _shard_index(plan, table: str, shard) -> int:
     raise ValueError(f"shard {shard} of table {table!r} is not in the plan")
 
 
+def _pieces(plan, s):
+    """``(table, local rows, table shard, array name prefix)`` of local shard ``s``: the shard
+    itself, or for a packed table's shard its part of each member (module doc)."""
+    i = _shard_index(plan, s.table, s.shard)
+    pack = next((p for p in plan.packs if p.name == s.table), None)
+    if pack is None:
+        return [(s.table, slice(None), s.shard, f"emb/{s.table}/{i}")]
+    return [(m.table, local, sub, f"emb/{m.table}/{pack.name}.{i}")
+            for m, local, sub in pack.parts(s.shard)]
+
+
 def shard_arrays(collection, plan, rank: int) -> tuple[dict, dict]:
     """``(arrays, slices)`` of this rank's embedding shards and their optimizer state."""
     tables = {t.name: t for t in collection.tables}
@@ -54,20 +71,19 @@ def shard_arrays(collection, plan, rank: int) -> tuple[dict, dict]:
         tp = plan.table(s.table)
         if tp.sharding is ShardingType.DATA_PARALLEL and rank != min(tp.ranks):
             continue  # replicas are equal: the lowest rank writes the table
-        t = tables[s.table]
-        if t.dynamic:
+        if s.table in tables and tables[s.table].dynamic:
             for part, arr in s.tables.entries(s.index).items():
                 arrays[f"dyn/{s.table}/{rank}/{part}"] = arr
             continue
-        i = _shard_index(plan, s.table, s.shard)
-        base = f"emb/{s.table}/{i}"
-        arrays[f"{base}/weight"] = _portable(to_numpy(s.weight))
-        slices[f"{base}/weight"] = shard_slice(s.table, "weight", s.shard, (t.num_rows, t.dim))
-        for spec in state_specs(s.tables.optimizers[s.index].kind):
-            gshape = (t.num_rows,) if spec.per_row else (t.num_rows, t.dim)
-            arrays[f"{base}/{spec.name}"] = _portable(
-                to_numpy(s.tables.state_view(s.index, spec.name)))
-            slices[f"{base}/{spec.name}"] = shard_slice(s.table, spec.name, s.shard, gshape)
+        for name, local, shard, base in _pieces(plan, s):
+            t = tables[name]
+            arrays[f"{base}/weight"] = _portable(to_numpy(s.weight[local]))
+            slices[f"{base}/weight"] = shard_slice(name, "weight", shard, (t.num_rows, t.dim))
+            for spec in state_specs(s.tables.optimizers[s.index].kind):
+                gshape = (t.num_rows,) if spec.per_row else (t.num_rows, t.dim)
+                arrays[f"{base}/{spec.name}"] = _portable(
+                    to_numpy(s.tables.state_view(s.index, spec.name)[local]))
+                slices[f"{base}/{spec.name}"] = shard_slice(name, spec.name, shard, gshape)
     return arrays, slices
 
 
@@ -75,7 +91,9 @@ def checkpoint_bytes(plan, tables, rank: int, dense_params: int = 0) -> int:
     """Bytes ``rank`` writes into each checkpoint (before any array exists): the shards
     and sparse optimizer state :func:`shard_arrays` would return, and on rank 0 the dense
     model of ``dense_params`` parameters with an optimizer state of at most twice that."""
-    by_name = {t.name: t for t in tables}
+    from embedding.packing import packed_tables
+
+    by_name = {t.name: t for t in packed_tables(tables, plan)}
     total = 0
     for tp in plan.tables:
         t = by_name[tp.table]
@@ -167,11 +185,15 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
     kinds = {s.tables.optimizers[s.index].kind for s in collection.local_shards()}
     kinds |= {t.optimizer.kind for t in collection.tables}
     names = ["weight"] + sorted({spec.name for k in kinds for spec in state_specs(k)})
-    fixed = dataclasses.replace(plan, tables=tuple(tp for tp in plan.tables
-                                                   if tp.table not in dynamic))
+    packed = {p.name for p in plan.packs}
+    fixed = dataclasses.replace(plan, packs=(), tables=tuple(
+        tp for tp in plan.tables if tp.table not in dynamic and tp.table not in packed))
     parts = read_for_plan(ckpt, fixed, rank, tensors=names) if fixed.tables else {}
     loaded = 0
     for s in collection.local_shards():
+        if s.table in packed:
+            loaded += _load_packed(ckpt, plan, s)
+            continue
         if s.table in dynamic:
             entries = _dynamic_entries(ckpt, plan, s.table, rank)
             try:
@@ -189,6 +211,25 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
             assign(view, parts[(s.table, spec.name, i)])
             loaded += int(view.size)
     collection.sync_masters()
+    return loaded
+
+
+def _load_packed(ckpt, plan, s) -> int:
+    """Fill local shard ``s`` of a packed table from its members' tensors in ``ckpt``
+    (written packed or not); returns the elements loaded."""
+    available = ckpt.tensors()
+    loaded = 0
+    for name, local, shard, _ in _pieces(plan, s):
+        views = [("weight", s.weight[local])] + [
+            (spec.name, s.tables.state_view(s.index, spec.name)[local])
+            for spec in state_specs(s.tables.optimizers[s.index].kind)]
+        for tensor, view in views:
+            if (name, tensor) not in available:
+                raise CheckpointError(f"table {name!r}: tensor {tensor!r} is not in the "
+                                      f"checkpoint", path=str(ckpt.path))
+            gshape = available[(name, tensor)][0]
+            assign(view, read_box(ckpt, name, tensor, *shard_box(shard, gshape)))
+            loaded += int(view.size)
     return loaded
 
 

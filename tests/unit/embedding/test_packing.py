@@ -258,3 +258,133 @@ def test_collection_refuses_bad_packs():
     with pytest.raises(ValueError, match="qcomms: the members \\['t0', 't1'\\] of packed "
                                          "table 'p' have different settings"):
         ShardedEmbeddingCollection(tables, plan, qcomms={"t0": QComms(forward="fp16")})
+
+
+# -- checkpoints ----------------------------------------------------------------------
+def _save(coll, plan, path):
+    from embedding.checkpoint import CheckpointWriter, load_checkpoint
+    from embedding.train.state import shard_arrays
+
+    arrays, slices = shard_arrays(coll, plan, 0)
+    w = CheckpointWriter(path, step=1)
+    w.write(arrays, slices)
+    return load_checkpoint(w.commit(plan=plan, tables=coll.tables))
+
+
+def _whole(ckpt, tables):
+    from embedding.checkpoint import read_box
+
+    out = {}
+    for (table, tensor), (shape, _) in ckpt.tensors().items():
+        out[(table, tensor)] = read_box(ckpt, table, tensor, (0,) * len(shape), shape)
+    assert {t for t, _ in out} == {t.name for t in tables}
+    return out
+
+
+def test_checkpoint_packed_to_unpacked_and_back(tmp_path):
+    """Written packed (cyclic row-wise), loaded unpacked (table-wise), written again and
+    loaded packed (row-wise): every member's weights and optimizer state bitwise at every
+    hop, and the loaded collections train on exactly as the first one."""
+    from embedding.train.state import load_shards
+
+    opt = OptimizerConfig(OptimizerKind.ADAM, lr=0.05)
+    tables = [TableConfig("a", 30, 8, features=("a", "a2"), optimizer=opt),
+              TableConfig("b", 7, 8, optimizer=opt), TableConfig("c", 12, 4, optimizer=opt)]
+    pack = _pack([tables[0], tables[1]])
+    plans = [_plan(tables, ST.CYCLIC_ROW_WISE, (pack,)), _plan(tables, ST.TABLE_WISE),
+             _plan(tables, ST.ROW_WISE, (pack,))]
+    first = ShardedEmbeddingCollection(tables, plans[0], seed=1)
+    rng = np.random.default_rng(7)
+    for _ in range(2):
+        out = first.forward(_batch(rng, tables))
+        first.backward(rng.standard_normal(out.shape).astype(np.float32))
+    ckpt = _save(first, plans[0], tmp_path / "packed")
+    assert [p.name for p in ckpt.manifest.plan.packs] == ["p"]  # the manifest records it
+    assert {n.split("/")[2] for n in ckpt.names() if n.startswith("emb/a/")} == {"p.0"}
+    want = _whole(ckpt, tables)
+    colls = [first]
+    for i, plan in enumerate(plans[1:]):
+        coll = ShardedEmbeddingCollection(tables, plan, seed=99)
+        ckpt.check_compatible(coll.tables)
+        load_shards(ckpt, coll, plan, 0)
+        ckpt = _save(coll, plan, tmp_path / f"hop{i}")
+        got = _whole(ckpt, tables)
+        assert sorted(got) == sorted(want)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=str(key))
+        colls.append(coll)
+    kjt = _batch(rng, tables)
+    outs = [c.forward(kjt) for c in colls]
+    g = rng.standard_normal(outs[0].shape).astype(np.float32)
+    for c, o in zip(colls, outs):
+        np.testing.assert_array_equal(o, outs[0])
+        c.backward(g)
+    for t in tables:
+        for c in colls[1:]:
+            np.testing.assert_array_equal(c.gather_table(t.name), first.gather_table(t.name))
+
+
+# -- the planner and its switches -------------------------------------------------------------
+def _small_tables():
+    return ([TableConfig(f"s{i}", 100 + 10 * i, 16) for i in range(12)]
+            + [TableConfig(f"m{i}", 50 + i, 8) for i in range(4)]
+            + [TableConfig("big", 500_000, 16)])
+
+
+def test_planner_packs_small_tables():
+    from embedding.planner import Hardware, Workload, plan_sharding, validate_plan
+
+    tables = _small_tables()
+    hw, wl = Hardware(2, 2, 1 << 30), Workload(batch_size=512)
+    report = plan_sharding(tables, hw, wl, pack_rows=1000)
+    plan = report.plan
+    assert [(p.name, len(p.members)) for p in plan.packs] == [("packed_d16", 12),
+                                                               ("packed_d8", 4)]
+    assert sorted(t.table for t in plan.tables) == ["big", "packed_d16", "packed_d8"]
+    validate_plan(plan, 2, ranks_per_node=2, tables=tables)
+    assert sorted(plan.logical_tables()) == sorted(t.name for t in tables)
+    assert plan_sharding(tables, hw, wl).plan.packs == ()  # off unless asked for
+    from embedding.planner import PlanMismatchError
+
+    with pytest.raises(PlanMismatchError, match="packed tables do not fit the model: packs: "
+                                                "member 's0' of packed table 'packed_d16' has "
+                                                "101 rows"):
+        from dataclasses import replace
+
+        validate_plan(plan, 2, tables=[replace(t, num_rows=101) if t.name == "s0" else t
+                                       for t in tables])
+
+
+def test_plan_command_pack_switch(capsys, tmp_path):
+    from neocomm.cli import main
+
+    path = tmp_path / "tables.toml"
+    path.write_text("".join(f'[[tables]]\nname = "t{i}"\nnum_rows = {100 + i}\ndim = 16\n'
+                            for i in range(8)))
+    out_json = tmp_path / "plan.json"
+    rc = main(["plan", str(path), "-n", "2", "--memory", "1GiB", "--batch-size", "256",
+               "--pack", "--pack-rows", "200", "--json", str(out_json)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "packed 8 tables into 1: packed_d16 (8 tables, 828 rows)" in out
+    plan = ShardingPlan.from_json(out_json.read_text())
+    assert plan.packs[0].tables == tuple(f"t{i}" for i in range(8))
+    rc = main(["plan", str(path), "-n", "2", "--memory", "1GiB", "--no-pack"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "packed" not in out
+    with pytest.raises(SystemExit) as info:
+        main(["plan", str(path), "-n", "2", "--pack-rows", "0"])
+    assert info.value.code == 2
+    assert "--pack-rows: expected a positive int, got '0'" in capsys.readouterr().err
+
+
+def test_train_config_pack_keys(tmp_path):
+    from embedding.train import ConfigError, parse_config
+
+    cfg = parse_config({"plan": {"pack": True, "pack_rows": 5000}}, "t")
+    assert (cfg.plan.pack, cfg.plan.pack_rows) == (True, 5000)
+    assert parse_config({}, "t").plan.pack is False
+    for doc, key in (({"plan": {"pack": "yes"}}, "plan.pack"),
+                     ({"plan": {"pack_rows": 0}}, "plan.pack_rows")):
+        with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
+            parse_config(doc, "t")
