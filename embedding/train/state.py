@@ -41,7 +41,7 @@ from embedding.optim import state_specs
 from embedding.types import ShardingType
 
 __all__ = ["shard_arrays", "dense_arrays", "load_shards", "load_dense", "check_state",
-           "checkpoint_bytes", "dynamic_entries"]
+           "checkpoint_bytes", "dynamic_entries", "shard_pieces"]
 
 
 def _shard_index(plan, table: str, shard) -> int:
@@ -52,7 +52,7 @@ def _shard_index(plan, table: str, shard) -> int:
     raise ValueError(f"shard {shard} of table {table!r} is not in the plan")
 
 
-def _pieces(plan, s):
+def shard_pieces(plan, s):
     """``(table, local rows, table shard, array name prefix)`` of local shard ``s``: the shard
     itself, or for a packed table's shard its part of each member (module doc)."""
     i = _shard_index(plan, s.table, s.shard)
@@ -75,7 +75,7 @@ def shard_arrays(collection, plan, rank: int) -> tuple[dict, dict]:
             for part, arr in s.tables.entries(s.index).items():
                 arrays[f"dyn/{s.table}/{rank}/{part}"] = arr
             continue
-        for name, local, shard, base in _pieces(plan, s):
+        for name, local, shard, base in shard_pieces(plan, s):
             t = tables[name]
             arrays[f"{base}/weight"] = _portable(to_numpy(s.weight[local]))
             slices[f"{base}/weight"] = shard_slice(name, "weight", shard, (t.num_rows, t.dim))
@@ -219,7 +219,7 @@ def _load_packed(ckpt, plan, s) -> int:
     (written packed or not); returns the elements loaded."""
     available = ckpt.tensors()
     loaded = 0
-    for name, local, shard, _ in _pieces(plan, s):
+    for name, local, shard, _ in shard_pieces(plan, s):
         views = [("weight", s.weight[local])] + [
             (spec.name, s.tables.state_view(s.index, spec.name)[local])
             for spec in state_specs(s.tables.optimizers[s.index].kind)]

@@ -388,3 +388,26 @@ def test_train_config_pack_keys(tmp_path):
                      ({"plan": {"pack_rows": 0}}, "plan.pack_rows")):
         with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
             parse_config(doc, "t")
+
+
+def test_int8_export_loads_into_packed_tables(tmp_path):
+    """An int8 export of a packed checkpoint sets the same rows in a packed and an unpacked
+    collection: every member's dequantized rows."""
+    from embedding.checkpoint.fused8bit import dequantize_rows
+    from embedding.train.export import export_int8, load_export_weights
+
+    tables = _tables(4, dim=8)
+    pack = _pack(tables[:3])
+    plans = [_plan(tables, ST.ROW_WISE, (pack,)), _plan(tables, ST.TABLE_WISE),
+             _plan(tables, ST.CYCLIC_ROW_WISE, (pack,))]
+    first = ShardedEmbeddingCollection(tables, plans[0], seed=3)
+    ckpt = _save(first, plans[0], tmp_path / "ck")
+    ex = export_int8(ckpt.path, tmp_path / "int8")
+    from embedding.checkpoint.int8 import Int8Export
+
+    rows = {t.name: dequantize_rows(Int8Export(ex).fused(t.name)) for t in tables}
+    for plan in plans[1:]:
+        coll = ShardedEmbeddingCollection(tables, plan, seed=8)
+        assert sorted(load_export_weights(ex, ckpt, coll, plan)) == [t.name for t in tables]
+        for t in tables:
+            np.testing.assert_array_equal(coll.gather_table(t.name), rows[t.name])
