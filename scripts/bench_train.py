@@ -39,6 +39,9 @@ def parse(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tables", type=int, default=26, help="embedding tables (default 26)")
     p.add_argument("--rows", type=int, default=100_000, help="rows per table (default 100000)")
+    p.add_argument("--rows-range", default=None, metavar="LO:HI",
+                   help="table rows spread geometrically from LO to HI over the tables, "
+                   "instead of --rows for all")
     p.add_argument("--dim", type=int, default=64, help="embedding dimension (default 64)")
     p.add_argument("--local-batch", type=int, default=2048,
                    help="samples per rank per step (default 2048)")
@@ -72,13 +75,29 @@ def parse(argv=None):
     return p.parse_args(argv)
 
 
+def table_rows(args) -> list[int]:
+    """Rows of each table: ``--rows`` each, or ``--rows-range LO:HI`` spread geometrically."""
+    if not args.rows_range:
+        return [args.rows] * args.tables
+    try:
+        lo, hi = (int(x) for x in args.rows_range.split(":"))
+    except ValueError:
+        raise SystemExit(f"bench_train.py: --rows-range: expected LO:HI, got "
+                         f"{args.rows_range!r}") from None
+    if not 1 <= lo <= hi:
+        raise SystemExit(f"bench_train.py: --rows-range: expected 1 <= LO <= HI, got "
+                         f"{args.rows_range!r}")
+    return [int(x) for x in np.geomspace(lo, hi, args.tables).round()]
+
+
 def build(args, world):
     from embedding.data import SyntheticConfig, SyntheticDataset
     from embedding.train import Trainer, parse_config
     from embedding.train.data import MemoryDataset, TrainData, WindowDataset
 
     gb = args.local_batch * world.size
-    doc = {"tables": {"rows": [args.rows] * args.tables},
+    rows = table_rows(args)
+    doc = {"tables": {"rows": rows},
            "model": {"embedding_dim": args.dim,
                      "bottom_mlp": [int(x) for x in args.bottom.split(",") if x] + [args.dim],
                      "top_mlp": [int(x) for x in args.top.split(",") if x] + [1]},
@@ -99,7 +118,7 @@ def build(args, world):
         if args.pack_rows:
             doc["plan"]["pack_rows"] = args.pack_rows
     cfg = parse_config(doc, "bench_train.py")
-    syn = SyntheticConfig(table_sizes=(args.rows,) * args.tables, seed=0)
+    syn = SyntheticConfig(table_sizes=tuple(rows), seed=0)
     full = SyntheticDataset(syn, gb * (args.pool + 1))
     # Each rank keeps only what it reads: its slice of every pooled global batch.
     lb, r = args.local_batch, world.rank
@@ -186,7 +205,9 @@ def main(argv=None) -> int:
         packs = trainer.plan.packs
         if packs:
             plan += f" ({sum(len(p.members) for p in packs)} tables packed into {len(packs)})"
-        print(f"bench_train: {world.size} rank(s), {args.tables} tables x {args.rows} rows x "
+        rows = (f"{args.rows_range.replace(':', '-')} rows (geometric, "
+                f"{sum(table_rows(args)):,} in all)" if args.rows_range else f"{args.rows} rows")
+        print(f"bench_train: {world.size} rank(s), {args.tables} tables x {rows} x "
               f"dim {args.dim} (float32), {args.local_batch} samples per rank per step "
               f"(global {gb}), 1 id per bag, dense {list(trainer.cfg.model.bottom_mlp)} / "
               f"{list(trainer.cfg.model.top_mlp)} ({trainer.model.buffers.numel:,} parameters "
@@ -199,7 +220,7 @@ def main(argv=None) -> int:
         runs["overlap_off"].append(full_steps(trainer, args.steps, False))
         runs["embedding_only"].append(embedding_steps(trainer, args.steps))
     trainer.close()
-    result = {"world_size": world.size, "tables": args.tables, "rows": args.rows,
+    result = {"world_size": world.size, "tables": args.tables, "rows": table_rows(args),
               "dim": args.dim, "local_batch": args.local_batch, "global_batch": gb,
               "steps": args.steps, "rounds": args.rounds, "threads": trainer.threads,
               "plan": trainer.describe_plan()}
