@@ -27,7 +27,15 @@ Quantized communication: ``qcomms`` (a
 precision the pooled rows (forward) and their gradients (backward) cross
 ranks in; tables of one sharding type with different settings get a
 strategy each. :meth:`~ShardedEmbeddingCollection.take_sent` counts the
-bytes this rank passed to those collectives.
+bytes this rank passed to those collectives, and
+:meth:`~ShardedEmbeddingCollection.take_calls` the embedding kernel calls and
+collective calls.
+
+Packed tables (the plan's ``packs``, :mod:`embedding.packing`): the members of
+a packed table are stored, sharded and looked up as one physical table; the
+input dist moves each member feature's ids by the member's row offset, and
+everything a user sees (pooled columns, :meth:`gather_table`,
+:meth:`load_table`, initial weights) stays per member table.
 """
 from __future__ import annotations
 
@@ -39,6 +47,7 @@ from typing import Callable, ContextManager, Mapping, Sequence
 import numpy as np
 
 from embedding.jagged import KeyedJagged
+from embedding.packing import feature_offsets, packed_tables
 from embedding.precision import compute_dtype, is_half
 from embedding.sharding import STRATEGIES, ShardingEnv
 from embedding.sharding.base import LocalShard
@@ -122,10 +131,15 @@ class ShardedEmbeddingCollection:
         if plan.world_size != group.size:
             raise ValueError(f"plan: made for {plan.world_size} ranks, the group has "
                              f"{group.size}")
+        physical = packed_tables(self.tables, plan)  # packed members as one table each
+        phys_names = [t.name for t in physical]
         planned = [p.table for p in plan.tables]
-        if sorted(planned) != sorted(names) or len(set(planned)) != len(planned):
-            raise ValueError(f"plan: expected one entry per table {sorted(names)}, got "
+        if sorted(planned) != sorted(phys_names) or len(set(planned)) != len(planned):
+            raise ValueError(f"plan: expected one entry per table {sorted(phys_names)}, got "
                              f"{sorted(planned)}")
+        #: the tables the strategies store: :attr:`tables` with packed members as one
+        self.physical_tables = physical
+        self._offsets = feature_offsets(self.tables, plan)
         if dtype is None:  # the compute dtype: float32 for float16 and bfloat16 tables
             dtypes = {compute_dtype(t.dtype).name for t in self.tables}
             if len(dtypes) != 1:
@@ -166,11 +180,18 @@ class ShardedEmbeddingCollection:
                       for f in t.features}
         self._policy = {f: pol[t.name] for t in self.tables for f in t.features}
         qc = _qcomms_of(qcomms, names)
+        for p in plan.packs:  # a packed table moves its rows in one setting
+            kinds = {qc[m] for m in p.tables}
+            if len(kinds) != 1:
+                raise ValueError(f"qcomms: the members {list(p.tables)} of packed table "
+                                 f"{p.name!r} have different settings {sorted(map(str, kinds))}; "
+                                 f"a packed table's rows cross ranks in one")
+            qc[p.name] = kinds.pop()
         # Strategies, in a fixed order on every rank: one per sharding type, store (tables in
         # device memory, host-resident ones, dynamic ones, each their own store), storage
         # precision and QComms.
         by_type: dict[tuple[ShardingType, str, tuple, QComms], list] = {}
-        for t in self.tables:
+        for t in physical:
             tp = plan.table(t.name)
             if tp.memory.tiered:
                 tp.memory.check(t.name, t.num_rows)
@@ -253,6 +274,17 @@ class ShardedEmbeddingCollection:
             if store is not None and bags is not None:
                 store.prefetch(bags)
 
+    def take_calls(self) -> dict[str, int]:
+        """Embedding kernel calls (``"kernels"``: fused lookups, gradient aggregations,
+        updates and fused backward+updates) and collective calls (``"collectives"``: the
+        input dists, output dists and their reverses) this rank made since the last call."""
+        kernels = 0
+        for strat in self.strategies:
+            store = getattr(strat, "fused", None)
+            if store is not None:
+                kernels += store.take_kernel_calls()
+        return {"kernels": kernels, "collectives": self.env.take_collective_calls()}
+
     def take_sent(self) -> dict[str, int]:
         """Bytes of the pooled rows (``"forward"``) and gradients (``"backward"``) this rank
         passed to collectives since the last call (each send buffer's ``nbytes``, the
@@ -276,10 +308,8 @@ class ShardedEmbeddingCollection:
         if tuple(weights.shape) != (table.num_rows, table.dim):
             raise ValueError(f"weights of table {name!r}: expected shape "
                              f"{(table.num_rows, table.dim)}, got {tuple(weights.shape)}")
-        for s in self.local_shards():
-            if s.table == name:
-                sh = s.shard
-                assign(s.weight, weights[sh.row_slice, sh.col_slice])
+        for s, local, sh in self._member_shards(name):
+            assign(s.weight[local], weights[sh.row_slice, sh.col_slice])
         self.sync_masters()
 
     def set_update_step(self, step: int) -> None:
@@ -289,6 +319,18 @@ class ShardedEmbeddingCollection:
             store = getattr(strat, "fused", None)
             if store is not None and hasattr(store, "step"):
                 store.step = int(step)
+
+    def _member_shards(self, name: str):
+        """``(local shard, its local rows, the table's shard)`` of every local shard holding
+        rows of table ``name`` (a packed member's rows are part of its packed table's)."""
+        pack = self.plan.pack_of(name)
+        for s in self.local_shards():
+            if pack is None and s.table == name:
+                yield s, slice(None), s.shard
+            elif pack is not None and s.table == pack.name:
+                for m, local, sh in pack.parts(s.shard):
+                    if m.table == name:
+                        yield s, local, sh
 
     def sync_masters(self) -> None:
         """Set the float32 master copies of tables with ``master`` rounding from their
@@ -311,12 +353,12 @@ class ShardedEmbeddingCollection:
             raise ValueError(f"name: table {name!r} is dynamic (rows belong to ids as they "
                              f"come); read its entries with DynamicTables.export / entries")
         mine = []
-        for s in self.local_shards():
-            if s.table == name:
-                w = s.weight
-                mine.append((s.shard, np.asarray(w) if isinstance(w, np.ndarray) else w.get()))
-        replicated = any(p.table == name and p.sharding is ShardingType.DATA_PARALLEL
-                         for p in self.plan.tables)
+        for s, local, sh in self._member_shards(name):
+            w = s.weight[local]
+            mine.append((sh, np.asarray(w) if isinstance(w, np.ndarray) else w.get()))
+        pack = self.plan.pack_of(name)
+        replicated = self.plan.table(pack.name if pack else name).sharding is \
+            ShardingType.DATA_PARALLEL
         if replicated:  # every rank holds it whole: no traffic
             return mine[0][1].copy()
         out = np.empty((table.num_rows, table.dim), self.env.dtype)
@@ -336,7 +378,7 @@ class ShardedEmbeddingCollection:
             problem = Problem("kjt", f"kjt: expected a KeyedJagged, got {type(kjt).__name__}")
         else:
             try:
-                checked = kjt.check_ids(self._rows, self._policy)
+                checked = kjt.check_ids(self._rows, self._policy, self._offsets)
             except ValueError as exc:
                 problem = Problem("kjt", str(exc))
         ok = isinstance(kjt, KeyedJagged)
@@ -489,26 +531,32 @@ def init_weights(coll: ShardedEmbeddingCollection, seed: int = 0) -> None:
     Element ``(r, c)`` of table ``t`` is a counter-based hash of (seed,
     table name, ``r * dim + c``) for the table row ``r`` (a strided shard's
     local row ``i`` is table row ``row_offset + i * row_stride``), so every
-    shard computes its own piece and a table reads the same under any sharding.
+    shard computes its own piece and a table reads the same under any sharding. A packed
+    member's rows get the member's own weights (its name, rows and bound), as unpacked.
 
     A dynamic table's new id gets the row a fixed table gives row ``id``
     (bound ``sqrt(1/num_rows)`` of its capacity), when the id first comes.
     """
+    by_name = {t.name: t for t in coll.tables}
     for s in coll.local_shards():
-        table = next(t for t in coll.tables if t.name == s.table)
-        if table.dynamic:
-            s.tables.set_initializer(s.index, dynamic_initializer(table, seed))
-            continue
-        sh = s.shard
-        w = s.weight
-        chunk = max(1, (1 << 20) // max(sh.num_cols, 1))
-        for r0 in range(0, sh.num_rows, chunk):
-            r1 = min(sh.num_rows, r0 + chunk)
-            rows = sh.row_offset + np.arange(r0, r1, dtype=np.int64) * sh.row_stride
-            block = _uniform_block(seed, table.name, table.dim, rows, sh.col_offset,
-                                   sh.col_offset + sh.num_cols)
-            bound = np.sqrt(1.0 / table.num_rows)
-            assign(w[r0:r1], (2.0 * block - 1.0) * bound)
+        pack = next((p for p in coll.plan.packs if p.name == s.table), None)
+        if pack is None:
+            parts = [(by_name[s.table], slice(None), s.shard)]
+        else:  # each member's rows as that table's: the same weights packed or not
+            parts = [(by_name[m.table], local, sh) for m, local, sh in pack.parts(s.shard)]
+        for table, local, sh in parts:
+            if table.dynamic:
+                s.tables.set_initializer(s.index, dynamic_initializer(table, seed))
+                continue
+            w = s.weight[local]
+            chunk = max(1, (1 << 20) // max(sh.num_cols, 1))
+            for r0 in range(0, sh.num_rows, chunk):
+                r1 = min(sh.num_rows, r0 + chunk)
+                rows = sh.row_offset + np.arange(r0, r1, dtype=np.int64) * sh.row_stride
+                block = _uniform_block(seed, table.name, table.dim, rows, sh.col_offset,
+                                       sh.col_offset + sh.num_cols)
+                bound = np.sqrt(1.0 / table.num_rows)
+                assign(w[r0:r1], (2.0 * block - 1.0) * bound)
     coll.sync_masters()
 
 

@@ -241,17 +241,21 @@ class KeyedJagged:
             raise ValueError(f"keys: {' and '.join(parts)} (expected {sorted(expected)})")
 
     def check_ids(self, num_rows: Mapping[str, int],
-                  policies: Mapping[str, IdPolicy] | None = None) -> "KeyedJagged":
+                  policies: Mapping[str, IdPolicy] | None = None,
+                  offsets: Mapping[str, int] | None = None) -> "KeyedJagged":
         """Check every feature's ids against ``num_rows[feature]`` and apply its policy.
 
         Features with :attr:`IdPolicy.ERROR` (the default) raise ValueError
         naming the feature, the first bad id and its sample when an id is
         negative or ``>= num_rows``. Features with ``MODULO``/``HASH`` have
         their ids mapped into range. Features whose ``num_rows`` is None (a
-        dynamic table's) take any int64 id, unchecked. Returns ``self`` when nothing was
-        mapped, else a new :class:`KeyedJagged` with the mapped values.
+        dynamic table's) take any int64 id, unchecked. ``offsets[feature]`` (a table packed
+        with others, :mod:`embedding.packing`) is added to the feature's checked and mapped
+        ids, in the same pass that maps them. Returns ``self`` when nothing was mapped or
+        moved, else a new :class:`KeyedJagged` with the new values.
         """
         policies = policies or {}
+        offsets = offsets or {}
         self.check_features(num_rows)
         new_values = None
         for i, key in enumerate(self.keys):
@@ -273,11 +277,15 @@ class KeyedJagged:
                         raise ValueError(f"values of feature {key!r}: id {bad} (sample {sample}) "
                                          f"is outside [0, {rows}); declare a hash or modulo "
                                          f"id policy for its table to map such ids")
+            offset = int(offsets.get(key, 0))
+            if policy is IdPolicy.ERROR and not offset:
                 continue
-            mapped = apply_id_policy(ids, rows, policy)
             if new_values is None:
                 new_values = self.values.copy()
-            new_values[s:e] = mapped
+            if policy is not IdPolicy.ERROR:
+                new_values[s:e] = apply_id_policy(ids, rows, policy)
+            if offset:
+                new_values[s:e] += offset
         if new_values is None:
             return self
         return KeyedJagged(self.keys, new_values, self.lengths, self.weights,

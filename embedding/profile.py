@@ -46,7 +46,9 @@ _TRAINER_PARTS = ("data", "input_dist", "output_dist", "dense", "sync", "optimiz
 
 def rank_shares(plan, tables) -> dict[int, dict[str, float]]:
     """``{rank: {table: share of the table's lookups that rank serves}}`` under ``plan``."""
-    rows = {t.name: (t.num_rows, t.dim) for t in tables}
+    from embedding.packing import packed_tables
+
+    rows = {t.name: (t.num_rows, t.dim) for t in packed_tables(tables, plan)}
     out: dict[int, dict[str, float]] = {r: {} for r in range(plan.world_size)}
     for tp in plan.tables:
         n, dim = rows[tp.table]

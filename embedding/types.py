@@ -17,7 +17,7 @@ from neocomm.errors import NeocommError
 
 __all__ = ["Rounding", "Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig", "ShardingType",
            "Shard", "Tier", "CachePolicy", "Eviction", "TableMemory", "TablePlan", "ShardingPlan",
-           "IdPolicy", "BatchError", "enum_arg", "check_pooling", "cyclic_shards", "check_dynamic"]
+           "PackMember", "PackedTable", "IdPolicy", "BatchError", "enum_arg", "check_pooling", "cyclic_shards", "check_dynamic"]
 
 
 def enum_arg(cls: type[enum.Enum], value, name: str):
@@ -386,16 +386,123 @@ class TablePlan:
 
 
 @dataclass(frozen=True)
+class PackMember:
+    """One table of a packed table: its rows are rows ``[row_offset, row_offset + num_rows)``
+    of the packed table (an id ``i`` of the member reads packed row ``row_offset + i``)."""
+
+    table: str
+    row_offset: int
+    num_rows: int
+
+
+@dataclass(frozen=True)
+class PackedTable:
+    """Tables of one dim, dtype, optimizer and pooling stored as one physical table ``name``.
+
+    ``members`` lie end to end in order: member ``k`` starts at the sum of the rows of
+    the members before it. The plan places the packed table like any other (one
+    :class:`TablePlan` named ``name``); each member's features keep their own pooled
+    output columns.
+    """
+
+    name: str
+    members: tuple[PackMember, ...]
+
+    def __post_init__(self):
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"name of a packed table: expected a non-empty name, got "
+                             f"{self.name!r}")
+        object.__setattr__(self, "members", tuple(
+            m if isinstance(m, PackMember) else PackMember(**m) for m in self.members))
+        if not self.members:
+            raise ValueError(f"members of packed table {self.name!r}: expected at least one "
+                             f"table, got none")
+        seen, offset = set(), 0
+        for m in self.members:
+            if m.table in seen:
+                raise ValueError(f"members of packed table {self.name!r}: table {m.table!r} "
+                                 f"is listed twice")
+            seen.add(m.table)
+            if isinstance(m.num_rows, bool) or int(m.num_rows) < 1:
+                raise ValueError(f"num_rows of member {m.table!r} of packed table "
+                                 f"{self.name!r}: expected >= 1, got {m.num_rows!r}")
+            if m.row_offset != offset:
+                raise ValueError(f"row_offset of member {m.table!r} of packed table "
+                                 f"{self.name!r}: expected {offset} (the rows of the members "
+                                 f"before it), got {m.row_offset!r}")
+            offset += int(m.num_rows)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the packed table: the members' rows together."""
+        return sum(m.num_rows for m in self.members)
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return tuple(m.table for m in self.members)
+
+    def member(self, table: str) -> PackMember:
+        for m in self.members:
+            if m.table == table:
+                return m
+        raise KeyError(f"table {table!r} is not a member of packed table {self.name!r}")
+
+    def parts(self, shard: Shard) -> list[tuple[PackMember, slice, Shard]]:
+        """How a shard of the packed table splits over the members: ``(member, local rows,
+        member shard)`` for each member it holds rows of, where ``local rows`` (a slice of
+        the shard's local rows) are the member shard's rows, the same columns and stride.
+
+        >>> p = PackedTable("p", (PackMember("a", 0, 3), PackMember("b", 3, 4)))
+        >>> [(m.table, sl, s.row_offset, s.num_rows) for m, sl, s in p.parts(
+        ...     Shard(0, 2, 3, 0, 8))]
+        [('a', slice(0, 1, None), 2, 1), ('b', slice(1, 3, None), 0, 2)]
+        """
+        out = []
+        r0, st, n = shard.row_offset, shard.row_stride, shard.num_rows
+        for m in self.members:
+            lo, hi = m.row_offset, m.row_offset + m.num_rows
+            i0 = max(0, -(-(lo - r0) // st))
+            i1 = min(n, max(0, -(-(hi - r0) // st)))
+            if i1 > i0:
+                out.append((m, slice(i0, i1), Shard(shard.rank, r0 + i0 * st - lo, i1 - i0,
+                                                    shard.col_offset, shard.num_cols, st)))
+        return out
+
+
+@dataclass(frozen=True)
 class ShardingPlan:
-    """A sharding of every table onto ``world_size`` ranks in nodes of ``ranks_per_node``."""
+    """A sharding of every table onto ``world_size`` ranks in nodes of ``ranks_per_node``.
+
+    ``tables`` has one entry per physical table: a table on its own, or a
+    :class:`PackedTable` of ``packs`` (by its name) standing for its members.
+    """
 
     world_size: int
     ranks_per_node: int
     tables: tuple[TablePlan, ...]
+    packs: tuple[PackedTable, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "tables", tuple(
             t if isinstance(t, TablePlan) else TablePlan(**t) for t in self.tables))
+        object.__setattr__(self, "packs", tuple(
+            p if isinstance(p, PackedTable) else PackedTable(**p) for p in self.packs))
+        planned = {t.table for t in self.tables}
+        seen: dict[str, str] = {}
+        for p in self.packs:
+            if p.name not in planned:
+                raise ValueError(f"packs: packed table {p.name!r} has no entry in the plan's "
+                                 f"tables")
+            if p.name in seen.values():
+                raise ValueError(f"packs: packed table {p.name!r} is listed twice")
+            for m in p.members:
+                if m.table in seen:
+                    raise ValueError(f"packs: table {m.table!r} is a member of packed tables "
+                                     f"{seen[m.table]!r} and {p.name!r}")
+                if m.table in planned:
+                    raise ValueError(f"packs: table {m.table!r} is a member of packed table "
+                                     f"{p.name!r} and has a plan entry of its own")
+                seen[m.table] = p.name
 
     def table(self, name: str) -> TablePlan:
         for t in self.tables:
@@ -403,9 +510,22 @@ class ShardingPlan:
                 return t
         raise KeyError(f"table {name!r} is not in the plan")
 
+    def pack_of(self, table: str) -> PackedTable | None:
+        """The packed table ``table`` is a member of (None: it is not packed)."""
+        for p in self.packs:
+            if table in p.tables:
+                return p
+        return None
+
+    def logical_tables(self) -> tuple[str, ...]:
+        """The names of the model's tables the plan covers: packed ones by their members."""
+        packs = {p.name: p for p in self.packs}
+        return tuple(n for t in self.tables
+                     for n in (packs[t.table].tables if t.table in packs else (t.table,)))
+
     def to_json(self) -> str:
-        """The plan as JSON; a contiguous shard leaves out its ``row_stride`` (1), so plans
-        without cyclic tables read as they did before strides existed."""
+        """The plan as JSON; a contiguous shard leaves out its ``row_stride`` (1), and a plan
+        without packed tables its ``packs``, so such plans read as they did before."""
         def enc(o):
             if isinstance(o, enum.Enum):
                 return o.value
@@ -416,13 +536,16 @@ class ShardingPlan:
             for s in t["shards"]:
                 if s["row_stride"] == 1:
                     del s["row_stride"]
+        if not d["packs"]:
+            del d["packs"]
         return json.dumps(d, default=enc, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "ShardingPlan":
         d = json.loads(text)
         return cls(world_size=d["world_size"], ranks_per_node=d["ranks_per_node"],
-                   tables=tuple(TablePlan(**t) for t in d["tables"]))
+                   tables=tuple(TablePlan(**t) for t in d["tables"]),
+                   packs=tuple(PackedTable(**p) for p in d.get("packs") or ()))
 
 
 #: Shardings a dynamic table may have: each id lives whole on one rank.

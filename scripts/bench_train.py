@@ -19,7 +19,10 @@ measures, after warm-up steps, in one run:
   the next batch's input dist overlapped the same way.
 
 Ratios are against peers measured in the same run: overlap on over off,
-and the embedding part alone over the full step.
+and the embedding part alone over the full step. Rank 0's embedding kernel
+calls and collective calls per step (``ShardedEmbeddingCollection.take_calls``)
+are counted over the measured full steps; ``--pack`` lets the planner pack the
+tables (``[plan] pack``), so packed and unpacked runs can be compared.
 """
 from __future__ import annotations
 
@@ -36,6 +39,9 @@ def parse(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tables", type=int, default=26, help="embedding tables (default 26)")
     p.add_argument("--rows", type=int, default=100_000, help="rows per table (default 100000)")
+    p.add_argument("--rows-range", default=None, metavar="LO:HI",
+                   help="table rows spread geometrically from LO to HI over the tables, "
+                   "instead of --rows for all")
     p.add_argument("--dim", type=int, default=64, help="embedding dimension (default 64)")
     p.add_argument("--local-batch", type=int, default=2048,
                    help="samples per rank per step (default 2048)")
@@ -61,8 +67,27 @@ def parse(argv=None):
                    help="sparse optimizer of the fused backward (default rowwise_adagrad)")
     p.add_argument("--dedup", action="store_true",
                    help="send each distinct id of a feature once (train.dedup)")
+    p.add_argument("--pack", action="store_true",
+                   help="pack tables of at most --pack-rows rows into one table per kind")
+    p.add_argument("--pack-rows", type=int, default=None,
+                   help="largest table packed, rows (default: [plan] pack_rows' default)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     return p.parse_args(argv)
+
+
+def table_rows(args) -> list[int]:
+    """Rows of each table: ``--rows`` each, or ``--rows-range LO:HI`` spread geometrically."""
+    if not args.rows_range:
+        return [args.rows] * args.tables
+    try:
+        lo, hi = (int(x) for x in args.rows_range.split(":"))
+    except ValueError:
+        raise SystemExit(f"bench_train.py: --rows-range: expected LO:HI, got "
+                         f"{args.rows_range!r}") from None
+    if not 1 <= lo <= hi:
+        raise SystemExit(f"bench_train.py: --rows-range: expected 1 <= LO <= HI, got "
+                         f"{args.rows_range!r}")
+    return [int(x) for x in np.geomspace(lo, hi, args.tables).round()]
 
 
 def build(args, world):
@@ -71,7 +96,8 @@ def build(args, world):
     from embedding.train.data import MemoryDataset, TrainData, WindowDataset
 
     gb = args.local_batch * world.size
-    doc = {"tables": {"rows": [args.rows] * args.tables},
+    rows = table_rows(args)
+    doc = {"tables": {"rows": rows},
            "model": {"embedding_dim": args.dim,
                      "bottom_mlp": [int(x) for x in args.bottom.split(",") if x] + [args.dim],
                      "top_mlp": [int(x) for x in args.top.split(",") if x] + [1]},
@@ -87,8 +113,12 @@ def build(args, world):
         doc["plan"] = {"shardings": [args.plan]}  # the planner places them
     elif args.plan != "planner":
         doc["plan"] = {"file": args.plan}
+    if args.pack:
+        doc.setdefault("plan", {})["pack"] = True
+        if args.pack_rows:
+            doc["plan"]["pack_rows"] = args.pack_rows
     cfg = parse_config(doc, "bench_train.py")
-    syn = SyntheticConfig(table_sizes=(args.rows,) * args.tables, seed=0)
+    syn = SyntheticConfig(table_sizes=tuple(rows), seed=0)
     full = SyntheticDataset(syn, gb * (args.pool + 1))
     # Each rank keeps only what it reads: its slice of every pooled global batch.
     lb, r = args.local_batch, world.rank
@@ -113,12 +143,14 @@ def full_steps(trainer, steps: int, overlap: bool) -> tuple[float, dict]:
     trainer.set_overlap(overlap)
     trainer.run(1, horizon=trainer.step + steps + 1)  # settle the pipeline in this mode
     trainer.timer.reset()
+    trainer.coll.take_calls()
     trainer.group.comm.Barrier()
     t0 = time.perf_counter()
     trainer.run(steps, horizon=trainer.step + steps + 1)
     seconds = time.perf_counter() - t0
     phases = trainer.timer.reset()
-    return seconds, {p.value: phases[p] / steps for p in Phase}
+    calls = {k: v / steps for k, v in trainer.coll.take_calls().items()}
+    return seconds, {p.value: phases[p] / steps for p in Phase}, calls
 
 
 def embedding_steps(trainer, steps: int) -> tuple[float, dict]:
@@ -158,7 +190,7 @@ def embedding_steps(trainer, steps: int) -> tuple[float, dict]:
     for p in dist.pending:  # the last one read ahead
         p.wait()
     phases = timer.reset()
-    return seconds, {p.value: phases[p] / steps for p in Phase}
+    return seconds, {p.value: phases[p] / steps for p in Phase}, None
 
 
 def main(argv=None) -> int:
@@ -170,7 +202,12 @@ def main(argv=None) -> int:
     gb = trainer.cfg.train.batch_size
     if world.rank == 0:
         plan = ", ".join(f"{k} x{len(v)}" for k, v in trainer.describe_plan().items())
-        print(f"bench_train: {world.size} rank(s), {args.tables} tables x {args.rows} rows x "
+        packs = trainer.plan.packs
+        if packs:
+            plan += f" ({sum(len(p.members) for p in packs)} tables packed into {len(packs)})"
+        rows = (f"{args.rows_range.replace(':', '-')} rows (geometric, "
+                f"{sum(table_rows(args)):,} in all)" if args.rows_range else f"{args.rows} rows")
+        print(f"bench_train: {world.size} rank(s), {args.tables} tables x {rows} x "
               f"dim {args.dim} (float32), {args.local_batch} samples per rank per step "
               f"(global {gb}), 1 id per bag, dense {list(trainer.cfg.model.bottom_mlp)} / "
               f"{list(trainer.cfg.model.top_mlp)} ({trainer.model.buffers.numel:,} parameters "
@@ -183,15 +220,18 @@ def main(argv=None) -> int:
         runs["overlap_off"].append(full_steps(trainer, args.steps, False))
         runs["embedding_only"].append(embedding_steps(trainer, args.steps))
     trainer.close()
-    result = {"world_size": world.size, "tables": args.tables, "rows": args.rows,
+    result = {"world_size": world.size, "tables": args.tables, "rows": table_rows(args),
               "dim": args.dim, "local_batch": args.local_batch, "global_batch": gb,
               "steps": args.steps, "rounds": args.rounds, "threads": trainer.threads,
               "plan": trainer.describe_plan()}
+    calls = [c for s, ph, c in runs["overlap_on"] + runs["overlap_off"]]
+    result["emb_calls_per_step"] = {k: sum(c[k] for c in calls) / len(calls) for k in calls[0]}
+    result["packs"] = [{"name": p.name, "members": len(p.members)} for p in trainer.plan.packs]
     for name, rs in runs.items():
-        seconds = sum(s for s, _ in rs)
+        seconds = sum(s for s, _, _ in rs)
         steps = args.steps * len(rs)
-        phases = {k: sum(ph[k] for _, ph in rs) / len(rs) for k in rs[0][1]}
-        rates = sorted(gb * args.steps / s for s, _ in rs)
+        phases = {k: sum(ph[k] for _, ph, _ in rs) / len(rs) for k in rs[0][1]}
+        rates = sorted(gb * args.steps / s for s, _, _ in rs)
         result[name] = {"samples_per_s": gb * steps / seconds, "step_ms": 1e3 * seconds / steps,
                         "round_min": rates[0], "round_median": rates[len(rates) // 2],
                         "round_max": rates[-1],
@@ -222,6 +262,9 @@ def _print(r: dict) -> None:
         total = sum(ph.values()) or 1.0
         parts = ", ".join(f"{k} {v:.1f} ({100 * v / total:.0f}%)" for k, v in ph.items())
         print(f"  {name}: {parts}")
+    c = r["emb_calls_per_step"]
+    print(f"embedding calls per step (rank 0): {c['kernels']:g} kernel calls, "
+          f"{c['collectives']:g} collective calls")
     print(f"overlap on / off: {r['overlap_speedup']:.3f}x; the embedding part alone runs at "
           f"{r['embedding_only']['samples_per_s']:,.0f} samples/s, "
           f"{r['embedding_only']['samples_per_s'] / r['overlap_on']['samples_per_s']:.2f}x the "

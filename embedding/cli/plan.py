@@ -109,6 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="narrowest column slice proposed, elements (default 32)")
     parser.add_argument("--method", choices=("best", "greedy", "kk"), default="best",
                         help="partitioner of the final placement (default: best of both)")
+    parser.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
+                        help="pack tables of at most --pack-rows rows that share dim, dtype, "
+                        "optimizer and pooling into one table each, planned as one (default: "
+                        "no; with --config its [plan] pack)")
+    parser.add_argument("--pack-rows", type=_positive_int, default=None, metavar="ROWS",
+                        help="largest table packed, rows (default 131072; with --config its "
+                        "[plan] pack_rows)")
     parser.add_argument("--json", metavar="FILE", default=None,
                         help="write the plan (ShardingPlan JSON) to FILE ('-': stdout)")
     parser.add_argument("--baseline", action="store_true",
@@ -143,6 +150,7 @@ def _load(spec: str, dim: int | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
+    from embedding.packing import DEFAULT_PACK_ROWS, packed_tables
     from embedding.planner import (PartitionMethod, PlanDoesNotFitError, Workload,
                                    baseline_plan, plan_sharding)
     from embedding.planner.hardware import hardware_for, load_target
@@ -175,9 +183,10 @@ def run(args: argparse.Namespace) -> int:
     methods = {"best": (PartitionMethod.GREEDY, PartitionMethod.KARMARKAR_KARP),
                "greedy": (PartitionMethod.GREEDY,),
                "kk": (PartitionMethod.KARMARKAR_KARP,)}[args.method]
+    pack_rows = (args.pack_rows or DEFAULT_PACK_ROWS) if args.pack else None
     try:
         report = plan_sharding(tables, hardware, workload, constraints=constraints,
-                               methods=methods)
+                               methods=methods, pack_rows=pack_rows)
     except PlanDoesNotFitError as exc:
         return _no_fit(exc, args)
     except ValueError as exc:
@@ -185,7 +194,9 @@ def run(args: argparse.Namespace) -> int:
     out = _write_json(report, hardware, args.json)
     if isinstance(out, int):
         return out
-    _print(report, tables, hardware, workload, out, summary=args.summary)
+    _print_packs(report, out)
+    _print(report, packed_tables(tables, report.plan), hardware, workload, out,
+           summary=args.summary)
     if args.baseline:
         try:
             base = baseline_plan(tables, hardware, workload, constraints=constraints)
@@ -199,6 +210,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json and args.json != "-":
         print(f"plan written to {args.json}", file=out)
     return 0
+
+
+def _print_packs(report, out) -> None:
+    """One line naming the packed tables of ``report``'s plan, if any."""
+    packs = report.plan.packs
+    if packs:
+        print(f"packed {sum(len(p.members) for p in packs)} tables into {len(packs)}: "
+              + ", ".join(f"{p.name} ({len(p.members)} tables, {p.num_rows} rows)"
+                          for p in packs), file=out)
 
 
 def _no_fit(exc, args) -> int:
@@ -256,6 +276,8 @@ def _plan_config(args) -> int:
     """``--config``: the plan ``neocomm train`` makes for that config on ``-n`` ranks."""
     import dataclasses
 
+    from embedding.packing import packed_tables
+
     from embedding.data.types import DataFormatError
     from embedding.planner import PlanDoesNotFitError
     from embedding.train import ConfigError, load_config
@@ -276,8 +298,10 @@ def _plan_config(args) -> int:
         return _err(f"--ranks-per-node: {rpn} does not divide -n {args.world_size}")
     try:
         cfg = load_config(args.config)
-        plan_cfg = dataclasses.replace(cfg.plan, fabric=args.fabric or cfg.plan.fabric,
-                                       file="")
+        plan_cfg = dataclasses.replace(
+            cfg.plan, fabric=args.fabric or cfg.plan.fabric, file="",
+            pack=cfg.plan.pack if args.pack is None else args.pack,
+            pack_rows=args.pack_rows or cfg.plan.pack_rows)
         train = dataclasses.replace(cfg.train, batch_size=args.batch_size or
                                     cfg.train.batch_size)
         cfg = dataclasses.replace(cfg, plan=plan_cfg, train=train)
@@ -300,7 +324,9 @@ def _plan_config(args) -> int:
     if pooling:
         print("pooling factors from the data (ids per sample): " + ", ".join(
             f"{t} {v:.2f}" for t, v in pooling.items()), file=out)
-    _print(report, tables, hardware, workload, out, summary=args.summary)
+    _print_packs(report, out)
+    _print(report, packed_tables(tables, report.plan), hardware, workload, out,
+           summary=args.summary)
     if args.json and args.json != "-":
         print(f"plan written to {args.json}; train with: neocomm run -n {args.world_size} -- "
               f"neocomm train --config {args.config} --plan {args.json}", file=out)

@@ -139,6 +139,11 @@ class DynamicTables:
             self._reading = before
 
     # -- kernels ------------------------------------------------------------------------
+    def take_kernel_calls(self) -> int:
+        """Fused kernel calls on the rows at hand since the last call (each a call of the
+        inner store's kernels)."""
+        return self.work.take_kernel_calls()
+
     def prefetch(self, bags: Bags) -> None:
         """Nothing to do: every row is in this store's memory."""
 

@@ -74,6 +74,8 @@ class FusedTables:
             raise ValueError(f"rounding: {[r.value for r in self.rounding]} needs float16 or "
                              f"bfloat16 storage, got dtype {self.dtype.name}")
         self.step = 0
+        #: calls of the fused kernels (lookup, aggregate, update, backward_update) so far
+        self.kernel_calls = 0
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
         if device == "cuda" and self.compute_dtype == np.float64 and is_half(self.state_dtype):
@@ -154,6 +156,11 @@ class FusedTables:
         return self.state[name][off:off + lay.rows[t] * lay.dims[t]].reshape(lay.rows[t],
                                                                             lay.dims[t])
 
+    def take_kernel_calls(self) -> int:
+        """:attr:`kernel_calls` so far, then zero it."""
+        n, self.kernel_calls = self.kernel_calls, 0
+        return n
+
     # -- kernels --------------------------------------------------------
     def prefetch(self, bags: Bags) -> None:
         """Nothing to do: every row is in this store's memory (see ``TieredTables``)."""
@@ -164,10 +171,12 @@ class FusedTables:
 
     def lookup(self, bags: Bags, out=None):
         """Pooled lookup of every bag (``[G * B, out_dim]``)."""
+        self.kernel_calls += 1
         return self._impl.pooled_lookup(self.layout, self.weights, bags, out, **self._kw())
 
     def aggregate(self, bags: Bags, grad_out):
         """Per table ``(rows, grads)`` of the bags' summed gradients (no update)."""
+        self.kernel_calls += 1
         return self._impl.aggregate_grads(self.layout, bags, self._cast(grad_out),
                                           weights=self.weights, **self._kw())
 
@@ -178,6 +187,7 @@ class FusedTables:
         ``mean(g * g)`` for table t's rows (column slices of a wider row).
         """
         sparse = [(rows, self._cast(grads)) for rows, grads in sparse]
+        self.kernel_calls += 1
         kw = self._kw(update=True)
         if row_terms is not None:
             kw["row_terms"] = row_terms
@@ -186,6 +196,7 @@ class FusedTables:
 
     def backward_update(self, bags: Bags, grad_out) -> None:
         """Fused backward + optimizer: only the rows the bags read change."""
+        self.kernel_calls += 1
         self._impl.backward_update(self.layout, self.optimizers, self.weights, self.state, bags,
                                    self._cast(grad_out), **self._kw(update=True))
 

@@ -183,6 +183,11 @@ class TieredTables:
         return out
 
     # -- the step ------------------------------------------------------------------------
+    def take_kernel_calls(self) -> int:
+        """Fused kernel calls on the rows at hand since the last call (each a call of the
+        inner store's kernels)."""
+        return self.work.take_kernel_calls()
+
     def prefetch(self, bags: Bags) -> None:
         """Bring the rows of ``bags`` in now, ahead of its ``lookup`` (module doc)."""
         if id(bags) not in self._prefetched:
@@ -293,7 +298,9 @@ class TieredTables:
             decided.append(got)
             grown |= g
         if grown:
-            self.work = self._device_tables(self.work)
+            old = self.work
+            self.work = self._device_tables(old)
+            self.work.kernel_calls += old.kernel_calls  # the step's calls so far still count
         slots, parts = [], []
         for t, got in enumerate(decided):
             self._copy_out(t, got.evict_rows, got.evict_slots)

@@ -76,12 +76,17 @@ def column_splits(dim: int, most: int, min_dim: int) -> list[int]:
 
 
 class _Builder:
-    """Builds the candidates of one table (the formulas of :mod:`estimate`)."""
+    """Builds the candidates of one table (the formulas of :mod:`estimate`).
+
+    ``P`` is the pooled rows per batch: ``batch_size`` times the features that read
+    the table (a packed table's members' features), each a bag of its own.
+    """
 
     def __init__(self, table: TableConfig, hw: Hardware, wl: Workload, cost: CostModel,
                  ids_per_sample: float):
         self.t, self.hw, self.wl, self.cost = table, hw, wl, cost
         self.B, self.L, self.I = float(wl.batch_size), float(ids_per_sample), wl.id_bytes
+        self.P = self.B * max(1, len(table.features))
         self.s = _itemsize(table.dtype)
         self.W, self.R = hw.world_size, hw.ranks_per_node
 
@@ -111,10 +116,10 @@ class _Builder:
 
     def columns(self, k: int, sharding: ShardingType) -> Candidate:
         """Table-wise (k = 1), column-wise or table-column-wise slices."""
-        B, L, I, s, d = self.B, self.L, self.I, self.s, self.t.dim // k
+        B, L, I, s, d, P = self.B, self.L, self.I, self.s, self.t.dim // k, self.P
         shards = []
         for j in range(k):
-            rows_out = [("output_dist", _A2A, _W, B * d * s), ("emb_backward", _A2A, _W, B * d * s)]
+            rows_out = [("output_dist", _A2A, _W, P * d * s), ("emb_backward", _A2A, _W, P * d * s)]
             if sharding is ShardingType.TABLE_COLUMN_WISE:
                 # ids cross nodes once per node, then are gathered inside it
                 comm = [("input_dist", _A2A, _W, B * L * I / k),
@@ -124,16 +129,16 @@ class _Builder:
                 comm = [("input_dist", _A2A, _W, B * L * I)] + rows_out
                 ops = ((_A2A, _W),)
             shards.append(self._shard(self.t.num_rows, 0, d, j * d, B * L,
-                                      B * L * I + 2 * B * d * s, comm))
+                                      B * L * I + 2 * P * d * s, comm))
         fan = 1 if sharding is ShardingType.TABLE_COLUMN_WISE else k
-        secs, mem, parts = self._spread(B / self.W * fan * L * I, B / self.W * self.t.dim * s)
+        secs, mem, parts = self._spread(B / self.W * fan * L * I, P / self.W * self.t.dim * s)
         placement = (PlacementKind.ONE_NODE if sharding is ShardingType.TABLE_COLUMN_WISE
                      else PlacementKind.FREE)
         return Candidate(self.t.name, sharding, placement, tuple(shards), secs, mem, ops, parts)
 
     def rows(self, sharding: ShardingType) -> Candidate:
         """Row-wise or cyclic row-wise over the world, or table-row-wise over one node."""
-        B, L, I, s, dim = self.B, self.L, self.I, self.s, self.t.dim
+        B, L, I, s, dim, P = self.B, self.L, self.I, self.s, self.t.dim, self.P
         node = sharding is ShardingType.TABLE_ROW_WISE
         parts = self.R if node else self.W
         if sharding is ShardingType.CYCLIC_ROW_WISE:
@@ -146,18 +151,18 @@ class _Builder:
             frac = rows / self.t.num_rows
             if node:  # reduce inside the node, then one all-to-all across nodes
                 comm = [("input_dist", _A2A, _W, B * L * I * frac),
-                        ("output_dist", _A2A, _W, B * dim * s / parts),
-                        ("emb_backward", _A2A, _W, B * dim * s / parts),
-                        ("output_dist", _RS, _N, B * dim * s),
-                        ("emb_backward", _AG, _N, B * dim * s)]
+                        ("output_dist", _A2A, _W, P * dim * s / parts),
+                        ("emb_backward", _A2A, _W, P * dim * s / parts),
+                        ("output_dist", _RS, _N, P * dim * s),
+                        ("emb_backward", _AG, _N, P * dim * s)]
             else:
                 comm = [("input_dist", _A2A, _W, B * L * I * frac),
-                        ("output_dist", _RS, _W, B * dim * s),
-                        ("emb_backward", _AG, _W, B * dim * s)]
+                        ("output_dist", _RS, _W, P * dim * s),
+                        ("emb_backward", _AG, _W, P * dim * s)]
             shards.append(self._shard(rows, offset, dim, 0, B * L * frac,
-                                      B * L * I * frac + 2 * B * dim * s, comm, stride))
+                                      B * L * I * frac + 2 * P * dim * s, comm, stride))
         if node:
-            secs, mem, sp = self._spread(B / self.W * L * I, B / self.W * dim * s)
+            secs, mem, sp = self._spread(B / self.W * L * I, P / self.W * dim * s)
             ops = ((_A2A, _W), (_RS, _N), (_AG, _N))
             return Candidate(self.t.name, sharding, PlacementKind.ONE_NODE, tuple(shards),
                              secs, mem, ops, sp)
@@ -169,8 +174,9 @@ class _Builder:
         B, L, I, s, dim, rows = self.B, self.L, self.I, self.s, self.t.dim, self.t.num_rows
         local = B / self.W
         grad = rows * dim * s
-        shard = self._shard(rows, 0, dim, 0, local * L, local * L * I + 2 * local * dim * s
-                            + grad, [("grad_sync", _AR, _W, grad)])
+        shard = self._shard(rows, 0, dim, 0, local * L, local * L * I
+                            + 2 * local * (self.P / B) * dim * s + grad,
+                            [("grad_sync", _AR, _W, grad)])
         return Candidate(self.t.name, ShardingType.DATA_PARALLEL, PlacementKind.EVERY_RANK,
                          (shard,) * self.W, 0.0, 0, ((_AR, _W),))
 

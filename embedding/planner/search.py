@@ -296,14 +296,21 @@ def plan_sharding(tables: Sequence[TableConfig], hardware: Hardware,
                   constraints: Mapping[str, TableConstraints] | None = None,
                   methods: Sequence[PartitionMethod | str] = (PartitionMethod.GREEDY,
                                                               PartitionMethod.KARMARKAR_KARP),
-                  search: bool = True) -> PlanReport:
+                  search: bool = True, pack_rows: int | None = None) -> PlanReport:
     """Plan the sharding of ``tables`` on ``hardware`` for ``workload``.
 
     ``methods`` are the partitioners tried for the final placement; with
     ``search`` False the planner stops after fitting memory (no local search).
+    ``pack_rows`` (rows; None or 0: no packing) packs tables of at most that many rows
+    that share dim, dtype, optimizer, pooling, rounding and constraints
+    (:func:`~embedding.packing.choose_packs`) and plans each packed table as one table
+    whose ids per sample are its members' together; the plan records the packing.
     Raises :class:`PlanDoesNotFitError` naming a table and how much it is
     short by when no placement fits, ValueError on bad arguments.
     """
+    if pack_rows:
+        return _plan_packed(tables, hardware, workload, constraints, methods, search,
+                            pack_rows)
     workload = workload or Workload()
     methods = [PartitionMethod.parse(m) for m in methods]
     if not methods:
@@ -347,6 +354,31 @@ def plan_sharding(tables: Sequence[TableConfig], hardware: Hardware,
     return dataclasses.replace(best, alternatives=alternatives)
 
 
+def _plan_packed(tables, hardware, workload, constraints, methods, search, pack_rows):
+    """:func:`plan_sharding` of ``tables`` with the small ones packed (``pack_rows``)."""
+    from embedding.packing import choose_packs, packed_tables
+
+    given = dict(constraints or {})
+    ids = (workload or Workload()).ids_per_sample
+
+    def rest(name):  # what a packed table's members must share besides their kind
+        c = given.get(name)
+        return None if c is None else dataclasses.replace(c, ids_per_sample=None)
+
+    packs = choose_packs(tables, pack_rows, group_by=rest)
+    cons = dict(given)
+    for p in packs:
+        base = rest(p.tables[0]) or TableConstraints()
+        cons[p.name] = dataclasses.replace(base, ids_per_sample=sum(
+            (given[m].ids_per_sample if m in given and given[m].ids_per_sample else ids)
+            for m in p.tables))
+        for m in p.tables:
+            cons.pop(m, None)
+    report = plan_sharding(packed_tables(tables, packs), hardware, workload,
+                           constraints=cons or None, methods=methods, search=search)
+    return dataclasses.replace(report, plan=dataclasses.replace(report.plan, packs=packs))
+
+
 def _grown(results, tables, hardware, workload, constraints):
     """``results`` with the caches of their cached tables grown into the device memory left
     (:func:`~embedding.planner.tiers.grow_caches`)."""
@@ -388,8 +420,11 @@ def evaluate_plan(plan: ShardingPlan, tables: Sequence[TableConfig], hardware: H
     """
     from embedding.planner.validate import validate_plan
 
+    from embedding.packing import packed_tables
+
     validate_plan(plan, hardware.world_size, ranks_per_node=hardware.ranks_per_node,
                   tables=tables)
+    tables = packed_tables(tables, plan)  # a packed table is priced as one
     workload = workload or Workload()
     cost = CostModel(hardware)
     by_name = {tp.table: tp for tp in plan.tables}

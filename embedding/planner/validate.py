@@ -37,6 +37,13 @@ def validate_plan(plan: ShardingPlan, world_size: int, *, ranks_per_node: int | 
                                         field="rank", expected=world_size, got=s.rank)
     if tables is None:
         return
+    from embedding.packing import packed_tables
+
+    try:
+        tables = packed_tables(tables, plan)  # a packed table covers its members' rows
+    except ValueError as exc:
+        raise PlanMismatchError(f"the plan's packed tables do not fit the model: {exc}",
+                                field="packs", got=[p.name for p in plan.packs]) from None
     names = [tp.table for tp in plan.tables]
     want = {t.name: t for t in tables}
     if sorted(names) != sorted(want):

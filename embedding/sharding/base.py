@@ -39,11 +39,33 @@ __all__ = ["ShardingEnv", "ShardingStrategy", "Pending", "FeatureSpec", "LocalSh
            "collectives_api", "pack_jagged", "unpack_jagged"]
 
 
-def collectives_api():
-    """The :mod:`collectives` module (its dense collectives: all_to_all_v, reduce_scatter …)."""
+def collectives_api(env: "ShardingEnv | None" = None):
+    """The :mod:`collectives` module (its dense collectives: all_to_all_v, reduce_scatter …);
+    given ``env``, a view of it that counts each call in ``env``'s
+    :attr:`~ShardingEnv.collective_calls`."""
     import collectives
 
-    return collectives
+    return collectives if env is None else _Counted(collectives, env)
+
+
+class _Counted:
+    """The functions of a module, each call counted in ``env.collective_calls``."""
+
+    __slots__ = ("_module", "_env")
+
+    def __init__(self, module, env: "ShardingEnv"):
+        self._module = module
+        self._env = env
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._module, name)
+        env = self._env
+
+        def counted(*args, **kwargs):
+            env.collective_calls += 1
+            return fn(*args, **kwargs)
+
+        return counted
 
 
 class Pending:
@@ -127,6 +149,14 @@ class ShardingEnv:
         #: bytes of the pooled-row (``"forward"``) and gradient (``"backward"``) buffers this
         #: rank passed to collectives, summed since the last :meth:`take_sent`
         self.sent = {"forward": 0, "backward": 0}
+        #: calls this rank's strategies made into :mod:`collectives` (blocking or not),
+        #: since the last :meth:`take_collective_calls`
+        self.collective_calls = 0
+
+    def take_collective_calls(self) -> int:
+        """:attr:`collective_calls` so far, then zero it."""
+        n, self.collective_calls = self.collective_calls, 0
+        return n
 
     def take_sent(self) -> dict[str, int]:
         """:attr:`sent` so far, then zero it."""
@@ -297,7 +327,7 @@ class ShardingStrategy(abc.ABC):
         """``collectives.<op>(buf, ...)``, counting ``buf``'s bytes as sent in
         ``direction`` (``"forward"``: pooled rows, ``"backward"``: their gradients)."""
         self.env.sent[direction] += int(buf.nbytes)
-        return getattr(collectives_api(), op)(buf, *args, **kwargs)
+        return getattr(collectives_api(self.env), op)(buf, *args, **kwargs)
 
     @abc.abstractmethod
     def input_dist(self, kjt: KeyedJagged) -> Pending:

@@ -76,7 +76,7 @@ class DataParallelSharding(ShardingStrategy):
             r = xp.asarray(rows)
             dense[r] = g
             flags[lay.row_base[t] + r] = 1
-        h = collectives_api().all_reduce(buf, group=env.group, async_op=True)
+        h = collectives_api(self.env).all_reduce(buf, group=env.group, async_op=True)
 
         def finish(total):
             out = []

@@ -87,7 +87,7 @@ class DedupPlan:
     def input_dist(self, kjt) -> Pending:
         s = self.s
         env = s.env
-        c = collectives_api()
+        c = collectives_api(s.env)
         feats = [kjt.feature(f.name) for f in s.features]
         parts, inverse, lengths, weights, ucounts = [], [], [], [], []
         uniq_cache: dict[int, tuple] = {}

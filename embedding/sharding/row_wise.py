@@ -183,7 +183,7 @@ class RowWiseSharding(ShardingStrategy):
                 for i, (t, s) in enumerate(zip(self.tables, self._local)) if s.num_rows > 0]
 
     def input_dist(self, kjt: KeyedJagged) -> Pending:
-        c = collectives_api()
+        c = collectives_api(self.env)
         env = self.env
         b = kjt.batch_size
         feats = [kjt.feature(f.name) for f in self.features]

@@ -81,7 +81,7 @@ class TableColumnWiseSharding(SlotWiseSharding):
     def input_dist(self, kjt: KeyedJagged) -> Pending:
         if not self._hier:
             return super().input_dist(kjt)
-        c = collectives_api()
+        c = collectives_api(self.env)
         b = kjt.batch_size
         feats = [kjt.feature(f.name) for f in self.features]
         parts = [[(feats[fi].lengths, feats[fi].values) for fi in fs]
@@ -104,7 +104,7 @@ class TableColumnWiseSharding(SlotWiseSharding):
     def _spread(self, res, wres, b: int) -> Bags:
         """Step 2: share the rail's bags with the node, then lay them out as Bags."""
         env = self.env
-        c = collectives_api()
+        c = collectives_api(self.env)
         k, m_count = len(self._peers), len(env.nodes)
         recv1, rc1 = res
         msg = np.concatenate([np.asarray(rc1, np.int64), recv1])

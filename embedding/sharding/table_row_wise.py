@@ -107,7 +107,7 @@ class TableRowWiseSharding(ShardingStrategy):
 
     # -- input dist ---------------------------------------------------------------
     def input_dist(self, kjt: KeyedJagged) -> Pending:
-        c = collectives_api()
+        c = collectives_api(self.env)
         env = self.env
         b = kjt.batch_size
         k = len(env.nodes[0])

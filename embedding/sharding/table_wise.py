@@ -142,7 +142,7 @@ class SlotWiseSharding(ShardingStrategy):
     def input_dist(self, kjt: KeyedJagged) -> Pending:
         if self._dedup is not None:
             return self._dedup.input_dist(kjt)
-        c = collectives_api()
+        c = collectives_api(self.env)
         feats = [kjt.feature(f.name) for f in self.features]
         parts = [[(feats[self.slots[i].feature].lengths, feats[self.slots[i].feature].values)
                   for i in self._by_owner[r]] for r in range(self.env.size)]
@@ -296,7 +296,7 @@ class SlotWiseSharding(ShardingStrategy):
             return
         env = self.env
         xp = env.xp
-        c = collectives_api()
+        c = collectives_api(self.env)
         sparse = list(sparse) if sparse is not None else []
         for k, (rows, g) in enumerate(sparse):  # same sorted rows on every owner of a table
             order = xp.argsort(xp.asarray(rows))

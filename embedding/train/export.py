@@ -27,6 +27,7 @@ from embedding.checkpoint.int8 import (Int8Export, is_int8_export, source_record
 from embedding.checkpoint.reshard import shard_box
 from embedding.collection import assign
 from embedding.train.save import find_checkpoint
+from embedding.train.state import shard_pieces
 from embedding.train.state import dynamic_entries
 
 __all__ = ["export_int8", "load_export_weights"]
@@ -117,17 +118,20 @@ def load_export_weights(export, ckpt: Checkpoint, collection, plan) -> list[str]
                     f"{getattr(t, field)} in the model", path=str(ex.path),
                     field=f"{name}.{field}")
     for s in collection.local_shards():
-        if s.table not in ex.tables:
-            continue
-        if model[s.table].dynamic:
+        if s.table in model and model[s.table].dynamic:
+            if s.table not in ex.tables:
+                continue
             ids, rows = s.tables.export(s.index)
             values = ex.lookup(s.table, ids)
             weight = s.tables.weight(s.index)
             weight[s.tables.xp.asarray(rows)] = s.tables.xp.asarray(values, weight.dtype)
             continue
-        offset, shape, stride = shard_box(s.shard, (model[s.table].num_rows,
-                                                    model[s.table].dim))
-        fused = ex.fused(s.table)[offset[0]:offset[0] + shape[0] * stride[0]:stride[0]]
-        values = dequantize_rows(fused)[:, offset[1]:offset[1] + shape[1]]
-        assign(s.weight, values.astype(np.dtype(model[s.table].dtype), copy=False))
+        for name, local, shard, _ in shard_pieces(plan, s):  # a packed shard: its members
+            if name not in ex.tables:
+                continue
+            t = model[name]
+            offset, shape, stride = shard_box(shard, (t.num_rows, t.dim))
+            fused = ex.fused(name)[offset[0]:offset[0] + shape[0] * stride[0]:stride[0]]
+            values = dequantize_rows(fused)[:, offset[1]:offset[1] + shape[1]]
+            assign(s.weight[local], values.astype(np.dtype(t.dtype), copy=False))
     return sorted(ex.tables)

@@ -344,6 +344,8 @@ class Trainer:
                 extra["comm_bytes"] = {"emb_forward": sent["forward"] // n_log,
                                        "emb_backward": sent["backward"] // n_log,
                                        "dense": self.grads.take_sent() // n_log}
+                calls = self.coll.take_calls()
+                extra["emb_calls"] = {k: round(v / n_log, 3) for k, v in calls.items()}
                 self.metrics.write("train", step=step, loss=loss,
                                    loss_avg=float(np.mean(losses)),
                                    samples_per_s=cfg.batch_size * n_log / max(dt, 1e-9),
@@ -402,6 +404,7 @@ class Trainer:
     def _evaluate_and_log(self) -> dict:
         ev = self.evaluate()
         self.coll.take_sent()  # the step records count training steps only
+        self.coll.take_calls()
         self.last_eval = ev
         self.progress.auc = ev["auc"]
         self.metrics.write("eval", step=self.step, **ev)

@@ -14,6 +14,9 @@ has ``event`` and ``time`` (seconds since the epoch):
   passed per step to the collectives of the pooled embeddings (``emb_forward``), their
   gradients (``emb_backward``) and the dense AllReduce (``dense``), in their ``[comms]``
   precisions (each send buffer's size, the block a rank keeps included);
+  ``emb_calls``: rank 0's embedding kernel calls (``kernels``: fused lookups, gradient
+  aggregations and updates) and collective calls (``collectives``: input dists, output
+  dists and their reverses) per step (``ShardedEmbeddingCollection.take_calls``);
 * ``eval``: ``step``, ``auc``, ``log_loss``, ``accuracy``, ``records`` (of the first
   evaluation set) and ``sets``: the same numbers for every evaluation set by name;
 * ``checkpoint``: ``step``, ``path``, ``seconds``;

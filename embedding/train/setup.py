@@ -163,7 +163,9 @@ def check_host_memory(cfg: TrainConfig, plan: ShardingPlan, tables, nodes) -> No
     from embedding.train.config import parse_size
     from neocomm.room import format_bytes
 
-    by_name = {t.name: t for t in tables}
+    from embedding.packing import packed_tables
+
+    by_name = {t.name: t for t in packed_tables(tables, plan)}
     per_rank: dict[int, dict[str, int]] = {}
     for tp in plan.tables:
         if not tp.memory.tiered:
@@ -256,7 +258,9 @@ def apply_tiers(cfg: TrainConfig, plan: ShardingPlan, tables) -> ShardingPlan:
                           f"tier is {tc.tier!r}")
     if tier is Tier.DEVICE:
         return plan
-    by_name = {t.name: t for t in tables}
+    from embedding.packing import packed_tables
+
+    by_name = {t.name: t for t in packed_tables(tables, plan)}
     out = []
     for tp in plan.tables:
         t = by_name[tp.table]
@@ -293,13 +297,15 @@ def plan_for(cfg: TrainConfig, tables, world_size: int, ranks_per_node: int,
     else this host's memory over its ranks. Host memory per node for tables
     the planner keeps in host memory: ``host_memory``, else ``plan.host_memory``,
     else none (every table in device memory). ``ids_per_sample`` is each
-    table's pooling factor as the data gives it (default 1).
+    table's pooling factor as the data gives it (default 1). ``plan.pack``: small tables
+    are packed (``plan.pack_rows``).
     """
     from embedding.planner import plan_sharding
 
     hardware, workload, constraints = planner_inputs(cfg, tables, world_size, ranks_per_node,
                                                      ids_per_sample, memory, host_memory)
-    report = plan_sharding(tables, hardware, workload, constraints=constraints or None)
+    report = plan_sharding(tables, hardware, workload, constraints=constraints or None,
+                           pack_rows=cfg.plan.pack_rows if cfg.plan.pack else None)
     return report, hardware, workload
 
 

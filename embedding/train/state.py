@@ -14,6 +14,11 @@ Arrays (through :mod:`embedding.checkpoint`, one ``.npy`` each, checksummed):
   arrays without a slice; a load reads every rank's and keeps the ids its
   shard owns (every id table-wise, ``splitmix64(id) % N == rank`` cyclic),
   so they too come back under any plan and world size;
+* a packed table (:mod:`embedding.packing`) is written as its members: each
+  shard's rows of member ``m`` as ``emb/<m>/<packed table>.<shard>/<tensor>``
+  with a slice of ``m``'s own tensor, so a packed checkpoint loads into an
+  unpacked plan, and the reverse, element for element (the manifest's plan
+  records the packing it was written with);
 * ``dense/params``, ``dense/opt/<state>`` and ``dense/opt/steps`` (rank 0):
   the dense model's flat parameters and its optimizer's flat state.
 
@@ -29,13 +34,14 @@ import dataclasses
 import numpy as np
 
 from embedding.collection import assign
-from embedding.checkpoint import (CheckpointMismatchError, read_for_plan, shard_slice)
+from embedding.checkpoint import (CheckpointError, CheckpointMismatchError, read_box,
+                                  read_for_plan, shard_box, shard_slice)
 from embedding.dense._xp import to_numpy
 from embedding.optim import state_specs
 from embedding.types import Rounding, ShardingType
 
 __all__ = ["shard_arrays", "dense_arrays", "load_shards", "load_dense", "check_state",
-           "checkpoint_bytes", "dynamic_entries"]
+           "checkpoint_bytes", "dynamic_entries", "shard_pieces"]
 
 
 def _shard_index(plan, table: str, shard) -> int:
@@ -46,6 +52,17 @@ def _shard_index(plan, table: str, shard) -> int:
     raise ValueError(f"shard {shard} of table {table!r} is not in the plan")
 
 
+def shard_pieces(plan, s):
+    """``(table, local rows, table shard, array name prefix)`` of local shard ``s``: the shard
+    itself, or for a packed table's shard its part of each member (module doc)."""
+    i = _shard_index(plan, s.table, s.shard)
+    pack = next((p for p in plan.packs if p.name == s.table), None)
+    if pack is None:
+        return [(s.table, slice(None), s.shard, f"emb/{s.table}/{i}")]
+    return [(m.table, local, sub, f"emb/{m.table}/{pack.name}.{i}")
+            for m, local, sub in pack.parts(s.shard)]
+
+
 def shard_arrays(collection, plan, rank: int) -> tuple[dict, dict]:
     """``(arrays, slices)`` of this rank's embedding shards and their optimizer state."""
     tables = {t.name: t for t in collection.tables}
@@ -54,21 +71,21 @@ def shard_arrays(collection, plan, rank: int) -> tuple[dict, dict]:
         tp = plan.table(s.table)
         if tp.sharding is ShardingType.DATA_PARALLEL and rank != min(tp.ranks):
             continue  # replicas are equal: the lowest rank writes the table
-        t = tables[s.table]
-        if t.dynamic:
+        if s.table in tables and tables[s.table].dynamic:
             for part, arr in s.tables.entries(s.index).items():
                 arrays[f"dyn/{s.table}/{rank}/{part}"] = arr
             continue
-        i = _shard_index(plan, s.table, s.shard)
-        base = f"emb/{s.table}/{i}"
         master = _master(s)  # a table with a master copy saves it: the float32 rows
-        arrays[f"{base}/weight"] = _portable(to_numpy(s.weight if master is None else master))
-        slices[f"{base}/weight"] = shard_slice(s.table, "weight", s.shard, (t.num_rows, t.dim))
-        for spec in state_specs(s.tables.optimizers[s.index].kind):
-            gshape = (t.num_rows,) if spec.per_row else (t.num_rows, t.dim)
-            arrays[f"{base}/{spec.name}"] = _portable(
-                to_numpy(s.tables.state_view(s.index, spec.name)))
-            slices[f"{base}/{spec.name}"] = shard_slice(s.table, spec.name, s.shard, gshape)
+        rows = s.weight if master is None else master
+        for name, local, shard, base in shard_pieces(plan, s):
+            t = tables[name]
+            arrays[f"{base}/weight"] = _portable(to_numpy(rows[local]))
+            slices[f"{base}/weight"] = shard_slice(name, "weight", shard, (t.num_rows, t.dim))
+            for spec in state_specs(s.tables.optimizers[s.index].kind):
+                gshape = (t.num_rows,) if spec.per_row else (t.num_rows, t.dim)
+                arrays[f"{base}/{spec.name}"] = _portable(
+                    to_numpy(s.tables.state_view(s.index, spec.name)[local]))
+                slices[f"{base}/{spec.name}"] = shard_slice(name, spec.name, shard, gshape)
     return arrays, slices
 
 
@@ -76,7 +93,9 @@ def checkpoint_bytes(plan, tables, rank: int, dense_params: int = 0) -> int:
     """Bytes ``rank`` writes into each checkpoint (before any array exists): the shards
     and sparse optimizer state :func:`shard_arrays` would return, and on rank 0 the dense
     model of ``dense_params`` parameters with an optimizer state of at most twice that."""
-    by_name = {t.name: t for t in tables}
+    from embedding.packing import packed_tables
+
+    by_name = {t.name: t for t in packed_tables(tables, plan)}
     total = 0
     for tp in plan.tables:
         t = by_name[tp.table]
@@ -169,12 +188,16 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
     kinds = {s.tables.optimizers[s.index].kind for s in collection.local_shards()}
     kinds |= {t.optimizer.kind for t in collection.tables}
     names = ["weight"] + sorted({spec.name for k in kinds for spec in state_specs(k)})
-    fixed = dataclasses.replace(plan, tables=tuple(tp for tp in plan.tables
-                                                   if tp.table not in dynamic))
+    packed = {p.name for p in plan.packs}
+    fixed = dataclasses.replace(plan, packs=(), tables=tuple(
+        tp for tp in plan.tables if tp.table not in dynamic and tp.table not in packed))
     parts = read_for_plan(ckpt, fixed, rank, tensors=names) if fixed.tables else {}
     loaded = 0
     masters = []
     for s in collection.local_shards():
+        if s.table in packed:
+            loaded += _load_packed(ckpt, plan, s, masters)
+            continue
         if s.table in dynamic:
             entries = _dynamic_entries(ckpt, plan, s.table, rank)
             try:
@@ -186,17 +209,17 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
             continue
         i = _shard_index(plan, s.table, s.shard)
         assign(s.weight, parts[(s.table, "weight", i)])
-        masters.append((s, parts[(s.table, "weight", i)]))
+        masters.append((s, slice(None), parts[(s.table, "weight", i)]))
         loaded += int(s.weight.size)
         for spec in state_specs(s.tables.optimizers[s.index].kind):
             view = s.tables.state_view(s.index, spec.name)
             assign(view, parts[(s.table, spec.name, i)])
             loaded += int(view.size)
     collection.sync_masters()
-    for s, rows in masters:  # the master copy takes the saved rows at full precision
+    for s, local, rows in masters:  # the master copy takes the saved rows at full precision
         master = _master(s)
         if master is not None:
-            assign(master, np.asarray(rows, np.float32))
+            assign(master[local], np.asarray(rows, np.float32))
     collection.set_update_step(int(ckpt.step))
     return loaded
 
@@ -205,6 +228,29 @@ def _master(shard):
     """The float32 master rows of local ``shard``, or None (no master copy)."""
     get = getattr(shard.tables, "master_weight", None)
     return None if get is None else get(shard.index)
+
+
+def _load_packed(ckpt, plan, s, masters: list) -> int:
+    """Fill local shard ``s`` of a packed table from its members' tensors in ``ckpt``
+    (written packed or not); returns the elements loaded. ``(shard, local rows, saved
+    rows)`` of each member's weights go to ``masters``."""
+    available = ckpt.tensors()
+    loaded = 0
+    for name, local, shard, _ in shard_pieces(plan, s):
+        views = [("weight", s.weight[local])] + [
+            (spec.name, s.tables.state_view(s.index, spec.name)[local])
+            for spec in state_specs(s.tables.optimizers[s.index].kind)]
+        for tensor, view in views:
+            if (name, tensor) not in available:
+                raise CheckpointError(f"table {name!r}: tensor {tensor!r} is not in the "
+                                      f"checkpoint", path=str(ckpt.path))
+            gshape = available[(name, tensor)][0]
+            box = read_box(ckpt, name, tensor, *shard_box(shard, gshape))
+            assign(view, box)
+            if tensor == "weight":
+                masters.append((s, local, box))
+            loaded += int(view.size)
+    return loaded
 
 
 def dynamic_entries(ckpt, table: str) -> dict:

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 
 from embedding.dense.types import DenseOptimizerConfig, DenseOptimizerKind
+from embedding.packing import DEFAULT_PACK_ROWS
 from embedding.types import OptimizerConfig, OptimizerKind
 from neocomm.errors import NeocommError
 
@@ -192,13 +193,18 @@ class PlanConfig:
     """``[plan]``: a plan file, or the planner's target (``fabric``), memory per rank and
     the sharding types it may choose from (``shardings``; empty: any). ``host_memory``:
     host memory per node for host-resident tables (empty: the host's physical memory);
-    when given, the planner may also keep tables in host memory behind a device cache."""
+    when given, the planner may also keep tables in host memory behind a device cache.
+    ``pack``: the planner packs tables of at most ``pack_rows`` rows that share dim, dtype,
+    optimizer and pooling into one table each (:mod:`embedding.packing`; a plan file
+    records its own packing)."""
 
     file: str = ""
     fabric: str = "cpu-host"
     memory: str = ""
     host_memory: str = ""
     shardings: tuple[str, ...] = ()
+    pack: bool = False
+    pack_rows: int = DEFAULT_PACK_ROWS
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ row-wise, column-wise, data-parallel and table-wise tables, written again
 by those 2, loaded back by 4: every weight and optimizer state is bitwise
 what the 4 ranks had. At any size: written cyclic row-wise, loaded under
 contiguous row-wise and table-wise tables, written again and loaded back
-cyclic, bitwise too.
+cyclic, bitwise too. And written with every table packed into one, loaded
+unpacked, written again and loaded packed under another sharding, bitwise.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import numpy as np
 
 from embedding.checkpoint import load_checkpoint, read_box
 from embedding.train import Trainer, parse_config
-from embedding.types import Shard, ShardingPlan, ShardingType, TablePlan, cyclic_shards
+from embedding.packing import row_offsets
+from embedding.types import (PackedTable, PackMember, Shard, ShardingPlan, ShardingType,
+                             TablePlan, cyclic_shards)
 
 ROWS = (50, 70, 30, 200)
 DIM = 8
@@ -131,13 +134,21 @@ def contiguous_plan(size: int, per_node: int) -> ShardingPlan:
     return ShardingPlan(size, per_node, tuple(out))
 
 
+def _member_parts(plan, s):
+    """``(table, local rows, table shard)`` of a local shard (a packed one's per member)."""
+    pack = next((p for p in plan.packs if p.name == s.table), None)
+    if pack is None:
+        return [(s.table, slice(None), s.shard)]
+    return [(m.table, local, sub) for m, local, sub in pack.parts(s.shard)]
+
+
 def whole_state(t, world) -> dict:
     """Every table's weights and sparse optimizer state, whole, and the dense state;
     ``covered`` is False when the shards leave an element of a table out."""
-    mine = [(s.table, s.shard, {"weight": np.array(s.weight),
-                                **{n: np.array(s.tables.state_view(s.index, n))
-                                   for n in s.tables.state}})
-            for s in t.coll.local_shards()]
+    mine = [(table, sh, {"weight": np.array(s.weight[local]),
+                         **{n: np.array(s.tables.state_view(s.index, n)[local])
+                            for n in s.tables.state}})
+            for s in t.coll.local_shards() for table, local, sh in _member_parts(t.coll.plan, s)]
     out = {"dense": t.model.flat_params.copy(), "step": np.array(t.step)}
     for k, v in t.optimizer.state_dict().items():
         out[f"dense_opt/{k}"] = np.asarray(v).copy()
@@ -190,6 +201,57 @@ def test_cyclic_checkpoint_resumes_contiguous_and_back(world, tmp_path, all_rank
                                  checkpoint={"dir": f"{base}/hop{i}/checkpoints"}),
                     world.world)
         t.resume(source or f"{base}/hop{i - 1}/checkpoints/step-000000000005")
+        got = whole_state(t, world)
+        diff = sorted(k for k in want if k not in got or not np.array_equal(want[k], got[k]))
+        all_ranks(not diff and t.step == 5, f"resumed {what}: differs in {diff}")
+        t.save()
+        t.close()
+
+
+def packed_plan(size: int, per_node: int, sharding: ShardingType) -> ShardingPlan:
+    """Every table packed into ``all`` (350 rows), cyclic or in even row blocks."""
+    pack = PackedTable("all", tuple(PackMember(f"f{i}", o, r) for i, (o, r) in
+                                    enumerate(zip(row_offsets(ROWS), ROWS))))
+    n = sum(ROWS)
+    if sharding is ShardingType.CYCLIC_ROW_WISE:
+        shards = cyclic_shards(n, DIM, size)
+    else:
+        cuts = np.linspace(0, n, size + 1).round().astype(int)
+        shards = tuple(Shard(r, int(cuts[r]), int(cuts[r + 1] - cuts[r]), 0, DIM)
+                       for r in range(size))
+    return ShardingPlan(size, per_node, (TablePlan("all", sharding, shards),), (pack,))
+
+
+def test_packed_checkpoint_resumes_unpacked_and_back(world, tmp_path, all_ranks):
+    """Trained and saved with every table packed (cyclic row-wise), resumed unpacked
+    (contiguous row-wise and table-wise), saved again and resumed packed in row blocks:
+    the tables, their optimizer state and the dense model are bitwise the first run's at
+    every hop, and the first checkpoint's manifest records the packing."""
+    base = world.comm.bcast(str(tmp_path) if world.rank == 0 else None, root=0)
+    per_node = len(world.world.nodes[0])
+    packed = _plan_file(world, f"{base}/packed.json",
+                        packed_plan(world.size, per_node, ShardingType.CYCLIC_ROW_WISE))
+    plain = _plan_file(world, f"{base}/plain.json", contiguous_plan(world.size, per_node))
+    blocks = _plan_file(world, f"{base}/blocks.json",
+                        packed_plan(world.size, per_node, ShardingType.ROW_WISE))
+    first = Trainer(small_config(f"{base}/packed", plan={"file": packed}), world.world)
+    first.train()
+    first.close()
+    all_ranks([p.table for p in first.coll.plan.tables] == ["all"], "the first run is packed")
+    want = whole_state(first, world)
+    all_ranks(bool(want["covered"]), "the packed shards do not cover the tables")
+    with open(f"{base}/packed/checkpoints/step-000000000005/manifest.json") as fh:
+        manifest = json.load(fh)
+    all_ranks([p["name"] for p in manifest["plan"]["packs"]] == ["all"]
+              and sorted(t["name"] for t in manifest["tables"]) == ["f0", "f1", "f2", "f3"],
+              "the manifest does not record the packing")
+    hops = [("unpacked", plain, f"{base}/packed/checkpoints/step-000000000005"),
+            ("packed again", blocks, None)]
+    for i, (what, plan_file, source) in enumerate(hops):
+        t = Trainer(small_config(f"{base}/phop{i}", plan={"file": plan_file},
+                                 checkpoint={"dir": f"{base}/phop{i}/checkpoints"}),
+                    world.world)
+        t.resume(source or f"{base}/phop{i - 1}/checkpoints/step-000000000005")
         got = whole_state(t, world)
         diff = sorted(k for k in want if k not in got or not np.array_equal(want[k], got[k]))
         all_ranks(not diff and t.step == 5, f"resumed {what}: differs in {diff}")
