@@ -16,7 +16,7 @@ sees the same machine), and reads each run's ``metrics.jsonl``:
 * AUC: the held-out AUC at the last step, and its difference to float32.
 
 ``--data builtin`` is the trainer's built-in synthetic Criteo-shaped data
-(26 tables of the criteo-1tb-100x preset, with a planted model);
+(26 tables of the criteo-1tb-1000x preset, dim 16, with a planted model);
 ``--data example`` the example Parquet data of ``neocomm data example``.
 """
 from __future__ import annotations

@@ -188,37 +188,34 @@ class DynamicTables:
             return last[1]
         return self._rows_of(bags)
 
-    def _rows_of(self, bags: Bags, insert: bool = False) -> Bags:
-        """``bags`` with ids rewritten to rows (inserted, or found: ValueError if absent)."""
+    def _by_table(self, bags: Bags, rows_of, every_table: bool = False):
+        """``(ids, rows)`` of the bags' indices, ``rows_of(t, ids)`` giving table ``t``'s;
+        ``every_table`` calls it for a table the bags do not read too."""
         bags.check(self.layout)
         xp = self.xp
         idx = xp.asarray(bags.indices, xp.int64)
         table_of = bags.table_of_ids()
-        new = xp.empty_like(idx)
+        rows = xp.empty_like(idx)
         for t in range(self.num_tables):
             sel = np.flatnonzero(table_of == t)
-            if not sel.size and not insert:
-                continue
-            # a lookup ticks every table's map, read or not: ``last`` counts lookups
-            sel = xp.asarray(sel)
-            ids = idx[sel]
-            new[sel] = self._acquire(t, ids) if insert else self._find(t, ids)
-        return dataclasses.replace(bags, indices=new)
+            if sel.size or every_table:
+                sel = xp.asarray(sel)
+                rows[sel] = rows_of(t, idx[sel])
+        return idx, rows
+
+    def _rows_of(self, bags: Bags, insert: bool = False) -> Bags:
+        """``bags`` with ids rewritten to rows (inserted, or found: ValueError if absent)."""
+        # a lookup ticks every table's map, read or not: ``last`` counts lookups
+        _, rows = self._by_table(bags, self._acquire if insert else self._find,
+                                 every_table=insert)
+        return dataclasses.replace(bags, indices=rows)
 
     def _rows_or_zero(self, bags: Bags) -> Bags:
         """``bags`` by row where the ids are found; an absent id points at row 0 with weight 0,
         which reads as a zero row under sum, mean (it still counts in the bag's length) and
         max pooling alike."""
-        bags.check(self.layout)
         xp = self.xp
-        idx = xp.asarray(bags.indices, xp.int64)
-        table_of = bags.table_of_ids()
-        rows = xp.zeros_like(idx)
-        for t in range(self.num_tables):
-            sel = np.flatnonzero(table_of == t)
-            if sel.size:
-                sel = xp.asarray(sel)
-                rows[sel] = self.maps[t].find(idx[sel])
+        idx, rows = self._by_table(bags, lambda t, ids: self.maps[t].find(ids))
         absent = rows < 0
         if not bool(absent.any()):
             return dataclasses.replace(bags, indices=rows)

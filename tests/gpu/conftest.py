@@ -50,3 +50,22 @@ def rng(world) -> np.random.Generator:
 
 standin_only = pytest.mark.skipif(not STANDIN, reason="checks the device stand-in itself; a "
                                                       "real GPU is in use")
+
+
+@pytest.fixture(params=["nccl", "staged"])
+def device_backend(request, monkeypatch, world):
+    """Each device backend in turn (``NEOCOMM_BACKEND``): NCCL, and the staged backend
+    (device buffers through host MPI); skipped with the reason when one is unavailable, or
+    NCCL on a real host with fewer GPUs than ranks."""
+    import cupy as cp
+    from neocomm.backends import backend_class
+    from neocomm.types import BackendKind
+
+    ok, why = backend_class(BackendKind(request.param)).availability()
+    if not ok:
+        pytest.skip(why)
+    if request.param == "nccl" and not getattr(cp, "STANDIN", False) and \
+            cp.cuda.runtime.getDeviceCount() < world.local_size:
+        pytest.skip("NCCL needs one GPU per rank of a host")
+    monkeypatch.setenv("NEOCOMM_BACKEND", request.param)
+    return request.param

@@ -17,7 +17,6 @@ from gpu_cases import load_mpi_tests
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
-BACKENDS = ["nccl", "staged"]
 SIZES = [1, 7, 40_000]  # one element, odd, several 64 KiB staging pieces (float32)
 OPS = [CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V, CollectiveOp.REDUCE_SCATTER,
        CollectiveOp.ALL_REDUCE, CollectiveOp.ALL_GATHER, CollectiveOp.BROADCAST]
@@ -28,21 +27,6 @@ def _cases():
         for algo in registry()[op]:
             if algo.name != "symmetric":  # host shared memory only
                 yield op, algo.name
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request, monkeypatch, world):
-    from neocomm.backends import backend_class
-    from neocomm.types import BackendKind
-
-    ok, why = backend_class(BackendKind(request.param)).availability()
-    if not ok:
-        pytest.skip(why)
-    if request.param == "nccl" and not getattr(cp, "STANDIN", False) and \
-            cp.cuda.runtime.getDeviceCount() < world.local_size:
-        pytest.skip("NCCL needs one GPU per rank of a host")
-    monkeypatch.setenv("NEOCOMM_BACKEND", request.param)
-    return request.param
 
 
 def _supported(op, algo, world):
@@ -87,7 +71,7 @@ def _run(op, algo, world, host, root=0):
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("op,algo", list(_cases()), ids=lambda v: getattr(v, "value", v))
-def test_algorithm_matches_mpi(op, algo, size, backend, world, rng, all_ranks):
+def test_algorithm_matches_mpi(op, algo, size, device_backend, world, rng, all_ranks):
     why = _supported(op, algo, world)
     if why is not None:
         pytest.skip(f"{algo}: {why}")
@@ -95,12 +79,12 @@ def test_algorithm_matches_mpi(op, algo, size, backend, world, rng, all_ranks):
                       CollectiveOp.REDUCE_SCATTER)
     host = rng.integers(-50, 50, size * (world.size if per_rank else 1)).astype(np.float32)
     got, want = _run(op, algo, world, host, root=world.size - 1)
-    all_ranks(np.array_equal(got, want), f"{op.value}/{algo}/{backend}: differs from MPI")
+    all_ranks(np.array_equal(got, want), f"{op.value}/{algo}/{device_backend}: differs from MPI")
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int32", "int64",
                                    "uint64", "float16", "bfloat16", "float64", "bool"])
-def test_every_dtype_on_both_backends(dtype, backend, world, rng, all_ranks):
+def test_every_dtype_on_both_backends(dtype, device_backend, world, rng, all_ranks):
     from neocomm.types import dtype_from_code, DTYPE_CODES
 
     dt = np.dtype(dtype_from_code(DTYPE_CODES[dtype]))
@@ -129,7 +113,7 @@ def test_every_dtype_on_both_backends(dtype, backend, world, rng, all_ranks):
         all_ranks(ok, f"all_reduce {op} {dtype}")
 
 
-def test_default_all_reduce_of_16_mib(backend, world, all_ranks):
+def test_default_all_reduce_of_16_mib(device_backend, world, all_ranks):
     """The default path at a size where selection may pick a point-to-point algorithm
     (an ungrouped NCCL send/recv deadlocked here)."""
     host = np.arange(4 << 20, dtype=np.float32) % 97 + world.rank
@@ -137,7 +121,7 @@ def test_default_all_reduce_of_16_mib(backend, world, all_ranks):
     all_ranks(np.array_equal(got, want))
 
 
-def test_async_handles(backend, world, rng, all_ranks):
+def test_async_handles(device_backend, world, rng, all_ranks):
     """Two collectives in flight at once; each handle's wait gives its own result."""
     ha_in = rng.integers(0, 9, 1000 * world.size).astype(np.float32)
     hb_in = rng.integers(0, 9, 1000).astype(np.float32)
@@ -214,14 +198,14 @@ def test_two_ranks_on_one_gpu_are_a_clear_error(world, all_ranks):
 
 
 @pytest.mark.parametrize("algo", [None, "native"])
-def test_prepared_collectives_on_device(backend, world, rng, all_ranks, algo):
+def test_prepared_collectives_on_device(device_backend, world, rng, all_ranks, algo):
     """Prepared (persistent) collectives on device buffers follow their contents, as the
     plain calls do: each run after the input changed on the device gives the new result."""
     bad = load_mpi_tests("test_persistent").prepared_mismatches(world, rng, algo, cp)
     all_ranks(not bad, f"rank {world.rank}: {bad}")
 
 
-def test_repeated_device_calls_stay_correct(backend, world, rng, all_ranks):
+def test_repeated_device_calls_stay_correct(device_backend, world, rng, all_ranks):
     """The same device buffers called again and again (the implicit plan's path)."""
     host = rng.integers(-8, 8, 64 * world.size).astype(np.float32)
     x, out = cp.asarray(host), cp.empty(64 * world.size, cp.float32)
@@ -236,7 +220,7 @@ def test_repeated_device_calls_stay_correct(backend, world, rng, all_ranks):
     all_ranks(not bad, f"rank {world.rank}: wrong at steps {bad}")
 
 
-def test_symmetric_memory_refuses_device_buffers(backend, world, all_ranks):
+def test_symmetric_memory_refuses_device_buffers(device_backend, world, all_ranks):
     """Symmetric memory is host shared memory: forcing it on a device buffer is refused on
     every rank with the reason, and the default path never picks it for one."""
     from neocomm import CollectiveArgumentError
@@ -255,7 +239,7 @@ def test_symmetric_memory_refuses_device_buffers(backend, world, all_ranks):
 
 @pytest.mark.parametrize("dtype,why", [("bool", "cannot be reduced"),
                                        ("complex64", "is not supported")])
-def test_dtypes_without_a_reduction_are_refused_by_name(backend, world, all_ranks, dtype, why):
+def test_dtypes_without_a_reduction_are_refused_by_name(device_backend, world, all_ranks, dtype, why):
     """No bare KeyError from a dtype table: the dtype, the operation and what is supported
     (the collectives check; a backend moves what it is given)."""
     from neocomm import CollectiveArgumentError

@@ -32,12 +32,6 @@ RTOL = 1e-12
 S = load_mpi_tests("test_sharding")
 
 
-@pytest.fixture(params=["nccl", "staged"])
-def backend(request, monkeypatch, world):
-    monkeypatch.setenv("NEOCOMM_BACKEND", request.param)
-    return request.param
-
-
 #: Precision of each table of ``S.make_tables`` in the half-table runs (float32 compute).
 HALF = {"t0": dict(dtype="bfloat16", rounding="stochastic", rounding_seed=3),
         "t1": dict(dtype="float16", rounding="master"),
@@ -113,7 +107,7 @@ def _run(world, all_ranks, mix, kind, *, dedup=False, pipelined=False, steps=2, 
 
 @pytest.mark.parametrize("kind", list(OptimizerKind), ids=lambda k: k.value)
 @pytest.mark.parametrize("mix", list(S.MIXES))
-def test_device_collection_matches_numpy(world, all_ranks, backend, mix, kind):
+def test_device_collection_matches_numpy(world, all_ranks, device_backend, mix, kind):
     S.skip_if_uneven(mix, world)
     _run(world, all_ranks, mix, kind)
 

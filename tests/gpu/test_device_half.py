@@ -32,21 +32,6 @@ def _dt(name):
     return np.dtype(bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
-@pytest.fixture(params=["nccl", "staged"])
-def backend(request, monkeypatch, world):
-    from neocomm.backends import backend_class
-    from neocomm.types import BackendKind
-
-    ok, why = backend_class(BackendKind(request.param)).availability()
-    if not ok:
-        pytest.skip(why)
-    if request.param == "nccl" and not getattr(cp, "STANDIN", False) and \
-            cp.cuda.runtime.getDeviceCount() < world.local_size:
-        pytest.skip("NCCL needs one GPU per rank of a host")
-    monkeypatch.setenv("NEOCOMM_BACKEND", request.param)
-    return request.param
-
-
 def _rows(p, n, dt, rop, seed):
     rng = np.random.default_rng(seed)
     if rop is ReduceOp.PROD:
@@ -63,7 +48,7 @@ def _exact(rows, rop):
 @pytest.mark.parametrize("rop", list(ReduceOp), ids=lambda o: o.value)
 @pytest.mark.parametrize("op", OPS, ids=lambda o: o.value)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_within_bound_on_every_algorithm(dtype, op, rop, backend, world, all_ranks):
+def test_within_bound_on_every_algorithm(dtype, op, rop, device_backend, world, all_ranks):
     p, r, dt = world.size, world.rank, _dt(dtype)
     rows = _rows(p, BLOCK * p, dt, rop, seed=29 + p)
     lo, hi = (0, BLOCK * p) if op is CollectiveOp.ALL_REDUCE else (r * BLOCK, (r + 1) * BLOCK)
@@ -83,7 +68,7 @@ def test_within_bound_on_every_algorithm(dtype, op, rop, backend, world, all_ran
         err = np.abs(got.get().astype(np.float64) - exact)
         bound = error_bound(list(rows), rop, steps)[lo:hi]
         worst = int(np.argmax(err - bound))
-        all_ranks(bool((err <= bound).all()), f"{backend}/{algo}: error {err[worst]} > "
+        all_ranks(bool((err <= bound).all()), f"{device_backend}/{algo}: error {err[worst]} > "
                                               f"{bound[worst]} ({steps} steps)")
         ran.append(algo)
     all_ranks("native" in ran and "ring" in ran, f"ran only {ran}")

@@ -27,12 +27,6 @@ sys.modules.setdefault("test_sharding", S)  # test_qcomm imports it by name
 Q = load_mpi_tests("test_qcomm")
 
 
-@pytest.fixture(params=["nccl", "staged"])
-def backend(request, monkeypatch, world):
-    monkeypatch.setenv("NEOCOMM_BACKEND", request.param)
-    return request.param
-
-
 def _run(world, mix, qcomms, device):
     group = world.world
     tables = Q._tables()
@@ -55,7 +49,7 @@ def _run(world, mix, qcomms, device):
 @pytest.mark.parametrize("q", [QComms("fp16", "fp16", 1024.0), QComms("bf16", "bf16"),
                                QComms("int8", "bf16")], ids=["fp16", "bf16", "int8+bf16"])
 @pytest.mark.parametrize("mix", ["tw", "cw", "rw", "mixed", "cyc"])
-def test_device_qcomm_matches_numpy(world, all_ranks, backend, mix, q):
+def test_device_qcomm_matches_numpy(world, all_ranks, device_backend, mix, q):
     S.skip_if_uneven(mix, world)
     if q.forward.value == "int8" and (mix in Q.REDUCING or Q.int8_row(world, mix) < 3):
         pytest.skip("int8 is refused there (tests/mpi/test_qcomm.py checks the refusal)")

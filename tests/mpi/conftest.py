@@ -50,3 +50,16 @@ def agreements(monkeypatch):
 
     monkeypatch.setattr(agree.Agreement, "run", counted)
     return count
+
+
+@pytest.fixture
+def example(world, tmp_path):
+    """The example Parquet data set (3000 records, 250 held out), written by rank 0 into a
+    directory every rank sees; its path."""
+    base = world.comm.bcast(str(tmp_path) if world.rank == 0 else None, root=0)
+    if world.rank == 0:
+        from embedding.data.example import write_example
+
+        write_example(base, records=3000, eval_records=250, row_group_size=700)
+    world.comm.barrier()
+    return base

@@ -15,20 +15,7 @@ from embedding.train import Trainer
 from embedding.train.export import export_int8, load_export_weights
 from embedding.train.save import find_checkpoint
 
-from test_train import shared_dir
 from test_train_parquet import config
-
-
-@pytest.fixture
-def example(world, tmp_path):
-    """The example data set, written by rank 0 where every rank sees it."""
-    base = shared_dir(world, tmp_path)
-    if world.rank == 0:
-        from embedding.data.example import write_example
-
-        write_example(base, records=3000, eval_records=250, row_group_size=700)
-    world.comm.barrier()
-    return base
 
 
 @pytest.mark.mpi(min_size=2)  # row- and column-wise shards need two ranks

@@ -18,20 +18,9 @@ import pytest
 from embedding.train import ConfigError, Trainer, TrainingError, load_config, parse_config
 from embedding.train.predict import predict
 
-from test_train import own_group, shared_dir
+from test_train import own_group
 
 STEPS = 8
-
-
-@pytest.fixture
-def example(world, tmp_path):
-    base = shared_dir(world, tmp_path)
-    if world.rank == 0:
-        from embedding.data.example import write_example
-
-        write_example(base, records=3000, eval_records=250, row_group_size=700)
-    world.comm.barrier()
-    return base
 
 
 def config(base, out, **data):
