@@ -6,8 +6,8 @@ model (:mod:`embedding.simulate`) takes those parts from a measurement of the
 trainer's code on this host, in this process (a world of one rank), and prices
 only the collectives with the calibrated link model:
 
-- the trainer itself at one rank's batch (``global / ranks`` samples), for the
-  parts every rank runs on its own samples: ``data`` (read and check a batch),
+- the trainer itself at one rank's batch (``global / ranks`` samples), in a process of
+  its own as a rank runs it, for the parts every rank runs on its own samples: ``data`` (read and check a batch),
   the local work of ``input_dist`` and ``output_dist`` (bucketing ids, packing
   rows), ``dense``, ``sync`` (the loss and health checks), ``optimizer``;
 - the embedding collection of the tables one rank holds under the plan, at the
@@ -247,9 +247,48 @@ def profile_step(cfg, data, tables, plan, global_batch: int, *, ranks_on_host: i
     return {r: {p: t * stretch for p, t in parts.items()} for r, parts in measured.items()}
 
 
+def _fresh_trainer_parts(cfg, batch: int, threads: int, steps: int, warmup: int,
+                         ranks: int) -> dict:
+    """:func:`_trainer_parts` measured in a process of its own, as a rank of the job runs its
+    trainer: the first trainer a process builds runs its dense part about twice as long on
+    this kind of host as a second one built in the same process, so a measurement inside
+    the simulating process (which has built others) would undercount it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from embedding.train.config import to_toml
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}  # its own world of one
+    code = (f"import sys; from embedding.profile import _measure_child; "
+            f"_measure_child(sys.stdin.read(), {int(batch)}, {int(threads)}, {int(steps)}, "
+            f"{int(warmup)}, {int(ranks)})")
+    done = subprocess.run([sys.executable, "-c", code], input=to_toml(cfg), text=True,
+                          capture_output=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError("profile: measuring the trainer failed: " +
+                           done.stderr.strip()[-400:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _measure_child(config_toml: str, batch: int, threads: int, steps: int, warmup: int,
+                   ranks: int) -> None:
+    """:func:`_fresh_trainer_parts`' process: print the parts as one line of JSON."""
+    import json
+    import tomllib
+
+    from embedding.train.config import parse_config
+
+    cfg = parse_config(tomllib.loads(config_toml))
+    print(json.dumps(_trainer_parts(cfg, None, batch, threads, steps, warmup, ranks)),
+          flush=True)
+
+
 def _profile(cfg, data, tables, plan, global_batch, threads, steps, warmup) -> dict:
-    common = _fastest(lambda: _trainer_parts(cfg, data, global_batch // plan.world_size,
-                                             threads, steps, warmup, plan.world_size))
+    common = _fresh_trainer_parts(cfg, global_batch // plan.world_size, threads, steps, warmup,
+                                  plan.world_size)
     shares = rank_shares(plan, tables)
     seen: dict[tuple, dict] = {}
     out = {}
