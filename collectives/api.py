@@ -147,7 +147,8 @@ def _replay(state, key, a, b, async_op: bool):
 @foreign_arrays("sendbuf", "recvbuf")
 def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
                algo: str | None = None, chunk_bytes: int | None = None):
-    """Block ``j`` of ``sendbuf`` goes to rank ``j``; block ``i`` of the result came from rank ``i``.
+    """Block ``j`` of ``sendbuf`` goes to rank ``j``; block ``i`` of the result came from rank
+    ``i``.
 
     Shape contract: ``sendbuf`` holds ``p`` equal blocks (``sendbuf.size %
     p == 0``); the result has ``sendbuf``'s size and dtype (allocated with

@@ -39,8 +39,9 @@ def _kind(t: TableConfig) -> tuple:
 def packed_tables(tables: Sequence[TableConfig],
                   plan: ShardingPlan | Sequence[PackedTable]) -> tuple[TableConfig, ...]:
     """The physical tables of ``tables`` under ``plan`` (a plan, or its packed tables): each
-    packed table (in the place of its first member) as one :class:`TableConfig` of its members' rows together, reading
-    every member's features in member order; unpacked tables as they are.
+    packed table (in the place of its first member) as one :class:`TableConfig` of its
+    members' rows together, reading every member's features in member order; unpacked
+    tables as they are.
 
     ValueError naming the packed table, the member and the value when a member is not
     one of ``tables``, is dynamic, has other rows than the plan records, or differs

@@ -3,13 +3,14 @@
 On a fabric without GPUs the ranks run the trainer's own NumPy code, whose
 time per call is set by Python and memory, not by a FLOP rate. So the step
 model (:mod:`embedding.simulate`) takes those parts from a measurement of the
-trainer's code on this host, in this process (a world of one rank), and prices
-only the collectives with the calibrated link model:
+trainer's code on this host (a world of one rank), and prices only the
+collectives with the calibrated link model:
 
-- the trainer itself at one rank's batch (``global / ranks`` samples), in a process of
-  its own as a rank runs it, for the parts every rank runs on its own samples: ``data`` (read and check a batch),
-  the local work of ``input_dist`` and ``output_dist`` (bucketing ids, packing
-  rows), ``dense``, ``sync`` (the loss and health checks), ``optimizer``;
+- the trainer itself at one rank's batch (``global / ranks`` samples), in a process
+  of its own as a rank runs it, for the parts every rank runs on its own samples:
+  ``data`` (read and check a batch), the local work of ``input_dist`` and
+  ``output_dist`` (bucketing ids, packing rows), ``dense``, ``sync`` (the loss and
+  health checks), ``optimizer``;
 - the embedding collection of the tables one rank holds under the plan, at the
   batch those tables see (the global batch for model-parallel shards), for
   ``lookup`` and the fused update of ``emb_backward``. A shard that is not a

@@ -189,10 +189,10 @@ class WorkloadPrediction:
 def predict_workload(m, ranks: int, *, fabric: str = "zionex", host_memory: int = 0,
                      reserve: float = 0.1) -> WorkloadPrediction:
     """Plan Neo workload ``m`` (:class:`~embedding.neo.NeoModel`) for ``ranks`` ranks of
-    ``fabric`` (one per GPU, ``local_batch`` samples each) as ``neocomm plan`` does, with ``host_memory`` bytes per node for host-resident
-    tables (0: none) and ``reserve`` of device memory kept for the dense model, then price
-    the step with the GPU's peak FP32 rate for the dense part. Raises
-    :class:`~embedding.planner.PlanDoesNotFitError` when the tables fit nowhere."""
+    ``fabric`` (one per GPU, ``local_batch`` samples each) as ``neocomm plan`` does, with
+    ``host_memory`` bytes per node for host-resident tables (0: none) and ``reserve`` of
+    device memory kept for the dense model, then price the step with the GPU's peak FP32
+    rate for the dense part. Raises :class:`~embedding.planner.PlanDoesNotFitError` when the tables fit nowhere."""
     from embedding.neo import dense_config
     from embedding.planner import Workload, plan_sharding
     from embedding.planner.hardware import hardware_for, load_target

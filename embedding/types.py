@@ -15,9 +15,10 @@ import numpy as np
 from embedding.precision import Rounding, compute_dtype, is_half, storage_dtype
 from neocomm.errors import NeocommError
 
-__all__ = ["Rounding", "Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig", "ShardingType",
-           "Shard", "Tier", "CachePolicy", "Eviction", "TableMemory", "TablePlan", "ShardingPlan",
-           "PackMember", "PackedTable", "IdPolicy", "BatchError", "enum_arg", "check_pooling", "cyclic_shards", "check_dynamic"]
+__all__ = ["Rounding", "Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig",
+           "ShardingType", "Shard", "Tier", "CachePolicy", "Eviction", "TableMemory", "TablePlan",
+           "ShardingPlan", "PackMember", "PackedTable", "IdPolicy", "BatchError", "enum_arg",
+           "check_pooling", "cyclic_shards", "check_dynamic"]
 
 
 def enum_arg(cls: type[enum.Enum], value, name: str):

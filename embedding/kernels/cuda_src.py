@@ -251,7 +251,8 @@ __device__ __forceinline__ T occurrence_grad(
 extern "C" __global__ void segment_update(
         // segments of the stably sorted occurrences
         const i64* __restrict__ sorted_keys, const i64* __restrict__ order,
-        const i64* __restrict__ seg_start, const int* __restrict__ seg_table, const i64 num_segments,
+        const i64* __restrict__ seg_start, const int* __restrict__ seg_table,
+        const i64 num_segments,
         // tables
         const i64* __restrict__ row_base, const i64* __restrict__ weight_offsets,
         const int* __restrict__ dims,
@@ -269,7 +270,8 @@ extern "C" __global__ void segment_update(
         // mode 0: write sums to agg at agg_offsets; mode 1: optimizer step
         const int mode, T* __restrict__ agg, const i64* __restrict__ agg_offsets,
         // per table: optimizer code, (lr, eps, b1, 1-b1, b2, 1-b2) in T, (beta1, beta2) in double
-        const int* __restrict__ kinds, const T* __restrict__ hyper, const double* __restrict__ betas,
+        const int* __restrict__ kinds, const T* __restrict__ hyper,
+        const double* __restrict__ betas,
         W* __restrict__ weights, S* __restrict__ momentum, S* __restrict__ exp_avg,
         S* __restrict__ exp_avg_sq, i64* __restrict__ step,
         // per table: rounding mode and stochastic-rounding seed of half weights; the update

@@ -245,7 +245,8 @@ class DynamicTables:
         rows = self.maps[t].find(ids)
         lost = xp.flatnonzero(rows < 0)
         if lost.size:
-            raise ValueError(f"ids of {self.names[t]}: {host_array(ids[lost[:5]]).tolist()} are not "
+            shown = host_array(ids[lost[:5]]).tolist()
+            raise ValueError(f"ids of {self.names[t]}: {shown} are not "
                              f"in the table (evicted since their lookup? a capacity too small "
                              f"for the steps in flight)")
         return rows

@@ -16,8 +16,8 @@ from embedding.types import OptimizerConfig, OptimizerKind
 from neocomm.errors import NeocommError
 
 __all__ = ["DataSource", "Phase", "DataConfig", "TablesConfig", "ModelConfig", "LoopConfig",
-           "PlanConfig", "CheckpointConfig", "OutputConfig", "CommsConfig", "TrainConfig", "ConfigError",
-           "TrainingError", "DEFAULT_OUT"]
+           "PlanConfig", "CheckpointConfig", "OutputConfig", "CommsConfig", "TrainConfig",
+           "ConfigError", "TrainingError", "DEFAULT_OUT"]
 
 #: Where outputs go when neither the config nor ``--out`` says (relative to the cwd).
 DEFAULT_OUT = "neocomm-out"

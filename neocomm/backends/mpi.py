@@ -5,8 +5,9 @@ an explicit MPI datatype. float16 and bfloat16, which MPI has no reduction
 for, travel as 2-byte contiguous types and reduce through user-defined MPI
 ops that widen each piece MPI hands them to float32 and round once
 (:mod:`neocomm.reduction`): one rounding per reduction step. So do sums
-of 8- and 16-bit integers: Open MPI's vectorised reduction saturates them on overflow (127 + 1 = 127 for int8),
-where NCCL, NumPy and C wrap around; neocomm wraps on every backend.
+of 8- and 16-bit integers: Open MPI's vectorised reduction saturates them on
+overflow (127 + 1 = 127 for int8), where NCCL, NumPy and C wrap around; neocomm
+wraps on every backend.
 """
 from __future__ import annotations
 

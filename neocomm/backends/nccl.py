@@ -215,7 +215,8 @@ class NcclBackend(Backend):
 
     # -- collectives --------------------------------------------------
     def _exchange(self, sendbuf, recvbuf, send_counts, recv_counts, what):
-        """Grouped send/recv of bytes: ``send_counts[j]`` elements to j, ``recv_counts[i]`` from i."""
+        """Grouped send/recv of bytes: ``send_counts[j]`` elements to j, ``recv_counts[i]``
+        from i."""
         self.flush()
         stream, item = self._stream(), sendbuf.itemsize
         sdis = np.concatenate(([0], np.cumsum(send_counts[:-1])))

@@ -239,7 +239,8 @@ def test_symmetric_memory_refuses_device_buffers(device_backend, world, all_rank
 
 @pytest.mark.parametrize("dtype,why", [("bool", "cannot be reduced"),
                                        ("complex64", "is not supported")])
-def test_dtypes_without_a_reduction_are_refused_by_name(device_backend, world, all_ranks, dtype, why):
+def test_dtypes_without_a_reduction_are_refused_by_name(device_backend, world, all_ranks, dtype,
+                                                        why):
     """No bare KeyError from a dtype table: the dtype, the operation and what is supported
     (the collectives check; a backend moves what it is given)."""
     from neocomm import CollectiveArgumentError
