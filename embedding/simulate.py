@@ -192,7 +192,8 @@ def predict_workload(m, ranks: int, *, fabric: str = "zionex", host_memory: int 
     ``fabric`` (one per GPU, ``local_batch`` samples each) as ``neocomm plan`` does, with
     ``host_memory`` bytes per node for host-resident tables (0: none) and ``reserve`` of
     device memory kept for the dense model, then price the step with the GPU's peak FP32
-    rate for the dense part. Raises :class:`~embedding.planner.PlanDoesNotFitError` when the tables fit nowhere."""
+    rate for the dense part. Raises :class:`~embedding.planner.PlanDoesNotFitError` when the
+    tables fit nowhere."""
     from embedding.neo import dense_config
     from embedding.planner import Workload, plan_sharding
     from embedding.planner.hardware import hardware_for, load_target
