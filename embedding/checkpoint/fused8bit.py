@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["FUSED8BIT", "FORMATS", "SCALE_BIAS_BYTES", "fused_width", "check_format",
-           "quantize_rows", "dequantize_rows", "scale_bias"]
+           "quantize_rows", "dequantize_rows", "scale_bias", "encode_into"]
 
 #: The name of the layout, as export manifests and ``--format`` spell it.
 FUSED8BIT = "fused8bit_rowwise"
@@ -63,27 +63,32 @@ def quantize_rows(rows) -> np.ndarray:
     out = np.empty((n, fused_width(dim)), np.uint8)
     for r0 in range(0, n, _CHUNK):
         r1 = min(n, r0 + _CHUNK)
-        _quantize_into(np.asarray(x[r0:r1], np.float32), out[r0:r1], r0)
+        rows = np.asarray(x[r0:r1], np.float32)
+        bad = ~np.isfinite(rows).all(axis=1)
+        if bad.any():
+            raise ValueError(f"rows: row {r0 + int(np.argmax(bad))} holds NaN or inf; it "
+                             f"cannot be quantized")
+        encode_into(rows, out[r0:r1])
     return out
 
 
-def _quantize_into(x: np.ndarray, out: np.ndarray, first: int) -> None:
-    bad = ~np.isfinite(x).all(axis=1)
-    if bad.any():
-        raise ValueError(f"rows: row {first + int(np.argmax(bad))} holds NaN or inf; it "
-                         f"cannot be quantized")
+def encode_into(x, out, xp=np) -> None:
+    """Write the fused rows of float32 ``x`` (``[n, dim]``) into uint8 ``out``
+    (``[n, dim + 8]``), on any array module ``xp`` (NumPy, CuPy); no checks: a row holding
+    NaN or inf gets meaningless codes (:func:`quantize_rows` refuses them)."""
+    n, dim = x.shape
+    if not n:
+        return
     lo = x.min(axis=1)
-    hi = x.max(axis=1)
-    span = hi - lo
-    scale = span / np.float32(255.0)
+    span = x.max(axis=1) - lo
     inverse = np.float32(255.0) / (span + _EPSILON)
-    codes = np.rint((x - lo[:, None]) * inverse[:, None])
-    np.clip(codes, 0, 255, out=codes)
-    dim = x.shape[1]
+    codes = xp.rint((x - lo[:, None]) * inverse[:, None])
+    xp.clip(codes, 0, 255, out=codes)
     out[:, :dim] = codes.astype(np.uint8)
-    tail = out[:, dim:].view("<f4")  # [rows, 2]: scale, bias
-    tail[:, 0] = scale
+    tail = xp.empty((n, 2), np.float32)  # scale, bias
+    tail[:, 0] = span / np.float32(255.0)
     tail[:, 1] = lo
+    out[:, dim:] = tail.view(np.uint8)
 
 
 def scale_bias(fused) -> tuple[np.ndarray, np.ndarray]:

@@ -31,6 +31,7 @@ import numpy as np
 from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags, FusedTables
 from embedding.kernels.segments import positions_of_segments
+from embedding.precision import is_half
 from embedding.sharding.qcomm import CommPrecision, QComms, Wire
 from embedding.types import (Pooling, Shard, ShardingType, TableConfig, TablePlan,
                              check_pooling)
@@ -263,7 +264,7 @@ def _full_precision(prec: dict, store: str) -> None:
     """ValueError naming the table when a store without half support gets a half table."""
     if not prec.get("names_of"):
         return
-    if prec["dtype"] in ("float16", "bfloat16") or prec["state_dtype"] != prec["dtype"]:
+    if is_half(prec["dtype"]) or prec["state_dtype"] != prec["dtype"]:
         raise ValueError(f"dtype of table {prec['names_of'][0]!r}: {store} tables keep weights "
                          f"and optimizer state in one dtype, float32 or float64; got "
                          f"{prec['dtype']} (state {prec['state_dtype']}); half storage needs a "

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from embedding.checkpoint.fused8bit import SCALE_BIAS_BYTES, encode_into
 from embedding.types import enum_arg
 
 __all__ = ["CommPrecision", "QComms", "Wire", "FP16_MAX", "ROW_TAIL_BYTES", "wire_dtype",
@@ -41,9 +42,7 @@ __all__ = ["CommPrecision", "QComms", "Wire", "FP16_MAX", "ROW_TAIL_BYTES", "wir
 #: float16's largest finite value (IEEE 754 binary16).
 FP16_MAX = 65504.0
 #: Bytes after each int8 row's codes: its float32 scale, then its float32 bias (FUSED8BIT).
-ROW_TAIL_BYTES = 8
-#: Added to a row's range before its reciprocal is taken (FBGEMM's ``kEpsilon``).
-_EPSILON = 1e-8
+ROW_TAIL_BYTES = SCALE_BIAS_BYTES
 
 
 class CommPrecision(enum.Enum):
@@ -137,18 +136,7 @@ def encode_int8_rows(x, xp=np):
     x = x.astype(np.float32, copy=False)
     n, g = x.shape
     out = xp.empty((n, g + ROW_TAIL_BYTES), np.uint8)
-    if n == 0:
-        return out
-    lo = x.min(axis=1)
-    span = x.max(axis=1) - lo
-    inv = np.float32(255.0) / (span + np.float32(_EPSILON))
-    codes = xp.rint((x - lo[:, None]) * inv[:, None])
-    xp.clip(codes, 0, 255, out=codes)
-    out[:, :g] = codes.astype(np.uint8)
-    tail = xp.empty((n, 2), np.float32)
-    tail[:, 0] = span / np.float32(255.0)
-    tail[:, 1] = lo
-    out[:, g:] = tail.view(np.uint8)
+    encode_into(x, out, xp)
     return out
 
 

@@ -57,15 +57,8 @@ def device_backend(request, monkeypatch, world):
     """Each device backend in turn (``NEOCOMM_BACKEND``): NCCL, and the staged backend
     (device buffers through host MPI); skipped with the reason when one is unavailable, or
     NCCL on a real host with fewer GPUs than ranks."""
-    import cupy as cp
-    from neocomm.backends import backend_class
-    from neocomm.types import BackendKind
+    from gpu_cases import skip_unless_usable
 
-    ok, why = backend_class(BackendKind(request.param)).availability()
-    if not ok:
-        pytest.skip(why)
-    if request.param == "nccl" and not getattr(cp, "STANDIN", False) and \
-            cp.cuda.runtime.getDeviceCount() < world.local_size:
-        pytest.skip("NCCL needs one GPU per rank of a host")
+    skip_unless_usable(request.param, world)
     monkeypatch.setenv("NEOCOMM_BACKEND", request.param)
     return request.param

@@ -10,7 +10,24 @@ import numpy as np
 from embedding.kernels import Bags, TableLayout
 from embedding.kernels.cuda_src import MAX_DIM
 
-__all__ = ["bag_case", "load_mpi_tests"]
+__all__ = ["bag_case", "load_mpi_tests", "skip_unless_usable"]
+
+
+def skip_unless_usable(kind: str, world) -> None:
+    """Skip the test (with the reason) when device backend ``kind`` cannot run here: it is
+    unavailable, or it is NCCL on a real host with fewer GPUs than ranks."""
+    import cupy as cp
+    import pytest
+
+    from neocomm.backends import backend_class
+    from neocomm.types import BackendKind
+
+    ok, why = backend_class(BackendKind(kind)).availability()
+    if not ok:
+        pytest.skip(why)
+    if kind == "nccl" and not getattr(cp, "STANDIN", False) and \
+            cp.cuda.runtime.getDeviceCount() < world.local_size:
+        pytest.skip("NCCL needs one GPU per rank of a host")
 
 
 def load_mpi_tests(name: str):

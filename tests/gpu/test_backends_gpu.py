@@ -26,17 +26,9 @@ def world():
 
 @pytest.fixture(params=["nccl", "staged"])
 def backend(world, request):
-    import cupy as cp
+    from gpu_cases import skip_unless_usable
 
-    from neocomm.backends import backend_class
-    from neocomm.types import BackendKind
-
-    ok, why = backend_class(BackendKind(request.param)).availability()
-    if not ok:
-        pytest.skip(why)
-    if request.param == "nccl" and not getattr(cp, "STANDIN", False) and \
-            cp.cuda.runtime.getDeviceCount() < world.local_size:
-        pytest.skip("NCCL needs one GPU per rank of a host")
+    skip_unless_usable(request.param, world)
     return world.world.backend(kind=request.param)
 
 
