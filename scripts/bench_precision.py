@@ -3,6 +3,8 @@
 
     python scripts/bench_precision.py                       # built-in data, 2 ranks
     python scripts/bench_precision.py --data example --steps 200 --json precision.json
+    python scripts/bench_precision.py --data dac_sample.txt     # Criteo text (.gz too)
+    python scripts/bench_precision.py --data mydata.toml        # any training config
 
 Runs ``neocomm run -n RANKS -- neocomm train`` once per setting below, on the
 same data, seed and number of steps, in one invocation (so every setting
@@ -17,7 +19,13 @@ sees the same machine), and reads each run's ``metrics.jsonl``:
 
 ``--data builtin`` is the trainer's built-in synthetic Criteo-shaped data
 (26 tables of the criteo-1tb-1000x preset, dim 16, with a planted model);
-``--data example`` the example Parquet data of ``neocomm data example``.
+``--data example`` the example Parquet data of ``neocomm data example``;
+``--data FILE.toml`` a training config of your own (its ``[data]``, ``[tables]``,
+``[model]`` and ``[train]`` are kept, each setting adds its sections, and relative
+paths are read from the working directory as ``neocomm train`` reads them);
+``--data FILE`` any other file is Criteo text (the Kaggle display-advertising
+sample ``dac_sample.txt``, a day of Criteo 1TB, ``.gz`` too), trained with the
+trainer's defaults and its last ``[data] eval_records`` lines held out.
 """
 from __future__ import annotations
 
@@ -49,7 +57,9 @@ SETTINGS = (
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", choices=["builtin", "example"], default="builtin")
+    p.add_argument("--data", default="builtin",
+                   help="builtin | example | a training config (.toml) | a Criteo text file "
+                   "(default builtin)")
     p.add_argument("--ranks", type=int, default=2, help="ranks of each run (default 2)")
     p.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
     p.add_argument("--only", default="", help="comma-separated setting numbers (1-based) to "
@@ -83,6 +93,24 @@ def _merge(base: str, extra: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _base_config(data: str, exe: str, out: str) -> str:
+    """The training config every setting starts from (module doc)."""
+    if data == "builtin":
+        return ""
+    if data == "example":
+        subprocess.run([exe, "data", "example", "-o", os.path.join(out, "data")], check=True,
+                       capture_output=True)
+        data = os.path.join(out, "data", "train.toml")
+    if not os.path.isfile(data):
+        raise ValueError("expected builtin, example, a training config (.toml) or a Criteo "
+                         "text file; no such file")
+    if data.endswith(".toml"):
+        # its relative paths stay relative to the working directory, as for neocomm train
+        with open(data, encoding="utf-8") as fh:
+            return fh.read()
+    return f'[data]\nsource = "criteo"\npath = {json.dumps(os.path.abspath(data))}\n'
+
+
 def _read(metrics: str) -> dict:
     train, evals = [], []
     with open(metrics, encoding="utf-8") as fh:
@@ -112,13 +140,11 @@ def main(argv=None) -> int:
         return 2
     out = args.out or tempfile.mkdtemp(prefix="neocomm-precision-")
     os.makedirs(out, exist_ok=True)
-    if args.data == "example":
-        subprocess.run([exe, "data", "example", "-o", os.path.join(out, "data")], check=True,
-                       capture_output=True)
-        with open(os.path.join(out, "data", "train.toml"), encoding="utf-8") as fh:
-            base = fh.read()
-    else:
-        base = ""
+    try:
+        base = _base_config(args.data, exe, out)
+    except (OSError, ValueError) as e:
+        print(f"bench_precision: --data {args.data}: {e}", file=sys.stderr)
+        return 2
     chosen = {1} | {int(i) for i in args.only.split(",") if i} if args.only else None
     rows = []
     for i, (name, extra) in enumerate(SETTINGS, 1):
