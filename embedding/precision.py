@@ -13,7 +13,10 @@ the new row in float32, then rounds it into storage by the table's
   (its expectation is the float32 value). The random bits come from a
   counter-based hash of ``(seed, step, table, row, column)``
   (:func:`random_bits`), so a run is reproducible bit for bit, and the
-  NumPy and CUDA kernels draw the same bits;
+  NumPy and CUDA kernels draw the same bits. ``row`` is the row's number
+  in its local table (shard): a host-resident table's cached row hashes its
+  host row, not its cache slot; a dynamic table hashes the id a row holds
+  in place of the row (``FusedTables.row_keys``);
 - ``MASTER``: the store keeps a float32 master copy of the rows; the
   optimizer updates the master and the stored row is its nearest rounding.
 

@@ -222,13 +222,15 @@ def apply_updates(layout: TableLayout, config, weights: np.ndarray,
     gathered from several ranks). ``row_terms[t]`` (or None), aligned with
     table t's unique rows, replaces row-wise AdaGrad's ``mean(g * g)``.
 
-    ``rounding`` (half weights): ``(modes, seeds, step, master)`` with one
+    ``rounding`` (half weights): ``(modes, seeds, step, master, keys)`` with one
     :class:`~embedding.precision.Rounding` and one seed per table, the update
-    counter and the float32 master buffer (laid out like ``weights``; None
-    when no table has ``MASTER`` rounding). A ``MASTER`` table's rule runs on
-    its master rows, then the stored rows are their nearest rounding; a
-    ``STOCHASTIC`` table's new rows are rounded with the bits of
-    ``(seed, step, t, row, column)``. None: every table rounds to nearest.
+    counter, the float32 master buffer (laid out like ``weights``; None
+    when no table has ``MASTER`` rounding) and the int64 number each row
+    hashes as, by global row (``layout.row_base[t] + row``; None: the row
+    itself). A ``MASTER`` table's rule runs on its master rows, then the
+    stored rows are their nearest rounding; a ``STOCHASTIC`` table's new rows
+    are rounded with the bits of ``(seed, step, t, key of the row, column)``.
+    None: every table rounds to nearest.
     """
     from embedding.optim import state_specs
 
@@ -267,7 +269,7 @@ def _rounded_store(layout: TableLayout, weights: np.ndarray, t: int, rounding):
     view = table_view(layout, weights, t)
     if rounding is None or compute_dtype(weights.dtype) == weights.dtype:
         return view, None
-    modes, seeds, step, master = rounding
+    modes, seeds, step, master, keys = rounding
     mode = modes[t]
     if mode is Rounding.MASTER:
         mview = table_view(layout, master, t)
@@ -277,9 +279,12 @@ def _rounded_store(layout: TableLayout, weights: np.ndarray, t: int, rounding):
             view[rows] = round_to(new, view.dtype)
         return mview, store
     if mode is Rounding.STOCHASTIC:
+        base = layout.row_base[t]
+
         def store(rows, new):
+            hashed = rows if keys is None else keys[base + np.asarray(rows, np.int64)]
             view[rows] = round_to(new, view.dtype, mode, seed=seeds[t], step=step, table=t,
-                                  rows=rows)
+                                  rows=hashed)
         return view, store
     return view, None
 

@@ -189,18 +189,22 @@ def _opt_args(configs, dtype, state: dict | None, weights, rounding=None):
 
 
 def _rounding_args(rounding, num_tables: int) -> tuple:
-    """``(codes, seeds, step, master)`` of ``segment_update``: every table nearest when
-    ``rounding`` is None, else from its ``(modes, seeds, step, master)``."""
+    """``(codes, seeds, step, master, row_keys, has_row_keys)`` of ``segment_update``: every
+    table nearest when ``rounding`` is None, else from its ``(modes, seeds, step, master,
+    keys)``."""
     cp = _cp()
     mask = (1 << 64) - 1
+    no_keys = (cp.zeros(1, cp.int64), np.int32(0))
     if rounding is None:
         return (cp.zeros(num_tables, cp.int32), cp.zeros(num_tables, cp.uint64), np.uint64(0),
-                cp.zeros(1, cp.float32))
-    modes, seeds, step, master = rounding
+                cp.zeros(1, cp.float32)) + no_keys
+    modes, seeds, step, master, keys = rounding
     codes = np.asarray([ROUNDING_CODES[m.value] for m in modes], np.int32)
     seeds = np.asarray([int(x) & mask for x in seeds], np.uint64)
     return (cp.asarray(codes), cp.asarray(seeds), np.uint64(int(step) & mask),
-            cp.zeros(1, cp.float32) if master is None else master)
+            cp.zeros(1, cp.float32) if master is None else master) + (
+        no_keys if keys is None else (cp.ascontiguousarray(cp.asarray(keys, cp.int64)),
+                                      np.int32(1)))
 
 
 def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, configs=None,

@@ -275,9 +275,11 @@ extern "C" __global__ void segment_update(
         W* __restrict__ weights, S* __restrict__ momentum, S* __restrict__ exp_avg,
         S* __restrict__ exp_avg_sq, i64* __restrict__ step,
         // per table: rounding mode and stochastic-rounding seed of half weights; the update
-        // counter; float32 master rows (laid out like weights) of MASTER tables
+        // counter; float32 master rows (laid out like weights) of MASTER tables; the number
+        // stochastic rounding hashes for each row (by global row, has_row_keys != 0; else the
+        // row itself)
         const int* __restrict__ rounding, const u64* __restrict__ seeds, const u64 update_step,
-        float* __restrict__ master) {
+        float* __restrict__ master, const i64* __restrict__ row_keys, const int has_row_keys) {
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
     T g[MAX_CHUNKS];
@@ -312,7 +314,8 @@ extern "C" __global__ void segment_update(
         const int kind = kinds[t];
         const int rmode = rounding[t];
         const u64 hrow = rmode == ROUND_STOCHASTIC
-            ? mix64(mix64(mix64(mix64((u64)0, seeds[t]), update_step), (u64)t), (u64)row)
+            ? mix64(mix64(mix64(mix64((u64)0, seeds[t]), update_step), (u64)t),
+                    (u64)(has_row_keys ? row_keys[grow] : row))
             : (u64)0;
         const T lr = hyper[6 * t], eps = hyper[6 * t + 1], b1 = hyper[6 * t + 2];
         const T omb1 = hyper[6 * t + 3], b2 = hyper[6 * t + 4], omb2 = hyper[6 * t + 5];

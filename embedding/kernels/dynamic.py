@@ -24,6 +24,18 @@ Every kernel treats a row the same under any numbering, so training a
 dynamic table is bitwise equal to training a fixed table whose rows hold the
 same ids' weights. ``weight(t)``/``state_view(t, name)`` are by row;
 :meth:`DynamicTables.export` says which id each live row holds.
+
+Half tables (:mod:`embedding.precision`) store their rows in the table's
+dtype and the optimizer state in its ``state_dtype``, on the host and on the
+device alike. Stochastic rounding hashes the *id* a row holds (the inner
+store's ``row_keys`` are the map's ``row_id``), not the row: an id draws
+the same bits wherever the map puts it, after an eviction and a reload from
+a checkpoint too, and a dynamic table fed ids ``0 .. n-1`` rounds as the
+fixed table whose row ``i`` holds id ``i``. A ``master`` table keeps float32
+master rows by row; a new id's master row is its stored (rounded) initial
+row, as a fixed table's after ``sync_master``; :meth:`DynamicTables.entries`
+gives a ``master`` table's float32 master rows as ``weight`` and
+:meth:`DynamicTables.load_entries` takes them back as the master copy.
 """
 from __future__ import annotations
 
@@ -37,6 +49,7 @@ from embedding.kernels.fused import FusedTables, adopt_layout
 from embedding.kernels.idmap import IdMap
 from embedding.kernels.layout import Bags, host_array
 from embedding.optim import state_specs
+from embedding.precision import Rounding
 from embedding.types import Eviction
 
 __all__ = ["DynamicTables"]
@@ -49,15 +62,22 @@ class DynamicTables:
     """Dynamic tables of ``rows[t]`` rows (capacity) × ``dims[t]`` (module doc).
 
     ``eviction[t]``: table ``t``'s :class:`~embedding.types.Eviction`. Other
-    arguments as for ``FusedTables``.
+    arguments (precision included: ``dtype``, ``rounding``, ``seeds``,
+    ``state_dtype``) as for ``FusedTables``.
     """
 
     def __init__(self, rows: Sequence[int], dims: Sequence[int], optimizer,
                  eviction: Sequence[Eviction], dtype: str = "float32", device: str = "cpu",
-                 names: Sequence[str] | None = None, threads: int = 1):
+                 names: Sequence[str] | None = None, threads: int = 1,
+                 rounding: Rounding | str | Sequence = Rounding.NEAREST,
+                 seeds: Sequence[int] | None = None, state_dtype: str | None = None):
         self.work = FusedTables(rows, dims, optimizer, dtype=dtype, device=device, names=names,
-                                threads=threads)
+                                threads=threads, rounding=rounding, seeds=seeds,
+                                state_dtype=state_dtype)
         adopt_layout(self, self.work, device)
+        self.rounding = self.work.rounding
+        self.seeds = self.work.seeds
+        self.state_dtype = self.work.state_dtype
         self.xp = self.work.xp
         eviction = tuple(eviction)
         if len(eviction) != self.num_tables:
@@ -93,6 +113,30 @@ class DynamicTables:
         """Table ``t``'s view of optimizer state ``name`` by row."""
         return self.work.state_view(t, name)
 
+    @property
+    def master(self):
+        """The flat float32 master rows by row (None without a ``master`` table)."""
+        return self.work.master
+
+    def master_weight(self, t: int):
+        """Table ``t``'s ``[capacity, dim]`` float32 master rows by row (a view), or None
+        when it keeps no master copy."""
+        return self.work.master_weight(t)
+
+    def sync_master(self) -> None:
+        """Set the master rows of ``master`` tables from the stored rows (after writing
+        :meth:`weight` directly)."""
+        self.work.sync_master()
+
+    @property
+    def step(self) -> int:
+        """Updates so far: the stochastic rounding's counter (as ``FusedTables.step``)."""
+        return self.work.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.work.step = int(value)
+
     def set_initializer(self, t: int, init: Initializer | None) -> None:
         """Weights of table ``t``'s new ids from now on; None: zeros."""
         self.initializers[t] = init
@@ -104,10 +148,13 @@ class DynamicTables:
 
     def entries(self, t: int) -> dict:
         """Table ``t``'s live entries as NumPy arrays, ids ascending: ``ids``, ``weight``,
-        each optimizer state by name, ``count``, ``last`` and ``tick`` (shape ``[1]``)."""
+        each optimizer state by name, ``count``, ``last`` and ``tick`` (shape ``[1]``).
+        A ``master`` table's ``weight`` is its float32 master rows."""
         ids, rows = self.maps[t].entries()
         m = self.maps[t]
-        out = {"ids": host_array(ids), "weight": host_array(self.weight(t)[rows])}
+        master = self.master_weight(t)
+        w = self.weight(t) if master is None else master
+        out = {"ids": host_array(ids), "weight": host_array(w[rows])}
         for spec in state_specs(self.optimizers[t].kind):
             out[spec.name] = host_array(self.state_view(t, spec.name)[rows])
         out["count"] = host_array(m.count[rows])
@@ -116,7 +163,10 @@ class DynamicTables:
         return out
 
     def load_entries(self, t: int, entries: dict) -> None:
-        """Replace table ``t``'s entries by ``entries`` (as :meth:`entries` gives them)."""
+        """Replace table ``t``'s entries by ``entries`` (as :meth:`entries` gives them).
+
+        Weights and state of any float dtype are rounded to nearest into storage; a
+        ``master`` table takes ``weight`` (as float32) as its master rows."""
         xp = self.xp
         m = self.maps[t]
         self._moves += 1
@@ -124,6 +174,10 @@ class DynamicTables:
                       xp.asarray(entries["last"]), int(np.max(entries["tick"], initial=0)))
         self.weight(t)[...] = 0
         self.weight(t)[rows] = xp.asarray(entries["weight"], self.dtype)
+        master = self.master_weight(t)
+        if master is not None:
+            master[...] = 0
+            master[rows] = xp.asarray(entries["weight"], xp.float32)
         for spec in state_specs(self.optimizers[t].kind):
             view = self.state_view(t, spec.name)
             view[...] = 0
@@ -173,13 +227,22 @@ class DynamicTables:
     def update(self, sparse, unique: bool = True, row_terms=None) -> None:
         """Optimizer step on per-table ``(ids, grads)``, as ``FusedTables.update``."""
         mapped = [(self._find(t, ids), g) for t, (ids, g) in enumerate(sparse)]
+        self._key_rows()
         self.work.update(mapped, unique, row_terms)
 
     def backward_update(self, bags: Bags, grad_out) -> None:
         """Fused backward + optimizer on the rows of the bags' ids."""
-        self.work.backward_update(self._looked_up(bags), grad_out)
+        by_row = self._looked_up(bags)
+        self._key_rows()
+        self.work.backward_update(by_row, grad_out)
 
     # -- internals ------------------------------------------------------------------------
+    def _key_rows(self) -> None:
+        """Before an update: stochastic rounding hashes the id each row holds (module doc)."""
+        if Rounding.STOCHASTIC in self.rounding:
+            ids = [m.row_id for m in self.maps]
+            self.work.row_keys = ids[0] if len(ids) == 1 else self.xp.concatenate(ids)
+
     def _looked_up(self, bags: Bags) -> Bags:
         """``bags`` by row for its backward: the last lookup's when no id moved since, else
         found again (ValueError if an id is gone)."""
@@ -219,8 +282,9 @@ class DynamicTables:
         absent = rows < 0
         if not bool(absent.any()):
             return dataclasses.replace(bags, indices=rows)
-        weights = (xp.ones(idx.shape, self.dtype) if bags.weights is None
-                   else xp.array(bags.weights, self.dtype))
+        cdt = self.compute_dtype
+        weights = (xp.ones(idx.shape, cdt) if bags.weights is None
+                   else xp.array(bags.weights, cdt))
         weights[absent] = 0
         rows[absent] = 0
         return dataclasses.replace(bags, indices=rows, weights=weights)
@@ -235,6 +299,9 @@ class DynamicTables:
                 w[got.new_rows] = 0
             else:
                 w[got.new_rows] = self.xp.asarray(init(host_array(got.new_ids)), self.dtype)
+            master = self.master_weight(t)
+            if master is not None:  # the stored row's value, as sync_master gives it
+                master[got.new_rows] = w[got.new_rows].astype(self.xp.float32)
             for spec in state_specs(self.optimizers[t].kind):
                 self.state_view(t, spec.name)[got.new_rows] = 0
         return got.rows

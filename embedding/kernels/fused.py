@@ -48,6 +48,9 @@ class FusedTables:
     counter). ``state_dtype``: the optimizer's float state (default: the
     compute dtype). A ``MASTER`` table keeps float32 master rows in
     :attr:`master` (call :meth:`sync_master` after writing weights directly).
+    Stochastic rounding hashes a row's local row number, or :attr:`row_keys`
+    where a store that renumbers rows sets it (a cache slot rounds as its
+    host row).
     """
 
     def __init__(self, rows: Sequence[int], dims: Sequence[int],
@@ -110,6 +113,10 @@ class FusedTables:
             for spec in self._specs.values()}
         self.master = (self.xp.zeros(lay.total_elements, np.float32)
                        if Rounding.MASTER in self.rounding else None)
+        #: int64 ``[total_rows]`` (this store's array module): the number stochastic
+        #: rounding hashes for each row, by global row (``layout.row_base[t] + row``);
+        #: None: the row number itself
+        self.row_keys = None
 
     def master_weight(self, t: int):
         """Table ``t``'s ``[rows, dim]`` float32 master rows (a view), or None when the table
@@ -203,7 +210,8 @@ class FusedTables:
     def _kw(self, update: bool = False) -> dict:
         kw = {"threads": self.threads} if self.device == "cpu" and self.threads > 1 else {}
         if update and is_half(self.dtype):
-            kw["rounding"] = (self.rounding, self.seeds, self.step, self.master)
+            kw["rounding"] = (self.rounding, self.seeds, self.step, self.master,
+                              self.row_keys)
         if update:
             self.step += 1
         return kw

@@ -22,6 +22,14 @@ slots of the step). A step runs as:
 Because rows are moved, never recomputed, and every kernel treats a row the
 same under any numbering, training is bitwise equal to training with the
 tables in device memory, for any cache size (1 row included) and policy.
+That holds for half tables too (:mod:`embedding.precision`): the host rows
+and the device slots are in the table's storage dtype and the optimizer
+state in its ``state_dtype``, so the copies move the 16-bit patterns (half
+the bytes of float32 rows); stochastic rounding hashes a slot's host row
+(the work store's ``row_keys``), never the slot, so a row draws the bits it
+would in device memory; a ``master`` table's float32 master rows live with
+the host rows and travel with the weights (4 bytes more per element each
+way).
 Steps are finished in the order they were looked up: the backward of a step
 drops the older steps still open (their backward was skipped, as in
 evaluation), so a later backward of a dropped step raises. ``weight(t)`` and
@@ -42,6 +50,7 @@ from embedding.kernels.fused import FusedTables, adopt_layout
 from embedding.kernels.layout import Bags, host_array
 from embedding.kernels.staging import Part, RowFetcher
 from embedding.optim import row_bytes, state_specs
+from embedding.precision import Rounding, is_half
 from embedding.types import TableMemory
 
 __all__ = ["TieredTables", "CacheStats"]
@@ -101,15 +110,22 @@ class TieredTables:
 
     ``memory[t]`` is table ``t``'s :class:`~embedding.types.TableMemory`
     (``host`` or ``cached``); its cache is ``min(cache_rows, rows[t])`` rows.
-    Other arguments as for ``FusedTables``.
+    Other arguments (precision included: ``dtype``, ``rounding``, ``seeds``,
+    ``state_dtype``) as for ``FusedTables``.
     """
 
     def __init__(self, rows: Sequence[int], dims: Sequence[int], optimizer,
                  memory: Sequence[TableMemory], dtype: str = "float32", device: str = "cpu",
-                 names: Sequence[str] | None = None, threads: int = 1):
+                 names: Sequence[str] | None = None, threads: int = 1,
+                 rounding: Rounding | str | Sequence = Rounding.NEAREST,
+                 seeds: Sequence[int] | None = None, state_dtype: str | None = None):
         self.host = FusedTables(rows, dims, optimizer, dtype=dtype, device="cpu", names=names,
-                                threads=threads)
+                                threads=threads, rounding=rounding, seeds=seeds,
+                                state_dtype=state_dtype)
         adopt_layout(self, self.host, device)
+        self.rounding = self.host.rounding
+        self.seeds = self.host.seeds
+        self.state_dtype = self.host.state_dtype
         memory = tuple(memory)
         if len(memory) != self.layout.num_tables:
             raise ValueError(f"memory: expected one TableMemory per table "
@@ -124,8 +140,9 @@ class TieredTables:
         self.stats = CacheStats()
         self._steps: deque[_Step] = deque()
         self._prefetched: dict[int, _Step] = {}
-        self._row_bytes = [row_bytes(c.kind, d, self.dtype)
-                           for c, d in zip(self.optimizers, self.layout.dims)]
+        self._row_bytes = [row_bytes(c.kind, d, self.dtype, self.state_dtype)
+                           + (4 * d if r is Rounding.MASTER else 0)
+                           for c, d, r in zip(self.optimizers, self.layout.dims, self.rounding)]
         self.work = self._device_tables()
         self.xp = self.work.xp
         self._fetcher = RowFetcher(self.xp)
@@ -161,6 +178,36 @@ class TieredTables:
         """The host optimizer state arrays (as ``FusedTables.state``), written back."""
         self.flush()
         return self.host.state
+
+    @property
+    def master(self):
+        """The flat host float32 master rows (as ``FusedTables.master``; None without a
+        ``master`` table), written back."""
+        if self.host.master is None:
+            return None
+        self.flush()
+        return self.host.master
+
+    def master_weight(self, t: int):
+        """Table ``t``'s host ``[rows, dim]`` float32 master rows (None: no master copy),
+        after a write-back."""
+        self.flush()
+        return self.host.master_weight(t)
+
+    def sync_master(self) -> None:
+        """Set the host master rows of ``master`` tables from the host weights (after
+        writing the weights directly), after a write-back."""
+        self.flush()
+        self.host.sync_master()
+
+    @property
+    def step(self) -> int:
+        """Updates so far: the stochastic rounding's counter (as ``FusedTables.step``)."""
+        return self.work.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.work.step = int(value)
 
     def flush(self) -> None:
         """Write every dirty cached row back to the host and empty the caches.
@@ -240,12 +287,14 @@ class TieredTables:
                                  f"look up: {r[slots < 0][:5].tolist()}")
             mapped.append((self.xp.asarray(slots), g))
             self.caches[t].mark_dirty(slots)
+        self._key_rows()
         self.work.update(mapped, unique, row_terms)
         self._close(step)
 
     def backward_update(self, bags: Bags, grad_out) -> None:
         """Fused backward + optimizer on the rows of the oldest open step; closes it."""
         step = self._current(bags)
+        self._key_rows()
         self.work.backward_update(step.bags, grad_out)
         for t, slots in enumerate(step.slots):
             self.caches[t].mark_dirty(slots)
@@ -324,7 +373,14 @@ class TieredTables:
 
     def _work_array(self, key):
         t, name = key
-        return self.work.weight(t) if name is None else self.work.state_view(t, name)
+        return _moved(self.work, t)[name]
+
+    def _key_rows(self) -> None:
+        """Before an update: the work store's stochastic rounding hashes each slot's host
+        row (a free slot's -1 is never updated)."""
+        if Rounding.STOCHASTIC in self.rounding:
+            keys = np.concatenate([c.slot_row for c in self.caches])
+            self.work.row_keys = self.xp.asarray(keys)
 
     def _current(self, bags) -> _Step:
         """The step ``bags`` opened (the oldest open step for ``None``); older steps, whose
@@ -354,13 +410,15 @@ class TieredTables:
     def _device_tables(self, old: FusedTables | None = None) -> FusedTables:
         work = FusedTables([c.slots for c in self.caches], self.layout.dims, self.optimizers,
                            dtype=self.dtype.name, device=self.device, names=self.names,
-                           threads=self.threads)
+                           threads=self.threads, rounding=self.rounding, seeds=self.seeds,
+                           state_dtype=self.state_dtype.name)
         if old is not None:  # more staging slots: the existing slots keep their rows
+            work.step = old.step
             for t in range(self.num_tables):
                 n = old.layout.rows[t]
-                work.weight(t)[:n] = old.weight(t)
-                for spec in state_specs(self.optimizers[t].kind):
-                    work.state_view(t, spec.name)[:n] = old.state_view(t, spec.name)
+                new = _moved(work, t)
+                for key, arr in _moved(old, t).items():
+                    new[key][:n] = arr
         return work
 
     def _parts_in(self, t: int, rows: np.ndarray, slots: np.ndarray) -> list[Part]:
@@ -368,18 +426,32 @@ class TieredTables:
         if not rows.size:
             return []
         self.stats.bytes_in += int(rows.size) * self._row_bytes[t]
-        parts = [Part((t, None), self.host.weight(t), rows, slots)]
-        for spec in state_specs(self.optimizers[t].kind):
-            parts.append(Part((t, spec.name), self.host.state_view(t, spec.name), rows, slots))
-        return parts
+        return [Part((t, key), arr, rows, slots) for key, arr in _moved(self.host, t).items()]
 
     def _copy_out(self, t: int, rows: np.ndarray, slots: np.ndarray) -> None:
         if not rows.size:
             return
         s = self.xp.asarray(slots)
-        self.host.weight(t)[rows] = host_array(self.work.weight(t)[s])
-        for spec in state_specs(self.optimizers[t].kind):
-            self.host.state_view(t, spec.name)[rows] = host_array(
-                self.work.state_view(t, spec.name)[s])
+        work = _moved(self.work, t)
+        for key, arr in _moved(self.host, t).items():
+            arr[rows] = host_array(work[key][s])
         self.stats.bytes_out += int(rows.size) * self._row_bytes[t]
+
+
+def _moved(store: FusedTables, t: int) -> dict:
+    """What moves of table ``t``'s rows between host and device: ``weight``, each optimizer
+    state by name and, for a ``master`` table, ``master`` (its float32 master rows); views
+    of ``store``'s arrays, half ones as their ``uint16`` bits."""
+    out = {"weight": _bits(store.weight(t))}
+    for spec in state_specs(store.optimizers[t].kind):
+        out[spec.name] = _bits(store.state_view(t, spec.name))
+    master = store.master_weight(t)
+    if master is not None:
+        out["master"] = master
+    return out
+
+
+def _bits(arr):
+    """``arr``, or its raw ``uint16`` bits (a view) when it is float16 or bfloat16."""
+    return arr.view(np.uint16) if is_half(arr.dtype) else arr
 

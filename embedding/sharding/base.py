@@ -31,7 +31,6 @@ import numpy as np
 from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags, FusedTables
 from embedding.kernels.segments import positions_of_segments
-from embedding.precision import is_half
 from embedding.sharding.qcomm import CommPrecision, QComms, Wire
 from embedding.types import (Pooling, Shard, ShardingType, TableConfig, TablePlan,
                              check_pooling)
@@ -215,28 +214,25 @@ class ShardingEnv:
         are dynamic (a strategy's tables are all dynamic or all fixed).
 
         ``configs`` (one :class:`~embedding.types.TableConfig` per local table) gives
-        the storage precision: every table of one store has the same ``dtype`` and
-        optimizer state dtype (the collection groups them so); without it the store
-        holds ``self.dtype``."""
-        prec = _precision(configs, self.dtype)
+        the storage precision, in any of the three stores: every table of one store has
+        the same ``dtype`` and optimizer state dtype (the collection groups them so);
+        without it the store holds ``self.dtype``."""
+        kw = _precision(configs, self.dtype)
         if eviction is not None and any(e is not None for e in eviction):
             from embedding.kernels.dynamic import DynamicTables
 
             if any(e is None for e in eviction):
                 raise ValueError(f"eviction: a store holds dynamic tables only or fixed "
                                  f"tables only, got {list(eviction)} for {list(names)}")
-            _full_precision(prec, "dynamic")
-            return DynamicTables(rows, dims, optimizers, eviction, dtype=self.dtype.name,
-                                 device=self.device, names=names, threads=self.threads)
+            return DynamicTables(rows, dims, optimizers, eviction, device=self.device,
+                                 names=names, threads=self.threads, **kw)
         if memory is not None and any(m.tiered for m in memory):
             from embedding.kernels.tiered import TieredTables
 
-            _full_precision(prec, "host-resident (tier host or cached)")
-            return TieredTables(rows, dims, optimizers, memory, dtype=self.dtype.name,
-                                device=self.device, names=names, threads=self.threads)
+            return TieredTables(rows, dims, optimizers, memory, device=self.device,
+                                names=names, threads=self.threads, **kw)
         return FusedTables(rows, dims, optimizers, device=self.device, names=names,
-                           threads=self.threads,
-                           **{k: v for k, v in prec.items() if k != "names_of"})
+                           threads=self.threads, **kw)
 
     @property
     def xp(self):
@@ -248,7 +244,8 @@ class ShardingEnv:
 
 
 def _precision(configs, dtype) -> dict:
-    """FusedTables' precision arguments for the local tables ``configs`` (None: ``dtype``)."""
+    """The store's precision arguments (``dtype``, ``state_dtype``, ``rounding``, ``seeds``
+    of ``FusedTables``) for the local tables ``configs`` (None: ``dtype``)."""
     if not configs:
         return {"dtype": np.dtype(dtype).name}
     kinds = {(c.dtype, c.optimizer_state_dtype) for c in configs}
@@ -257,18 +254,7 @@ def _precision(configs, dtype) -> dict:
                          f"{sorted(kinds)} for {[c.name for c in configs]}")
     dt, sdt = kinds.pop()
     return {"dtype": dt, "state_dtype": sdt, "rounding": [c.rounding for c in configs],
-            "seeds": [c.rounding_seed for c in configs], "names_of": [c.name for c in configs]}
-
-
-def _full_precision(prec: dict, store: str) -> None:
-    """ValueError naming the table when a store without half support gets a half table."""
-    if not prec.get("names_of"):
-        return
-    if is_half(prec["dtype"]) or prec["state_dtype"] != prec["dtype"]:
-        raise ValueError(f"dtype of table {prec['names_of'][0]!r}: {store} tables keep weights "
-                         f"and optimizer state in one dtype, float32 or float64; got "
-                         f"{prec['dtype']} (state {prec['state_dtype']}); half storage needs a "
-                         f"table in device memory")
+            "seeds": [c.rounding_seed for c in configs]}
 
 
 class ShardingStrategy(abc.ABC):

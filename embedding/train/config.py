@@ -422,10 +422,6 @@ def _check_precision(path: str, cfg) -> None:
     if cfg.model.dtype != "float32":
         raise ConfigError(path, "tables.dtype", f"{t.dtype} tables compute in float32; "
                           f"model.dtype is {cfg.model.dtype!r}")
-    if t.dynamic or t.tier != "device":
-        raise ConfigError(path, "tables.dtype", f"{t.dtype} tables live in device memory as "
-                          f"fixed tables; tables.tier is {t.tier!r}, tables.dynamic "
-                          f"{t.dynamic}")
 
 
 def apply_overrides(cfg: TrainConfig, *, steps: int | None = None,

@@ -73,7 +73,7 @@ def shard_arrays(collection, plan, rank: int) -> tuple[dict, dict]:
             continue  # replicas are equal: the lowest rank writes the table
         if s.table in tables and tables[s.table].dynamic:
             for part, arr in s.tables.entries(s.index).items():
-                arrays[f"dyn/{s.table}/{rank}/{part}"] = arr
+                arrays[f"dyn/{s.table}/{rank}/{part}"] = _portable(arr)
             continue
         master = _master(s)  # a table with a master copy saves it: the float32 rows
         rows = s.weight if master is None else master
@@ -193,19 +193,13 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
         tp for tp in plan.tables if tp.table not in dynamic and tp.table not in packed))
     parts = read_for_plan(ckpt, fixed, rank, tensors=names) if fixed.tables else {}
     loaded = 0
-    masters = []
+    masters, dynamic_shards = [], []
     for s in collection.local_shards():
         if s.table in packed:
             loaded += _load_packed(ckpt, plan, s, masters)
             continue
         if s.table in dynamic:
-            entries = _dynamic_entries(ckpt, plan, s.table, rank)
-            try:
-                s.tables.load_entries(s.index, entries)
-            except ValueError as exc:
-                raise CheckpointMismatchError(f"table {s.table!r}: {exc}", path=str(ckpt.path),
-                                              field=f"{s.table}.num_rows") from None
-            loaded += sum(int(a.size) for a in entries.values())
+            dynamic_shards.append(s)
             continue
         i = _shard_index(plan, s.table, s.shard)
         assign(s.weight, parts[(s.table, "weight", i)])
@@ -220,6 +214,14 @@ def load_shards(ckpt, collection, plan, rank: int) -> int:
         master = _master(s)
         if master is not None:
             assign(master[local], np.asarray(rows, np.float32))
+    for s in dynamic_shards:  # after sync_masters: entries set their master rows themselves
+        entries = _dynamic_entries(ckpt, plan, s.table, rank)
+        try:
+            s.tables.load_entries(s.index, entries)
+        except ValueError as exc:
+            raise CheckpointMismatchError(f"table {s.table!r}: {exc}", path=str(ckpt.path),
+                                          field=f"{s.table}.num_rows") from None
+        loaded += sum(int(a.size) for a in entries.values())
     collection.set_update_step(int(ckpt.step))
     return loaded
 

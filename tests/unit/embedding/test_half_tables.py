@@ -323,8 +323,12 @@ def test_trainer_config_reads_precision_and_names_bad_keys(tmp_path):
     for text, key in (('[tables]\ndtype = "int8"\n', "tables.dtype"),
                       ('[tables]\nrounding = "stochastic"\n', "tables.rounding"),
                       ('[tables]\ndtype = "float16"\n[model]\ndtype = "float64"\n',
-                       "tables.dtype"),
-                      ('[tables]\ndtype = "float16"\ntier = "host"\n', "tables.dtype")):
+                       "tables.dtype")):
         p.write_text(text)
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             load_config(str(p))
+    # half tables may be host-resident or dynamic
+    for text in ('[tables]\ndtype = "float16"\ntier = "host"\n',
+                 '[tables]\ndtype = "bfloat16"\nrounding = "master"\ndynamic = true\n'):
+        p.write_text(text)
+        load_config(str(p))
