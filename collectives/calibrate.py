@@ -28,7 +28,7 @@ from collectives.topofabric import TERMS, Term, model_key
 from collectives.types import CollectiveOp, FabricModel
 
 __all__ = ["Measurement", "read_bench", "predicted", "fit", "Fit", "TERMS", "Comparison",
-           "compare", "link_kinds", "model_table", "fabric_file"]
+           "compare", "link_kinds", "model_table", "fabric_file", "huge_page_bytes"]
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def predicted(m: Measurement, fabric: FabricModel) -> float:
 
 #: starting values for the host terms a spec does not state (SI units)
 _START = {"node_bandwidth": 8e9, "call_overhead": 5e-6, "cache_speedup": 2.0,
-          "switch_latency": 10e-6}
+          "switch_latency": 10e-6, "page_cost": 0.1e-6}
 
 
 @dataclass(frozen=True)
@@ -129,24 +129,43 @@ class Fit:
     worst_error: float
 
 
+def huge_page_bytes(thp_mode: str) -> int:
+    """The smallest host buffer backed by huge pages under the kernel's transparent huge
+    page mode ``thp_mode`` (:func:`topology.sysfs.probe_thp_mode`): 2 MiB (one huge page)
+    with ``always``; with ``madvise``, NumPy's threshold for asking for them (it advises
+    huge pages for arrays of 4 MiB and more, numpy/_core/src/multiarray/alloc.c) when its
+    advice is on; 0 (no buffer is) otherwise."""
+    if thp_mode == "always":
+        return 2 << 20
+    if thp_mode != "madvise":
+        return 0
+    try:
+        from numpy._core.multiarray import _get_madvise_hugepage
+    except ImportError:  # pragma: no cover - NumPy 1.x
+        from numpy.core.multiarray import _get_madvise_hugepage
+    return 4 << 20 if _get_madvise_hugepage() else 0
+
+
 def _residuals(fabric: FabricModel, rows) -> np.ndarray:
     return np.array([math.log(max(predicted(m, fabric), 1e-12) / m.time) for m in rows])
 
 
 def fit(rows: list[Measurement], start: FabricModel, *, cache_bytes: int = 0,
-        cores_per_node: int = 0, iterations: int = 60) -> Fit:
+        cores_per_node: int = 0, huge_page_bytes: int = 0, iterations: int = 60) -> Fit:
     """Fit the terms of ``start`` (links at the spec's line rates) to ``rows``.
 
-    ``cache_bytes`` (the host's last-level cache) and ``cores_per_node`` are facts
-    of the host, not fitted; with them the in-cache speedup and the scheduling wait
-    of oversubscribed nodes are fitted too. Levenberg-Marquardt on ``log(predicted /
-    measured)`` in log space of each term; deterministic for the same rows.
+    ``cache_bytes`` (the host's last-level cache), ``cores_per_node`` and
+    ``huge_page_bytes`` (the smallest buffer backed by huge pages, 0: none) are facts
+    of the host, not fitted; with them the in-cache speedup, the scheduling wait of
+    oversubscribed nodes and the per-page cost of buffers in base pages are fitted
+    too. Levenberg-Marquardt on ``log(predicted / measured)`` in log space of each term;
+    deterministic for the same rows.
     """
     rows = [m for m in rows if m.time > 0]
     if not rows:
         raise ValueError("calibration: no measurements to fit")
     fabric = replace(start, algorithm_factors=(), cache_bytes=int(cache_bytes),
-                     cores_per_node=int(cores_per_node))
+                     cores_per_node=int(cores_per_node), huge_page_bytes=int(huge_page_bytes))
     for name, value in _START.items():
         term = next(t for t in TERMS if t.name == name)
         if term.value(fabric) <= term.floor:
@@ -254,6 +273,7 @@ def model_table(result: Fit, *, buffers: str, kinds: tuple[str, str], measured_o
         table[model_key(term)] = float(f"{term.value(f) / term.scale:.6g}")
     table["cache_mib"] = float(f"{f.cache_bytes / (1 << 20):.6g}")
     table["cores_per_node"] = int(f.cores_per_node)
+    table["huge_page_mib"] = float(f"{f.huge_page_bytes / (1 << 20):.6g}")
     table["factors"] = {k: float(f"{v:.6g}") for k, v in f.algorithm_factors}
     table["measured"] = sorted(result.measured)
     table["fit_rows"] = result.rows

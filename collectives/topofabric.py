@@ -216,6 +216,7 @@ TERMS = (
     _field_term("call_overhead", "call_overhead", "us", 1e-6),
     _field_term("cache_speedup", "cache_speedup", "x", 1.0, floor=1.0),
     _field_term("switch_latency", "switch_latency", "us", 1e-6),
+    _field_term("page_cost", "page_cost", "us", 1e-6),
 )
 
 
@@ -241,6 +242,7 @@ def apply_model(fabric: FabricModel, model: dict) -> FabricModel:
             fabric = term.set(fabric, float(model[model_key(term)]) * term.scale)
     fabric = replace(fabric, cache_bytes=int(float(model.get("cache_mib", 0)) * (1 << 20)),
                      cores_per_node=int(model.get("cores_per_node", 0)),
+                     huge_page_bytes=int(float(model.get("huge_page_mib", 0)) * (1 << 20)),
                      algorithm_factors=tuple(sorted(
                          (str(k), float(v)) for k, v in model.get("factors", {}).items())))
     where = f" on {model['measured_on']}" if model.get("measured_on") else ""

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 
 __all__ = ["CollectiveOp", "Link", "FabricModel", "Request", "Layout", "DEFAULT_INTRA_LINK",
            "DEFAULT_INTER_LINK", "DEFAULT_COPY_BANDWIDTH", "DEFAULT_REDUCE_BANDWIDTH",
-           "DEFAULT_STEP_OVERHEAD", "ROCE_MTU", "SYMMETRIC_SEND", "SYMMETRIC_RECV"]
+           "DEFAULT_STEP_OVERHEAD", "PAGE_BYTES", "ROCE_MTU", "SYMMETRIC_SEND",
+           "SYMMETRIC_RECV"]
 
 #: Bits of :attr:`Request.symmetric`: the send side, the receive side is symmetric memory.
 SYMMETRIC_SEND, SYMMETRIC_RECV = 1, 2
@@ -93,6 +94,8 @@ DEFAULT_INTER_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=4 << 20, 
 DEFAULT_COPY_BANDWIDTH = 13.0e9
 #: Local element-wise reduction throughput per rank, bytes/s of output.
 DEFAULT_REDUCE_BANDWIDTH = DEFAULT_COPY_BANDWIDTH * 2.0 / 3.0
+#: Bytes of a base page (x86-64, arm64 default): the unit of ``FabricModel.page_cost``.
+PAGE_BYTES = 4096
 #: Software cost of one point-to-point step issued from Python (post, test,
 #: wait through mpi4py), seconds; an order-of-magnitude figure, calibrated
 #: from measurements by ``neocomm bench --calibrate``.
@@ -123,8 +126,11 @@ class FabricModel:
     copies, reductions) are ``cache_speedup`` times faster (a larger one gets no
     speedup: see :meth:`cache_factor`); ``cores_per_node``: with more ranks than cores on a
     node, every step waits ``switch_latency`` more for its peer to be scheduled,
-    and software overheads stretch by ranks / cores. :meth:`effective` applies them
-    to one request.
+    and software overheads stretch by ranks / cores. ``page_cost``: seconds a
+    shared-memory transfer spends per 4 KiB page of the buffers it maps (a single-copy
+    transport pins the peer's pages page by page), paid by calls whose buffers are
+    smaller than ``huge_page_bytes`` (larger ones lie in huge pages; 0: none do).
+    :meth:`effective` applies them to one request.
     """
 
     ranks_per_node: int = 1
@@ -143,6 +149,8 @@ class FabricModel:
     cache_speedup: float = 1.0
     cores_per_node: int = 0
     switch_latency: float = 0.0
+    page_cost: float = 0.0
+    huge_page_bytes: int = 0
 
     def __post_init__(self):
         for name in ("ranks_per_node", "nodes", "nics_per_node"):
@@ -152,12 +160,13 @@ class FabricModel:
         for name in ("copy_bandwidth", "reduce_bandwidth"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected bytes/s > 0, got {getattr(self, name)}")
-        for name in ("step_overhead", "call_overhead", "switch_latency", "node_bandwidth"):
+        for name in ("step_overhead", "call_overhead", "switch_latency", "node_bandwidth",
+                     "page_cost"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: expected a value >= 0, got {getattr(self, name)}")
         if not self.cache_speedup >= 1:
             raise ValueError(f"cache_speedup: expected a factor >= 1, got {self.cache_speedup}")
-        for name in ("cache_bytes", "cores_per_node"):
+        for name in ("cache_bytes", "cores_per_node", "huge_page_bytes"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"{name}: expected an int >= 0, got {getattr(self, name)}")
         if isinstance(self.algorithm_factors, dict):
@@ -211,21 +220,33 @@ class FabricModel:
             return 1.0
         return self.cache_speedup if working_set <= self.cache_bytes else 1.0
 
+    def page_seconds(self, nbytes: float) -> float:
+        """Seconds per byte that a shared-memory transfer of a call whose largest buffer
+        is ``nbytes`` spends on its pages (``page_cost`` per 4 KiB page below
+        ``huge_page_bytes``, nothing in huge pages)."""
+        if self.page_cost <= 0 or 0 < self.huge_page_bytes <= nbytes:
+            return 0.0
+        return self.page_cost / PAGE_BYTES
+
     def effective(self, request: "Request") -> "FabricModel":
-        """This fabric as one call of ``request`` sees it: the cache, oversubscription
-        and call-overhead terms (class doc) folded into plain links and rates, so that
-        the alpha-beta formulas need not know them. The identity when they are off."""
+        """This fabric as one call of ``request`` sees it: the cache, page,
+        oversubscription and call-overhead terms (class doc) folded into plain links and
+        rates, so that the alpha-beta formulas need not know them. The identity when they
+        are off."""
         over = self.oversubscription
         speed = self.cache_factor(self.ranks_per_node * request.working_set)
-        if over == 1.0 and speed == 1.0:
+        paged = self.page_seconds(request.nbytes)
+        if over == 1.0 and speed == 1.0 and paged == 0.0:
             return self
         switch = self.switch_latency if over > 1.0 else 0.0
 
         def local(link: Link) -> Link:
-            # a copy through shared memory is a core's work: it shares the core too
-            fast = speed / over if link.kind == "shm" else 1.0
-            return replace(link, latency=link.latency + switch,
-                           bandwidth=link.bandwidth * fast)
+            # a copy through shared memory is a core's work (its pages too): it shares
+            # the core
+            if link.kind != "shm":
+                return replace(link, latency=link.latency + switch)
+            rate = 1.0 / (1.0 / (link.bandwidth * speed) + paged) / over
+            return replace(link, latency=link.latency + switch, bandwidth=rate)
 
         return replace(self, intra=local(self.intra), inter=local(self.inter),
                        copy_bandwidth=self.copy_bandwidth * speed / over,
@@ -233,7 +254,7 @@ class FabricModel:
                        node_bandwidth=self.node_bandwidth * speed,
                        step_overhead=self.step_overhead * over,
                        call_overhead=self.call_overhead * over,
-                       cache_speedup=1.0, cores_per_node=0)
+                       cache_speedup=1.0, cores_per_node=0, page_cost=0.0)
 
     def emulated(self) -> "FabricModel":
         """This fabric with all its nodes emulated on one host: they share its

@@ -129,13 +129,14 @@ MODEL_KEYS = {
     "fit_worst_error": (_NUM, False, _non_negative),
     "cache_mib": (_NUM, False, _non_negative),
     "cores_per_node": (int, False, _non_negative),
+    "huge_page_mib": (_NUM, False, _non_negative),
     "factors": (dict, False, lambda v: None if all(
         isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in v.values())
         else "expected positive numbers per op/algorithm"),
     **{k: (_NUM, False, _non_negative) for k in (
         "intra_latency_us", "intra_bandwidth_gbs", "inter_latency_us", "inter_bandwidth_gbs",
         "node_bandwidth_gbs", "copy_bandwidth_gbs", "reduce_bandwidth_gbs", "step_overhead_us",
-        "call_overhead_us", "cache_speedup", "switch_latency_us")},
+        "call_overhead_us", "cache_speedup", "switch_latency_us", "page_cost_us")},
 }
 _SCHEMA = {
     "fabric": {"name": (str, True, None), "description": (str, False, None)},

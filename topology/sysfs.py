@@ -26,9 +26,9 @@ from pathlib import Path
 from topology._common import normalize_bus_id, parse_cpulist, warn
 from topology.types import LinkLayer, NetInterface, Nic, NumaNode, PciPath, PortState
 
-__all__ = ["probe_hostname", "probe_cpus", "probe_cache_bytes", "probe_numa", "probe_rdma_nics",
-           "probe_gpudirect", "probe_net_interfaces", "pci_path", "pci_numa", "classify_pci",
-           "PEER_MEMORY_MODULES"]
+__all__ = ["probe_hostname", "probe_cpus", "probe_cache_bytes", "probe_thp_mode", "probe_numa",
+           "probe_rdma_nics", "probe_gpudirect", "probe_net_interfaces", "pci_path", "pci_numa",
+           "classify_pci", "PEER_MEMORY_MODULES"]
 
 #: Kernel modules that let an RDMA NIC read and write GPU memory (GPUDirect RDMA):
 #: ``nvidia_peermem`` ships with the NVIDIA driver (R470+), ``nv_peer_mem`` is the
@@ -106,6 +106,15 @@ def probe_cache_bytes(root: str | Path = "/") -> int:
         except ValueError:
             warn(f"sysfs {index}", f"malformed cache level or size {level!r} {size!r}")
     return best[1]
+
+
+def probe_thp_mode(root: str | Path = "/") -> str:
+    """The kernel's transparent huge page mode (``always``, ``madvise`` or ``never``: the
+    bracketed word of ``sys/kernel/mm/transparent_hugepage/enabled``); "" when sysfs does
+    not say."""
+    text = _read(Path(root) / "sys/kernel/mm/transparent_hugepage/enabled") or ""
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end].strip() if 0 <= start < end else ""
 
 
 def probe_numa(root: str | Path = "/") -> tuple[NumaNode, ...]:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from collectives import alphabeta as ab
 from collectives.algorithms import (Algorithm, Call, binomial, chain, displs, pairwise,
                                     rabenseifner, ring)
 from collectives.types import CollectiveOp, FabricModel, Request
 
-__all__ = ["Native", "ALGORITHMS", "host_datatype"]
+__all__ = ["Native", "ALGORITHMS", "host_datatype", "doubling_all_reduce"]
 
 
 class Native(Algorithm):
@@ -29,9 +30,11 @@ class Native(Algorithm):
 
     def formula(self, request: Request, fabric: FabricModel) -> float:
         """The classic schedules a library picks from (pairwise AlltoAll(v), ring
-        ReduceScatter and AllGather, the cheaper of ring and Rabenseifner AllReduce,
-        of binomial and chain Broadcast), one message per step and no Python step
-        overhead; ManyToMany as the dense AlltoAll(v) of the same bytes."""
+        ReduceScatter and AllGather, the cheapest of ring and Rabenseifner AllReduce and,
+        for MPI on host buffers, recursive doubling (Open MPI's and MPICH's pick for
+        small vectors: ``log2 p`` steps where Rabenseifner takes twice as many), the
+        cheaper of binomial and chain Broadcast), one message per step and no Python
+        step overhead; ManyToMany as the dense AlltoAll(v) of the same bytes."""
         op = request.op
         if op in (CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V):
             return pairwise.pairwise_seconds(request, fabric, overhead=False)
@@ -42,8 +45,9 @@ class Native(Algorithm):
             rings = (ring.reduce_scatter_seconds(request, fabric, pipelined=False,
                                                  overhead=False)
                      + ring.all_gather_seconds(request.nbytes, fabric, overhead=False))
-            return min(rings, rabenseifner.all_reduce_seconds(request, fabric, pipelined=False,
+            best = min(rings, rabenseifner.all_reduce_seconds(request, fabric, pipelined=False,
                                                               overhead=False))
+            return best if request.device else min(best, doubling_all_reduce(request, fabric))
         if op is CollectiveOp.ALL_GATHER:
             return ring.all_gather_seconds(request.nbytes, fabric, overhead=False)
         if op in (CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY):
@@ -162,6 +166,20 @@ class Native(Algorithm):
             bcast, root = mpi("Bcast"), call.root  # called with (sendbuf,) or (recvbuf,)
             return lambda b: bcast([b, t], root)
         return None
+
+
+def doubling_all_reduce(request: Request, fabric: FabricModel) -> float:
+    """Recursive-doubling AllReduce as an MPI library runs it: the extra ranks of a
+    group that is not a power of two fold in, then ``log2`` steps each swap the whole
+    vector with the rank ``d`` away and reduce it, then the folded ranks get the result."""
+    n, core = request.nbytes, ab.pow2_floor(fabric.size)
+    total, d = 0.0, core // 2
+    while d >= 1:
+        hop = ab.link(fabric, ab.pair_step_is_inter(fabric, d), fabric.ranks_per_node)
+        total += ab.stream(n, hop, fabric, reduce=True, overhead=False, pipelined=False)
+        d //= 2
+    return (total + ab.fold(fabric, n, True, pipelined=False, overhead=False)
+            + ab.fold(fabric, n, False, pipelined=False, overhead=False))
 
 
 #: MPI's counts and displacements are C ints

@@ -520,10 +520,11 @@ def _calibrate(args) -> int:
     import socket
     import time
 
-    from collectives.calibrate import OPS, fabric_file, fit, measured_kinds, model_table
+    from collectives.calibrate import (OPS, fabric_file, fit, huge_page_bytes, measured_kinds,
+                                       model_table)
     from collectives.topofabric import TERMS, model_key, spec_links
     from topology.spec import PRESETS_DIR, load_spec, preset_names
-    from topology.sysfs import probe_cache_bytes
+    from topology.sysfs import probe_cache_bytes, probe_thp_mode
 
     spec = load_spec(args.fabric)
     runs = _measurements(args)
@@ -537,7 +538,8 @@ def _calibrate(args) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         (os.cpu_count() or 0)
     result = fit(rows, start, cache_bytes=0 if args.device else probe_cache_bytes(),
-                 cores_per_node=0 if args.device else cores)
+                 cores_per_node=0 if args.device else cores,
+                 huge_page_bytes=0 if args.device else huge_page_bytes(probe_thp_mode()))
     layouts = sorted({(m.ranks, m.nodes) for m in rows})
     where = (f"{socket.gethostname()}, {time.strftime('%Y-%m-%d')}, neocomm bench at "
              + ", ".join(f"{r} ranks on {n} node(s)" for r, n in layouts))
@@ -559,7 +561,7 @@ def _calibrate(args) -> int:
     for key, value in table.items():
         if key in ("buffers", "measured_on", "measured", "factors") or key.startswith("fit_"):
             continue
-        origin = "host (read)" if key in ("cache_mib", "cores_per_node") else \
+        origin = "host (read)" if key in ("cache_mib", "cores_per_node", "huge_page_mib") else \
             "link class" if key.endswith("_link") else \
             "fabric spec (no measurement depends on it)" if key in kept else "measured"
         print(f"  {key:<34} {value!s:>12}  {origin}")
