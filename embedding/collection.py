@@ -101,8 +101,9 @@ class ShardedEmbeddingCollection:
     table-column-wise tables; see :mod:`embedding.sharding.dedup`). ``id_policy``:
     one :class:`~embedding.types.IdPolicy` for every table, or a mapping
     from table name (missing tables: ``ERROR``). ``qcomms``: the output dists'
-    precisions and the data-parallel AllReduce's (``dense``), one :class:`~embedding.sharding.qcomm.QComms` for every table or a
-    mapping from table name (missing tables: fp32). Weights start as
+    precisions and the data-parallel AllReduce's (``dense``), one
+    :class:`~embedding.sharding.qcomm.QComms` for every table or a mapping from
+    table name (missing tables: fp32). Weights start as
     :func:`init_weights` with ``seed``, independent of the plan.
     """
 

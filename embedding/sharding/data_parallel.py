@@ -83,7 +83,6 @@ class DataParallelSharding(ShardingStrategy):
         sparse = self.fused.aggregate(ctx, grad)
         buf = xp.zeros(n + lay.total_rows, env.dtype)
         flags = buf[n:]
-        peak = 0.0  # the largest gradient this rank sends (checked for fp16)
         for t, (rows, g) in enumerate(sparse):
             if len(rows) == 0:
                 continue
@@ -92,8 +91,9 @@ class DataParallelSharding(ShardingStrategy):
             r = xp.asarray(rows)
             dense[r] = g
             flags[lay.row_base[t] + r] = 1
-            if wire.precision is CommPrecision.FP16 and g.size:
-                peak = max(peak, float(xp.abs(g).max()))
+        peak = 0.0  # the largest gradient this rank sends (fp16 is checked)
+        if wire.precision is CommPrecision.FP16 and n:
+            peak = float(xp.abs(buf[:n]).max())
         if not wire.identity:
             buf = self._encode(buf, n)
         h = self.send("dense", "all_reduce", buf, group=env.group, async_op=True)
