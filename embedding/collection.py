@@ -25,7 +25,8 @@ before any id moves: a bad id on one rank raises the same
 Quantized communication: ``qcomms`` (a
 :class:`~embedding.sharding.qcomm.QComms`, or one per table) sets the
 precision the pooled rows (forward) and their gradients (backward) cross
-ranks in; tables of one sharding type with different settings get a
+ranks in, and (dense) the precision of the data-parallel tables' gradient
+AllReduce; tables of one sharding type with different settings get a
 strategy each. :meth:`~ShardedEmbeddingCollection.take_sent` counts the
 bytes this rank passed to those collectives, and
 :meth:`~ShardedEmbeddingCollection.take_calls` the embedding kernel calls and
@@ -54,6 +55,7 @@ from embedding.sharding.base import LocalShard
 from embedding.sharding.qcomm import FP16_MAX, CommPrecision, QComms
 from embedding.types import (IdPolicy, ShardingPlan, ShardingType, TableConfig, check_dynamic,
                              enum_arg)
+from neocomm.errors import CollectiveArgumentError
 
 __all__ = ["ShardedEmbeddingCollection", "DistributedBatch", "init_weights", "assign", "STAGES",
            "dynamic_initializer"]
@@ -99,8 +101,9 @@ class ShardedEmbeddingCollection:
     table-column-wise tables; see :mod:`embedding.sharding.dedup`). ``id_policy``:
     one :class:`~embedding.types.IdPolicy` for every table, or a mapping
     from table name (missing tables: ``ERROR``). ``qcomms``: the output dists'
-    precisions, one :class:`~embedding.sharding.qcomm.QComms` for every table or a
-    mapping from table name (missing tables: fp32). Weights start as
+    precisions and the data-parallel AllReduce's (``dense``), one
+    :class:`~embedding.sharding.qcomm.QComms` for every table or a mapping from
+    table name (missing tables: fp32). Weights start as
     :func:`init_weights` with ``seed``, independent of the plan.
     """
 
@@ -286,9 +289,10 @@ class ShardedEmbeddingCollection:
         return {"kernels": kernels, "collectives": self.env.take_collective_calls()}
 
     def take_sent(self) -> dict[str, int]:
-        """Bytes of the pooled rows (``"forward"``) and gradients (``"backward"``) this rank
-        passed to collectives since the last call (each send buffer's ``nbytes``, the
-        block a rank keeps for itself included)."""
+        """Bytes of the pooled rows (``"forward"``), their gradients (``"backward"``) and the
+        data-parallel tables' gradients (``"dense"``) this rank passed to collectives since
+        the last call (each send buffer's ``nbytes``, the block a rank keeps for itself
+        included)."""
         return self.env.take_sent()
 
     def local_shards(self) -> list[LocalShard]:
@@ -467,8 +471,14 @@ class ShardedEmbeddingCollection:
                     for src, dst, d in cmap:
                         part[:, src:src + d] = grad[:, dst:dst + d]
                 pending.append(strat.backward(sctx, part))
-            for p in pending:
-                p.wait()
+            failed = None
+            for p in pending:  # every strategy's collectives finish, even after an error
+                try:
+                    p.wait()
+                except CollectiveArgumentError as exc:  # raised on every rank (agreed)
+                    failed = failed or exc
+            if failed is not None:
+                raise failed
 
 
     def _check_fp16(self, grad) -> None:

@@ -16,8 +16,10 @@ Ids travel on the host (NumPy); pooled rows and gradients live where the
 shards live (NumPy, or CuPy with ``device="cuda"``). The output dist and its
 reverse move pooled rows and gradients in the precisions of the strategy's
 :class:`~embedding.sharding.qcomm.QComms` (:attr:`ShardingStrategy.forward_wire`,
-:attr:`ShardingStrategy.backward_wire`), and :meth:`ShardingStrategy.send` counts the
-bytes of every buffer they pass to a collective (:attr:`ShardingEnv.sent`).
+:attr:`ShardingStrategy.backward_wire`); data-parallel tables AllReduce their
+gradients in its ``dense`` precision (:attr:`ShardingStrategy.dense_wire`), and
+:meth:`ShardingStrategy.send` counts the bytes of every buffer they pass to a
+collective (:attr:`ShardingEnv.sent`).
 """
 from __future__ import annotations
 
@@ -36,7 +38,11 @@ from embedding.types import (Pooling, Shard, ShardingType, TableConfig, TablePla
                              check_pooling)
 
 __all__ = ["ShardingEnv", "ShardingStrategy", "Pending", "FeatureSpec", "LocalShard",
-           "collectives_api", "pack_jagged", "unpack_jagged"]
+           "collectives_api", "pack_jagged", "unpack_jagged", "SENT_KINDS"]
+
+#: What :attr:`ShardingEnv.sent` counts: pooled rows, their gradients, and the gradients
+#: of data-parallel tables (AllReduced in the ``dense`` precision).
+SENT_KINDS = ("forward", "backward", "dense")
 
 
 def collectives_api(env: "ShardingEnv | None" = None):
@@ -146,9 +152,10 @@ class ShardingEnv:
         self.dedup = bool(dedup)
         self._intra = None
         self._rail = None
-        #: bytes of the pooled-row (``"forward"``) and gradient (``"backward"``) buffers this
-        #: rank passed to collectives, summed since the last :meth:`take_sent`
-        self.sent = {"forward": 0, "backward": 0}
+        #: bytes of the pooled-row (``"forward"``), gradient (``"backward"``) and
+        #: data-parallel gradient (``"dense"``) buffers this rank passed to collectives,
+        #: summed since the last :meth:`take_sent`
+        self.sent = dict.fromkeys(SENT_KINDS, 0)
         #: calls this rank's strategies made into :mod:`collectives` (blocking or not),
         #: since the last :meth:`take_collective_calls`
         self.collective_calls = 0
@@ -160,7 +167,7 @@ class ShardingEnv:
 
     def take_sent(self) -> dict[str, int]:
         """:attr:`sent` so far, then zero it."""
-        out, self.sent = self.sent, {"forward": 0, "backward": 0}
+        out, self.sent = self.sent, dict.fromkeys(SENT_KINDS, 0)
         return out
 
     @property
@@ -297,6 +304,9 @@ class ShardingStrategy(abc.ABC):
         self.forward_wire = Wire(self.qcomms.forward, env.xp, env.dtype, row=row)
         self.backward_wire = Wire(self.qcomms.backward, env.xp, env.dtype,
                                   scale=self.qcomms.backward_loss_scale)
+        #: the codec of the gradient AllReduce of data-parallel tables
+        self.dense_wire = Wire(self.qcomms.dense, env.xp, env.dtype,
+                               scale=self.qcomms.dense_loss_scale)
         feats, col = [], 0
         for t, p in zip(self.tables, self.plans):
             check_pooling(t.name, t.pooling, p.sharding)
@@ -312,7 +322,8 @@ class ShardingStrategy(abc.ABC):
 
     def send(self, direction: str, op: str, buf, *args, **kwargs):
         """``collectives.<op>(buf, ...)``, counting ``buf``'s bytes as sent in
-        ``direction`` (``"forward"``: pooled rows, ``"backward"``: their gradients)."""
+        ``direction`` (``"forward"``: pooled rows, ``"backward"``: their gradients,
+        ``"dense"``: the gradients of data-parallel tables)."""
         self.env.sent[direction] += int(buf.nbytes)
         return getattr(collectives_api(self.env), op)(buf, *args, **kwargs)
 

@@ -3,7 +3,8 @@
 TorchRec's qcomm codecs (``QCommsConfig``: ``forward_precision``,
 ``backward_precision``, ``backward_loss_scale``) for neocomm's output dists.
 A :class:`QComms` says, per direction, how the pooled embeddings (forward)
-and their gradients (backward) cross ranks:
+and their gradients (backward) cross ranks, and (``dense``) how the
+gradients of data-parallel tables are AllReduced:
 
 * ``fp32``: as they are (the table dtype; no encoding);
 * ``fp16`` / ``bf16``: 2 bytes a value, rounded to nearest even; a reducing
@@ -20,6 +21,16 @@ before they are rounded to fp16 and divides them after, keeping small
 gradients out of fp16's subnormal range; a scaled gradient beyond fp16's
 largest value (65504) is an error (the collection checks it on every rank
 before any gradient moves).
+
+``dense`` (fp32, fp16, bf16) and ``dense_loss_scale`` (fp16 only): data-parallel
+tables have no output dist; their gradients are AllReduced like the dense
+model's (in TorchRec, DDP syncs them with the dense parameters, and its
+fp16/bf16 compression hooks apply), so they take the trainer's ``[comms] dense``
+setting. The gradient values travel in 16 bits (summed in 16 bits); the
+touched-row flags beside them are never scaled, so a 16-bit sum of them
+counts the ranks exactly (up to 2048 ranks in fp16, 256 in bf16) and is
+nonzero exactly where a rank touched the row, at any size. A loss-scaled
+fp16 sum that overflows stops the step on every rank before any update.
 
 A :class:`Wire` encodes a flat send buffer on the array module of the
 shards (NumPy or CuPy: the codes are made where the rows are, no host copy)
@@ -83,35 +94,51 @@ class QComms:
 
     ``forward``: pooled rows (fp32, fp16, bf16, int8); ``backward``: their
     gradients (fp32, fp16, bf16); ``backward_loss_scale``: a static scale of
-    an fp16 backward (None: 1).
+    an fp16 backward (None: 1); ``dense``: the gradient AllReduce of
+    data-parallel tables (fp32, fp16, bf16); ``dense_loss_scale``: a static
+    scale of an fp16 ``dense`` (None: 1).
     """
 
     forward: CommPrecision = CommPrecision.FP32
     backward: CommPrecision = CommPrecision.FP32
     backward_loss_scale: float | None = None
+    dense: CommPrecision = CommPrecision.FP32
+    dense_loss_scale: float | None = None
 
     def __post_init__(self):
         fwd = enum_arg(CommPrecision, self.forward, "forward")
         bwd = enum_arg(CommPrecision, self.backward, "backward")
+        dense = enum_arg(CommPrecision, self.dense, "dense")
         if bwd not in _BACKWARD:
             raise ValueError(f"backward: {bwd.value!r} codes pooled rows only (forward); "
                              f"gradients take {_names(_BACKWARD)}")
+        if dense not in _BACKWARD:
+            raise ValueError(f"dense: {dense.value!r} codes pooled rows only (forward); the "
+                             f"gradients of data-parallel tables take {_names(_BACKWARD)}")
         object.__setattr__(self, "forward", fwd)
         object.__setattr__(self, "backward", bwd)
+        object.__setattr__(self, "dense", dense)
         object.__setattr__(self, "backward_loss_scale", check_loss_scale(
             self.backward_loss_scale, bwd, "backward_loss_scale", "backward"))
+        object.__setattr__(self, "dense_loss_scale", check_loss_scale(
+            self.dense_loss_scale, dense, "dense_loss_scale", "dense"))
 
     @property
     def quantized(self) -> bool:
-        """True when either direction is not fp32."""
-        return self.forward is not CommPrecision.FP32 or \
-            self.backward is not CommPrecision.FP32
+        """True when any exchange is not fp32."""
+        return any(p is not CommPrecision.FP32 for p in (self.forward, self.backward,
+                                                         self.dense))
 
     def describe(self) -> str:
-        """``forward=fp16, backward=bf16`` (and the loss scale when set), for messages."""
+        """``forward=fp16, backward=bf16`` (then each loss scale when set, and ``dense``
+        when not fp32), for messages."""
         text = f"forward={self.forward.value}, backward={self.backward.value}"
         if self.backward_loss_scale is not None:
             text += f", backward_loss_scale={self.backward_loss_scale:g}"
+        if self.dense is not CommPrecision.FP32:
+            text += f", dense={self.dense.value}"
+        if self.dense_loss_scale is not None:
+            text += f", dense_loss_scale={self.dense_loss_scale:g}"
         return text
 
 

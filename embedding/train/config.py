@@ -33,7 +33,7 @@ Every section and key is optional; what is left out keeps its default
     [comms]
     forward = "fp16"             # fp32 | fp16 | bf16 | int8 (pooled embeddings)
     backward = "bf16"            # fp32 | fp16 | bf16 (their gradients)
-    dense = "bf16"               # fp32 | fp16 | bf16 (the dense AllReduce)
+    dense = "bf16"               # fp32 | fp16 | bf16 (dense and data-parallel AllReduce)
     loss_scale = 1024            # static scale of fp16 gradients (0: none)
 
 An unknown section or key, or a value of the wrong type or range, raises

@@ -343,7 +343,8 @@ class Trainer:
                 sent = self.coll.take_sent()
                 extra["comm_bytes"] = {"emb_forward": sent["forward"] // n_log,
                                        "emb_backward": sent["backward"] // n_log,
-                                       "dense": self.grads.take_sent() // n_log}
+                                       "dense": (self.grads.take_sent() + sent["dense"])
+                                       // n_log}
                 calls = self.coll.take_calls()
                 extra["emb_calls"] = {k: round(v / n_log, 3) for k, v in calls.items()}
                 self.metrics.write("train", step=step, loss=loss,

@@ -12,7 +12,8 @@ has ``event`` and ``time`` (seconds since the epoch):
   host-resident tables ``cache`` (hit rate, bytes each way per step over all
   ranks, ms per step per rank and its share of the step); ``comm_bytes``: the bytes rank 0
   passed per step to the collectives of the pooled embeddings (``emb_forward``), their
-  gradients (``emb_backward``) and the dense AllReduce (``dense``), in their ``[comms]``
+  gradients (``emb_backward``) and the AllReduces in the ``dense`` precision (``dense``:
+  the dense model's gradients and the data-parallel tables'), in their ``[comms]``
   precisions (each send buffer's size, the block a rank keeps included);
   ``emb_calls``: rank 0's embedding kernel calls (``kernels``: fused lookups, gradient
   aggregations and updates) and collective calls (``collectives``: input dists, output

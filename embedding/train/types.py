@@ -237,7 +237,8 @@ class CommsConfig:
     ``forward``: pooled embeddings in the output dists (``fp32``, ``fp16``,
     ``bf16``, ``int8`` rows with a float32 scale and bias each);
     ``backward``: their gradients (``fp32``, ``fp16``, ``bf16``); ``dense``:
-    the dense gradients' AllReduce (``fp32``, ``fp16``, ``bf16``; 16-bit
+    the dense gradients' AllReduce and the gradient AllReduce of
+    data-parallel embedding tables (``fp32``, ``fp16``, ``bf16``; 16-bit
     sums). ``loss_scale`` (0: none): a static scale of the fp16 exchanges
     of gradients, which multiply before rounding and divide after; a scaled
     gradient beyond fp16's 65504 stops the run naming it.
@@ -249,11 +250,13 @@ class CommsConfig:
     loss_scale: float = 0.0
 
     def qcomms(self):
-        """The :class:`~embedding.sharding.qcomm.QComms` of the embedding output dists."""
+        """The :class:`~embedding.sharding.qcomm.QComms` of the embedding tables: their
+        output dists (``forward``, ``backward``) and the gradient AllReduce of the
+        data-parallel ones (``dense``, as the dense model's)."""
         from embedding.sharding.qcomm import QComms
 
         scale = self.loss_scale if self.loss_scale and self.backward == "fp16" else None
-        return QComms(self.forward, self.backward, scale)
+        return QComms(self.forward, self.backward, scale, self.dense, self.dense_scale())
 
     def dense_scale(self) -> float | None:
         """The loss scale of the dense AllReduce (None: unscaled)."""

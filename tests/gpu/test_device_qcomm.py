@@ -6,7 +6,9 @@ fp16, bf16 or int8 forward and an fp16 or bf16 backward: the device run
 the stand-in when no GPU is here) must agree with the NumPy run of the same
 codec to within one rounding of the codec per rank (the two sum the 16-bit
 partial results of a row-wise table in other orders), and must send exactly the
-bytes the NumPy run sends.
+bytes the NumPy run sends. The same for data-parallel tables whose gradient AllReduce
+travels in fp16 or bf16 (``QComms.dense``): the device run's replicas stay within the
+codec's bound of NumPy's, equal on every rank, with the same (halved) bytes.
 """
 from __future__ import annotations
 
@@ -64,3 +66,26 @@ def test_device_qcomm_matches_numpy(world, all_ranks, device_backend, mix, q):
     all_ranks(sent_d == sent_h, f"{mix}: device sent {sent_d}, NumPy {sent_h}")
     total = world.comm.allreduce(sent_h["forward"])  # a rank may hold no table of the mix
     all_ranks(total > 0, f"{mix}: nothing was sent")
+
+
+@pytest.mark.parametrize("q", [QComms(dense="fp16", dense_loss_scale=1024.0),
+                               QComms(dense="bf16"), QComms("fp16", "fp16", dense="bf16")],
+                         ids=["fp16", "bf16", "fp16+bf16"])
+@pytest.mark.parametrize("mix", ["dp", "mixed"])
+def test_device_data_parallel_qcomm_matches_numpy(world, all_ranks, device_backend, mix, q):
+    _, w32, sent32 = _run(world, mix, None, "cpu")
+    _, w_h, sent_h = _run(world, mix, q, "cpu")
+    _, w_d, sent_d = _run(world, mix, q, "cuda")
+    dp = [tp.table for tp in S.make_plan(Q._tables(), mix, world.world).tables
+          if tp.sharding.value == "data_parallel"]
+    eps = Q.EPS["bf16" if "bf16" in (q.dense.value, q.backward.value) else "fp16"]
+    for name in dp:
+        bound = 4 * world.size * eps * (1 + float(np.abs(w32[name]).max()))
+        err = float(np.max(np.abs(np.asarray(w_d[name]) - w_h[name]), initial=0))
+        all_ranks(err <= bound, f"{mix}: device replica of {name} differs by {err} > {bound}")
+        replicas = world.comm.allgather(np.asarray(w_d[name]))
+        all_ranks(all(np.array_equal(r, replicas[0]) for r in replicas),
+                  f"{mix}: the device replicas of {name} differ")
+    all_ranks(sent_d == sent_h, f"{mix}: device sent {sent_d}, NumPy {sent_h}")
+    all_ranks(sent32["dense"] > 0 and 2 * sent_h["dense"] == sent32["dense"],
+              f"{mix}: data-parallel bytes {sent_h['dense']} vs {sent32['dense']} in fp32")

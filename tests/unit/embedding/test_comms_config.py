@@ -13,8 +13,15 @@ from embedding.train.types import ConfigError
 def test_comms_section_maps_to_qcomms():
     cfg = parse_config({"comms": {"forward": "int8", "backward": "fp16", "dense": "bf16",
                                   "loss_scale": 1024}})
-    assert cfg.comms.qcomms() == QComms("int8", "fp16", 1024.0)
+    # data-parallel tables AllReduce their gradients as the dense model's, in bf16 unscaled
+    assert cfg.comms.qcomms() == QComms("int8", "fp16", 1024.0, dense="bf16")
     assert cfg.comms.dense_scale() is None  # the dense AllReduce is bf16: unscaled
+
+
+def test_dense_setting_and_its_loss_scale_reach_data_parallel_tables():
+    cfg = parse_config({"comms": {"dense": "fp16", "loss_scale": 512}})
+    assert cfg.comms.qcomms() == QComms(dense="fp16", dense_loss_scale=512.0)
+    assert cfg.comms.dense_scale() == 512.0
 
 
 @pytest.mark.parametrize("key,value,text", [
