@@ -192,7 +192,7 @@ class ShardedEmbeddingCollection:
             qc[p.name] = kinds.pop()
         # Strategies, in a fixed order on every rank: one per sharding type, store (tables in
         # device memory, host-resident ones, dynamic ones, each their own store), storage
-        # precision and QComms.
+        # precision and the QComms settings the sharding uses.
         by_type: dict[tuple[ShardingType, str, tuple, QComms], list] = {}
         for t in physical:
             tp = plan.table(t.name)
@@ -207,7 +207,8 @@ class ShardedEmbeddingCollection:
             # table order; a full-precision table is stored in the collection's dtype
             st = t if is_half(t.dtype) else replace(t, dtype=dtype)
             prec = (st.dtype, st.optimizer_state_dtype)
-            by_type.setdefault((tp.sharding, store, prec, qc[t.name]), []).append((st, tp))
+            q = qc[t.name].used_by(tp.sharding is ShardingType.DATA_PARALLEL)
+            by_type.setdefault((tp.sharding, store, prec, q), []).append((st, tp))
         self.strategies = []
         self._maps = []
         for stype, cls in STRATEGIES.items():

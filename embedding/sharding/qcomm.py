@@ -123,6 +123,15 @@ class QComms:
         object.__setattr__(self, "dense_loss_scale", check_loss_scale(
             self.dense_loss_scale, dense, "dense_loss_scale", "dense"))
 
+    def used_by(self, data_parallel: bool) -> "QComms":
+        """The settings a strategy uses, the others at fp32: ``dense`` and its loss scale
+        for data-parallel tables (no output dist), ``forward`` and ``backward`` with its
+        loss scale for every other sharding (so tables that differ only in what they do not
+        use share one strategy, and an int8 ``forward`` never refuses a data-parallel table)."""
+        if data_parallel:
+            return QComms(dense=self.dense, dense_loss_scale=self.dense_loss_scale)
+        return QComms(self.forward, self.backward, self.backward_loss_scale)
+
     @property
     def quantized(self) -> bool:
         """True when any exchange is not fp32."""

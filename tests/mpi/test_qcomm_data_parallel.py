@@ -166,3 +166,29 @@ def test_dense_arguments_are_checked():
         QComms(dense="fp16", dense_loss_scale=0)
     q = QComms(dense="fp16", dense_loss_scale=64)
     assert q.quantized and q.describe().endswith("dense=fp16, dense_loss_scale=64")
+
+
+@pytest.mark.mpi(min_size=1)
+def test_each_sharding_takes_only_the_settings_it_uses(world, all_ranks):
+    """A data-parallel table of dim 2 beside an int8 forward is not refused (it has no output
+    dist); table-wise tables whose settings differ only in ``dense`` share one strategy."""
+    sgd = OptimizerConfig(OptimizerKind.SGD, lr=1.0)
+    tables = [TableConfig("narrow", 8, 2, Pooling.SUM, ("f0",), "float32", sgd),
+              TableConfig("a", 8, 4, Pooling.SUM, ("f1",), "float32", sgd),
+              TableConfig("b", 8, 4, Pooling.SUM, ("f2",), "float32", sgd)]
+    every = tuple(range(world.size))
+    plan = ShardingPlan(world.size, len(world.world.nodes[0]), (
+        TablePlan("narrow", ShardingType.DATA_PARALLEL,
+                  tuple(Shard(r, 0, 8, 0, 2) for r in every)),
+        TablePlan("a", ShardingType.TABLE_WISE, (Shard(0, 0, 8, 0, 4),)),
+        TablePlan("b", ShardingType.TABLE_WISE, (Shard(world.size - 1, 0, 8, 0, 4),))))
+    q = {"narrow": QComms(forward="int8", dense="bf16"),
+         "a": QComms(forward="int8", backward="bf16", dense="fp16"),
+         "b": QComms(forward="int8", backward="bf16")}
+    coll = ShardedEmbeddingCollection(tables, plan, world.world, qcomms=q)
+    kinds = sorted((s.plans[0].sharding.value, s.qcomms.describe()) for s in coll.strategies)
+    all_ranks(kinds == [("data_parallel", "forward=fp32, backward=fp32, dense=bf16"),
+                        ("table_wise", "forward=int8, backward=bf16")], f"{kinds}")
+    kjt = KeyedJagged.from_lists({"f0": [[1]], "f1": [[2]], "f2": [[3]]})
+    out = coll.forward(kjt)
+    all_ranks(out.shape == (1, 10), f"{out.shape}")
