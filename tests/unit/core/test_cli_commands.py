@@ -80,3 +80,12 @@ def test_a_registered_name_cannot_take_a_core_command(monkeypatch):
     table = cli.commands()
     assert table["run"].target == "neocomm.cli.run"
     assert table["bench"].target == "collectives.cli.bench"
+
+
+def test_python_dash_m_neocomm_is_the_command():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "neocomm", "plan", "no-such-set", "-n", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no-such-set" in done.stderr, done.stdout + done.stderr

@@ -1,0 +1,6 @@
+"""``python -m neocomm ...``: the same as the ``neocomm`` command."""
+import sys
+
+from neocomm.cli import main
+
+sys.exit(main())
