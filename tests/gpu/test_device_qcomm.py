@@ -6,7 +6,8 @@ fp16, bf16 or int8 forward and an fp16 or bf16 backward: the device run
 the stand-in when no GPU is here) must agree with the NumPy run of the same
 codec to within one rounding of the codec per rank (the two sum the 16-bit
 partial results of a row-wise table in other orders), and must send exactly the
-bytes the NumPy run sends.
+bytes the NumPy run sends. A device step encodes pooled rows and decodes their
+gradients in the kernels only (no codec pass of its own).
 """
 from __future__ import annotations
 
@@ -64,3 +65,21 @@ def test_device_qcomm_matches_numpy(world, all_ranks, device_backend, mix, q):
     all_ranks(sent_d == sent_h, f"{mix}: device sent {sent_d}, NumPy {sent_h}")
     total = world.comm.allreduce(sent_h["forward"])  # a rank may hold no table of the mix
     all_ranks(total > 0, f"{mix}: nothing was sent")
+
+
+@pytest.mark.parametrize("q", [QComms("fp16", "bf16"), QComms("int8", "fp16", 1024.0)],
+                         ids=["fp16-bf16", "int8-fp16s"])
+@pytest.mark.parametrize("mix", ["tw", "cw", "rw", "mixed", "cyc"])
+def test_device_step_makes_no_codec_pass(world, all_ranks, device_backend, monkeypatch, mix,
+                                         q):
+    """On device arrays too, the lookup kernel writes the forward's send buffer and the
+    backward kernel reads the received gradients: no ``Wire.encode`` of pooled rows and no
+    ``Wire.decode`` of gradients (``tests/mpi/test_qcomm.py`` has the NumPy case)."""
+    S.skip_if_uneven(mix, world)
+    if q.forward.value == "int8" and (mix in Q.REDUCING or Q.int8_row(world, mix) < 3):
+        pytest.skip("int8 is refused there")
+    calls = Q._count_codec_calls(monkeypatch)
+    _run(world, mix, q, "cuda")
+    extra = [c for c in calls if c in (("encode", q.forward.value),
+                                       ("decode", q.backward.value))]
+    all_ranks(not extra, f"{mix}: passes over pooled rows or gradients: {extra}")
