@@ -73,9 +73,10 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
     shape, odt = wire_shape(bags, cdt, wire)
     if out is None:
         out = np.empty(shape, odt)
-    elif fmt is not None and (out.shape != shape or out.dtype != odt):
-        raise ValueError(f"out: expected {shape} of {odt} (the wire format), got {out.shape} "
-                         f"of {out.dtype}")
+    elif fmt is not None and (out.shape != shape or out.dtype != odt
+                              or not out.flags.c_contiguous):
+        raise ValueError(f"out: expected a C-contiguous {shape} of {odt} (the wire format), "
+                         f"got {out.shape} of {out.dtype}")
     covered = sum(layout.dims[t] for t in bags.slot_table)
     if covered != bags.out_dim or len(set(bags.slot_col)) != s_count:
         out[...] = 0   # zero bits: the wire encoding of zeros too

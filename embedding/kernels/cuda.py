@@ -135,7 +135,7 @@ def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None, arg_out=No
                          "not with a wire format")
     if fmt == "int8":
         check_wire_rows(layout, bags, wire.row)
-        if max(layout.dims[t] for t in bags.slot_table) > MAX_DIM:
+        if max((layout.dims[t] for t in bags.slot_table), default=0) > MAX_DIM:
             return _encode_after(layout, weights, bags, out, wire)
     shape, odt = wire_shape(bags, dtype, wire)
     if out is None:

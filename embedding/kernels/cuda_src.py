@@ -41,7 +41,8 @@ from __future__ import annotations
 __all__ = ["MAX_DIM", "OPTIMIZER_CODES", "ROUNDING_CODES", "WIRE_FORMATS", "source_for",
            "KERNEL_NAMES"]
 
-#: Widest row the device backward keeps in registers: 32 lanes × 32 values.
+#: Widest row the device backward (and the int8 wire lookup) keeps in registers: 32 lanes ×
+#: 32 values.
 MAX_DIM = 1024
 #: Optimizer codes of ``segment_update``.
 OPTIMIZER_CODES = {"sgd": 0, "rowwise_adagrad": 1, "adam": 2}
