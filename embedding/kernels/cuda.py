@@ -139,7 +139,8 @@ def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None, arg_out=No
             return _encode_after(layout, weights, bags, out, wire)
     shape, odt = wire_shape(bags, dtype, wire)
     if out is None:
-        out = cp.empty(shape, odt)
+        # half wire buffers are made as their bits, as the codec makes them (qcomm._to_bf16)
+        out = cp.empty(shape, np.uint16).view(odt) if is_half(odt) else cp.empty(shape, odt)
     if not out.flags.c_contiguous:
         raise ValueError("out: expected a C-contiguous array")
     if fmt is not None and (tuple(out.shape) != shape or out.dtype != odt):
