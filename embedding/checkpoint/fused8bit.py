@@ -73,22 +73,23 @@ def quantize_rows(rows) -> np.ndarray:
 
 
 def encode_into(x, out, xp=np) -> None:
-    """Write the fused rows of float32 ``x`` (``[n, dim]``) into uint8 ``out``
-    (``[n, dim + 8]``), on any array module ``xp`` (NumPy, CuPy); no checks: a row holding
-    NaN or inf gets meaningless codes (:func:`quantize_rows` refuses them)."""
-    n, dim = x.shape
-    if not n:
+    """Write the fused rows of float32 ``x`` (``[..., dim]``) into uint8 ``out``
+    (``[..., dim + 8]``, may be a strided view), on any array module ``xp`` (NumPy, CuPy);
+    no checks: a row holding NaN or inf gets meaningless codes (:func:`quantize_rows`
+    refuses them)."""
+    dim = x.shape[-1]
+    if not x.size:
         return
-    lo = x.min(axis=1)
-    span = x.max(axis=1) - lo
+    lo = x.min(axis=-1)
+    span = x.max(axis=-1) - lo
     inverse = np.float32(255.0) / (span + _EPSILON)
-    codes = xp.rint((x - lo[:, None]) * inverse[:, None])
+    codes = xp.rint((x - lo[..., None]) * inverse[..., None])
     xp.clip(codes, 0, 255, out=codes)
-    out[:, :dim] = codes.astype(np.uint8)
-    tail = xp.empty((n, 2), np.float32)  # scale, bias
-    tail[:, 0] = span / np.float32(255.0)
-    tail[:, 1] = lo
-    out[:, dim:] = tail.view(np.uint8)
+    out[..., :dim] = codes.astype(np.uint8)
+    tail = xp.empty(x.shape[:-1] + (2,), np.float32)  # scale, bias
+    tail[..., 0] = span / np.float32(255.0)
+    tail[..., 1] = lo
+    out[..., dim:] = tail.view(np.uint8)
 
 
 def scale_bias(fused) -> tuple[np.ndarray, np.ndarray]:

@@ -3,6 +3,13 @@
 All three functions take a :class:`~embedding.kernels.layout.TableLayout`,
 the flat weights (and state) buffers and :class:`~embedding.kernels.layout.Bags`.
 They loop in Python over slots and tables only — never over ids.
+
+A communication ``wire`` (:func:`~embedding.kernels.layout.wire_format`) is
+applied block by block inside the same loops: the lookup pools one
+(group, slot) block of bags into a scratch block and encodes it into the
+output while it is in cache; the backward widens each block of received
+gradients as it copies it into the gradient source. No full-size buffer in
+the compute dtype is made on either side.
 """
 from __future__ import annotations
 
@@ -10,7 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from embedding.kernels.layout import Bags, TableLayout, per_table_configs
+from embedding.checkpoint.fused8bit import encode_into
+from embedding.kernels.layout import (Bags, TableLayout, check_wire_rows, per_table_configs,
+                                      wire_format, wire_shape)
 from embedding.kernels.segments import (jagged_max, jagged_sum, jagged_sum_permuted,
                                         segments_of_sorted, stable_argsort)
 from embedding.optim import sparse_update
@@ -37,7 +46,7 @@ def _weights_of(bags: Bags, dtype):
 
 
 def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
-                  out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
+                  out: np.ndarray | None = None, threads: int = 1, wire=None) -> np.ndarray:
     """Pool every bag of every slot into ``out`` (``[G * B, out_dim]``, see layout doc).
 
     Sum pooling adds the (weighted) rows in bag order; mean pooling then
@@ -47,22 +56,37 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
     on a thread pool (NumPy releases the GIL in the gathers and adds).
     Half weights (float16, bfloat16) are pooled in float32 (exact rows, float32
     sums) and ``out`` is float32.
+
+    ``wire`` (a :class:`~embedding.sharding.qcomm.Wire`): ``out`` is the
+    pooled rows in its format, the bytes ``wire.encode`` makes of them
+    (float16 or bfloat16 values, times ``wire.scale`` when set; or int8
+    FUSED8BIT rows of ``wire.row`` values, which must divide ``out_dim`` and
+    every slot's column and dim: :func:`~embedding.kernels.layout.wire_shape`),
+    each block of bags encoded as soon as it is pooled.
     """
     bags.check(layout)
     b, s_count, g_count = bags.batch_size, bags.num_slots, bags.num_groups
     cdt = compute_dtype(weights.dtype)
+    fmt = wire_format(wire)
+    if fmt == "int8":
+        check_wire_rows(layout, bags, wire.row)
+    shape, odt = wire_shape(bags, cdt, wire)
     if out is None:
-        out = np.empty((bags.out_rows, bags.out_dim), cdt)
+        out = np.empty(shape, odt)
+    elif fmt is not None and (out.shape != shape or out.dtype != odt
+                              or not out.flags.c_contiguous):
+        raise ValueError(f"out: expected a C-contiguous {shape} of {odt} (the wire format), "
+                         f"got {out.shape} of {out.dtype}")
     covered = sum(layout.dims[t] for t in bags.slot_table)
     if covered != bags.out_dim or len(set(bags.slot_col)) != s_count:
-        out[...] = 0
+        out[...] = 0   # zero bits: the wire encoding of zeros too
     if b == 0 or s_count == 0 or g_count == 0:
         return out
     offsets = np.asarray(bags.offsets, np.int64)
     lengths = np.diff(offsets)
     w = _weights_of(bags, cdt)
     idx = np.asarray(bags.indices, np.int64)
-    if _one_id_per_bag(layout, bags, lengths, out):
+    if fmt is None and _one_id_per_bag(layout, bags, lengths, out):
         # every bag holds one id (sum, mean and max all pool to the weighted row): one gather
         # of the rows in output order, straight into ``out``
         d = layout.dims[0]
@@ -82,19 +106,38 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
         t = bags.slot_table[s]
         d = layout.dims[t]
         first = gs * b
-        dst = out[g * b:(g + 1) * b, bags.slot_col[s]:bags.slot_col[s] + d]
+        c0 = bags.slot_col[s]
+        dst = out[g * b:(g + 1) * b, c0:c0 + d] if fmt is None else np.empty((b, d), cdt)
         ln = lengths[first:first + b]
         if bags.slot_max[s]:
             jagged_max(table_view(layout, weights, t), idx, offsets[first:first + b], ln, w,
                        out=dst)
-            return
-        jagged_sum(table_view(layout, weights, t), idx, offsets[first:first + b], ln, w,
-                   out=dst)
-        if bags.slot_mean[s]:
-            dst *= _inverse_lengths(ln, cdt)[:, None]
+        else:
+            jagged_sum(table_view(layout, weights, t), idx, offsets[first:first + b], ln, w,
+                       out=dst)
+            if bags.slot_mean[s]:
+                dst *= _inverse_lengths(ln, cdt)[:, None]
+        if fmt is not None:
+            _encode_block(dst, out, g * b, c0, fmt, wire)
 
     _map(block, range(g_count * s_count), threads)
     return out
+
+
+def _encode_block(vals: np.ndarray, out: np.ndarray, r0: int, c0: int, fmt: str, wire) -> None:
+    """Write ``wire``'s encoding of the pooled block ``vals`` (``[b, d]``, compute dtype, from
+    column ``c0`` of output rows ``r0:``) into the wire output ``out`` (``vals`` may be
+    overwritten)."""
+    b, d = vals.shape
+    if fmt == "int8":
+        row = wire.row
+        units = out.reshape(out.shape[0], -1, row + 8)
+        encode_into(vals.astype(np.float32, copy=False).reshape(b, d // row, row),
+                    units[r0:r0 + b, c0 // row:(c0 + d) // row])
+        return
+    if wire.scale is not None:
+        vals *= vals.dtype.type(wire.scale)
+    out[r0:r0 + b, c0:c0 + d] = vals   # cast as astype rounds (nearest even)
 
 
 def _one_id_per_bag(layout: TableLayout, bags: Bags, lengths: np.ndarray, out) -> bool:
@@ -108,7 +151,7 @@ def _one_id_per_bag(layout: TableLayout, bags: Bags, lengths: np.ndarray, out) -
 
 
 def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
-                    threads: int = 1, weights: np.ndarray | None = None
+                    threads: int = 1, weights: np.ndarray | None = None, wire=None
                     ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per table, ``(rows, grads)``: the unique rows the bags read and their summed gradients.
 
@@ -122,9 +165,18 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
     Max slots need the table ``weights`` the lookup read: an occurrence
     contributes to a column only where it is the bag's first maximum
     (``grad_out * w`` there, zero elsewhere).
+
+    ``wire`` (float16 or bfloat16): ``grad_out`` is in its format, as
+    received; each block is widened to ``wire.value_dtype`` (and multiplied
+    by ``1 / wire.scale`` when set) as it is copied in, exactly as
+    ``wire.decode`` would have done.
     """
     bags.check(layout)
-    dtype = grad_out.dtype
+    fmt = wire_format(wire)
+    if fmt == "int8":
+        raise ValueError("wire: gradients travel in fp32, fp16 or bf16, not int8")
+    dtype = grad_out.dtype if fmt is None else np.dtype(wire.value_dtype)
+    inverse = None if fmt is None or wire.scale is None else dtype.type(1.0 / wire.scale)
     b, s_count = bags.batch_size, bags.num_slots
     offsets = np.asarray(bags.offsets, np.int64)
     lengths = np.diff(offsets)
@@ -155,6 +207,10 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
             if w is not None:
                 w_parts.append(w[lo:hi])
             if bags.slot_max[s]:
+                if fmt is not None:
+                    grad = grad.astype(dtype)
+                    if inverse is not None:
+                        grad *= inverse
                 gsrc.append(_max_occurrence_grads(table_view(layout, weights, t), idx,
                                                   offsets[first:first + b], ln, w, grad, lo,
                                                   hi))
@@ -163,6 +219,8 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
                 continue
             dst = gsrc[0][k * b:(k + 1) * b]
             dst[...] = grad
+            if inverse is not None:
+                dst *= inverse
             if bags.slot_mean[s]:
                 dst *= _inverse_lengths(ln, dtype)[:, None]
             rows = np.arange(k * b, (k + 1) * b, dtype=np.int64)
@@ -256,12 +314,12 @@ def apply_updates(layout: TableLayout, config, weights: np.ndarray,
 
 def backward_update(layout: TableLayout, config, weights: np.ndarray,
                     state: dict, bags: Bags, grad_out: np.ndarray, threads: int = 1,
-                    rounding=None) -> None:
+                    rounding=None, wire=None) -> None:
     """Fused backward + optimizer: aggregate per row, then update the touched rows
-    (``rounding`` as in :func:`apply_updates`)."""
+    (``rounding`` as in :func:`apply_updates`, ``wire`` as in :func:`aggregate_grads`)."""
     apply_updates(layout, config, weights, state,
-                  aggregate_grads(layout, bags, grad_out, threads, weights), threads=threads,
-                  rounding=rounding)
+                  aggregate_grads(layout, bags, grad_out, threads, weights, wire),
+                  threads=threads, rounding=rounding)
 
 
 def _rounded_store(layout: TableLayout, weights: np.ndarray, t: int, rounding):

@@ -11,13 +11,19 @@ Half tables (float16, bfloat16 weights or optimizer state) go to the kernels
 as their raw ``uint16`` bits; the kernels compute in float32 and round their
 stores as :mod:`embedding.precision` does (``rounding=`` of the update
 functions, as in :mod:`embedding.kernels.cpu`).
+
+``wire=`` (a :class:`~embedding.sharding.qcomm.Wire`) builds the module for
+its format: the lookup writes the pooled rows encoded (float16 or bfloat16
+bits, int8 FUSED8BIT rows) and the backward reads float16 or bfloat16
+gradients as received; the rows never exist in the compute dtype in between.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from embedding.kernels.cuda_src import MAX_DIM, OPTIMIZER_CODES, ROUNDING_CODES, source_for
-from embedding.kernels.layout import Bags, TableLayout, per_table_configs
+from embedding.kernels.layout import (Bags, TableLayout, check_wire_rows, per_table_configs,
+                                      wire_format, wire_shape)
 from embedding.precision import compute_dtype, is_half
 
 __all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update", "aggregate_rows",
@@ -50,17 +56,17 @@ def _cp():
     return cupy
 
 
-def _function(dtype, name: str, state_dtype=None):
-    """Kernel ``name`` of the module for weight ``dtype`` and float state ``state_dtype``
-    (None: the compute dtype)."""
+def _function(dtype, name: str, state_dtype=None, wire: str | None = None):
+    """Kernel ``name`` of the module for weight ``dtype``, float state ``state_dtype``
+    (None: the compute dtype) and wire format ``wire`` (:func:`wire_format`; None: none)."""
     cp = _cp()
     sname = None if state_dtype is None else np.dtype(state_dtype).name
     if sname == compute_dtype(dtype).name:
         sname = None
-    key = (np.dtype(dtype).name, sname, cp.cuda.Device().id)
+    key = (np.dtype(dtype).name, sname, wire, cp.cuda.Device().id)
     mod = _MODULES.get(key)
     if mod is None:
-        mod = cp.RawModule(code=source_for(np.dtype(dtype).name, sname))
+        mod = cp.RawModule(code=source_for(np.dtype(dtype).name, sname, wire))
         _MODULES[key] = mod
     return mod.get_function(name)
 
@@ -109,23 +115,40 @@ def _per_id(bags: Bags, dtype):
     return cp.ascontiguousarray(cp.asarray(bags.weights, dtype)), np.int32(1)
 
 
-def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None, arg_out=None):
+def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None, arg_out=None,
+                  wire=None):
     """Device twin of :func:`embedding.kernels.cpu.pooled_lookup` (one launch).
 
     ``arg_out`` (int64, shaped like ``out``), when given, receives for the
     columns of max slots the index (into ``bags.indices``) of each column's
     first maximum, -1 for empty bags; its other columns are left as they are.
+    ``wire``: as in the NumPy twin, the output in the wire format, encoded by
+    the kernel (int8 rows of slots wider than ``MAX_DIM`` columns are encoded
+    after the launch instead).
     """
     cp = _cp()
     bags.check(layout)
     dtype = compute_dtype(weights.dtype)
+    fmt = wire_format(wire)
+    if fmt is not None and arg_out is not None:
+        raise ValueError("arg_out: the positions of maxima come with a compute-dtype output, "
+                         "not with a wire format")
+    if fmt == "int8":
+        check_wire_rows(layout, bags, wire.row)
+        if max((layout.dims[t] for t in bags.slot_table), default=0) > MAX_DIM:
+            return _encode_after(layout, weights, bags, out, wire)
+    shape, odt = wire_shape(bags, dtype, wire)
     if out is None:
-        out = cp.empty((bags.out_rows, bags.out_dim), dtype)
+        # half wire buffers are made as their bits, as the codec makes them (qcomm._to_bf16)
+        out = cp.empty(shape, np.uint16).view(odt) if is_half(odt) else cp.empty(shape, odt)
     if not out.flags.c_contiguous:
         raise ValueError("out: expected a C-contiguous array")
+    if fmt is not None and (tuple(out.shape) != shape or out.dtype != odt):
+        raise ValueError(f"out: expected {shape} of {odt} (the wire format), got "
+                         f"{tuple(out.shape)} of {out.dtype}")
     covered = sum(layout.dims[t] for t in bags.slot_table)
     if covered != bags.out_dim or len(set(bags.slot_col)) != bags.num_slots:
-        out.fill(0)
+        out.fill(0)   # zero bits: the wire encoding of zeros too
     n = bags.num_bags
     if n == 0:
         return out
@@ -137,11 +160,23 @@ def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None, arg_out=No
     has_arg = np.int32(arg_out is not None)
     if arg_out is None:
         arg_out = cp.zeros(1, cp.int64)
-    _function(weights.dtype, "pooled_lookup")(
+    scale = None if fmt is None else wire.scale
+    _function(weights.dtype, "pooled_lookup", wire=fmt)(
         _blocks(n), (_THREADS,),
         (_bits(weights), woff, dims, st, sc, sm, sx, idx, off, pw, has_w, np.int64(n),
-         np.int32(bags.num_slots), np.int32(bags.batch_size), np.int64(bags.out_dim), out,
-         arg_out, has_arg))
+         np.int32(bags.num_slots), np.int32(bags.batch_size), np.int64(bags.out_dim),
+         _bits(out), arg_out, has_arg, dtype.type(1 if scale is None else scale),
+         np.int32(scale is not None), np.int32(1 if fmt is None else wire.row)))
+    return out
+
+
+def _encode_after(layout, weights, bags: Bags, out, wire):
+    """int8 wire rows of slots too wide for the kernel's registers: pool, then encode."""
+    pooled = pooled_lookup(layout, weights, bags)
+    rows = wire.encode(pooled.reshape(-1)).reshape(pooled.shape[0], -1)
+    if out is None:
+        return rows
+    out[...] = rows
     return out
 
 
@@ -208,12 +243,13 @@ def _rounding_args(rounding, num_tables: int) -> tuple:
 
 
 def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, configs=None,
-                  weights=None, state=None, row_terms=None, rounding=None):
+                  weights=None, state=None, row_terms=None, rounding=None, wire=None):
     """Launch ``segment_update`` over the segments of ``keys``; returns the segment info.
 
     ``dtype`` is the compute dtype (gradients, sums); mode 1 runs the module
     of ``weights``' and ``state``'s dtypes. ``row_terms`` is ``(terms per
-    occurrence, int32 flag per table)`` or None."""
+    occurrence, int32 flag per table)`` or None; ``wire`` the format of the
+    bags' gradients (:func:`wire_format`)."""
     cp = _cp()
     woff, dims, row_base = _layout_arrays(layout)
     order, sk, seg_start, seg_table = _segments(keys, row_base)
@@ -226,8 +262,9 @@ def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, configs=No
     else:
         agg_off = cp.zeros(1, cp.int64)
         agg = cp.zeros(1, dtype)
-    kernel = (_function(dtype, "segment_update") if mode == 0 else
-              _function(weights.dtype, "segment_update", _state_dtype(state, weights.dtype)))
+    kernel = (_function(dtype, "segment_update", wire=wire) if mode == 0 else
+              _function(weights.dtype, "segment_update", _state_dtype(state, weights.dtype),
+                        wire))
     kernel(
         _blocks(u), (_THREADS,),
         (sk, order, seg_start, seg_table, np.int64(u), row_base, woff, dims) + grad_source
@@ -237,15 +274,19 @@ def _run_segments(layout, keys, dtype, grad_source: tuple, mode: int, configs=No
     return sk, seg_start, seg_table, agg, agg_off
 
 
-def _bag_source(layout, bags: Bags, grad_out, weights=None):
+def _bag_source(layout, bags: Bags, grad_out, weights=None, wire=None):
     """Occurrence keys and the ``from_bags`` gradient-source arguments.
 
     Max slots need the table ``weights`` the lookup read: the lookup runs
     again to find each column's first maximum (the lookup's result is
-    discarded; the weights have not changed since it ran).
+    discarded; the weights have not changed since it ran). With a float16 or
+    bfloat16 ``wire``, ``grad_out`` is in its format and the kernel widens it
+    (times ``1 / wire.scale``) as it reads; the compute dtype is then
+    ``wire.value_dtype``.
     """
     cp = _cp()
-    dtype = grad_out.dtype
+    fmt = wire_format(wire)
+    dtype = grad_out.dtype if fmt is None else np.dtype(wire.value_dtype)
     _, _, row_base = _layout_arrays(layout)
     st, sc, sm, sx = _slot_arrays(bags)
     idx = cp.ascontiguousarray(cp.asarray(bags.indices, cp.int64))
@@ -260,7 +301,8 @@ def _bag_source(layout, bags: Bags, grad_out, weights=None):
             (row_base, st, idx, off, np.int64(nb), np.int32(bags.num_slots),
              np.int32(bags.batch_size), keys, occ_bag))
     pw, has_w = _per_id(bags, dtype)
-    grad_out = cp.ascontiguousarray(grad_out)
+    grad_out = _bits(cp.ascontiguousarray(grad_out))
+    scale = None if fmt is None else wire.scale
     max_arg = cp.zeros(1, cp.int64)
     if bags.any_max and n_occ:
         if weights is None:
@@ -269,7 +311,8 @@ def _bag_source(layout, bags: Bags, grad_out, weights=None):
         max_arg = cp.empty((bags.out_rows, bags.out_dim), cp.int64)
         pooled_lookup(layout, weights, bags, cp.empty((bags.out_rows, bags.out_dim),
                                                       compute_dtype(weights.dtype)), max_arg)
-    source = (np.int32(1), grad_out, occ_bag, off, sc, sm, sx, max_arg, pw, has_w,
+    source = (np.int32(1), grad_out, dtype.type(1 if scale is None else 1.0 / scale),
+              np.int32(scale is not None), occ_bag, off, sc, sm, sx, max_arg, pw, has_w,
               np.int32(bags.num_slots), np.int32(bags.batch_size), np.int64(bags.out_dim),
               cp.zeros(1, dtype), cp.zeros(1, cp.int64))
     return keys, source
@@ -291,29 +334,46 @@ def _split_tables(layout, sk, seg_start, seg_table, agg, agg_off):
     return out
 
 
-def aggregate_grads(layout: TableLayout, bags: Bags, grad_out, weights=None):
-    """Device twin of :func:`embedding.kernels.cpu.aggregate_grads`."""
+def aggregate_grads(layout: TableLayout, bags: Bags, grad_out, weights=None, wire=None):
+    """Device twin of :func:`embedding.kernels.cpu.aggregate_grads` (``wire`` as there)."""
     cp = _cp()
     bags.check(layout)
     _check_dims(layout)
-    dtype = grad_out.dtype
-    keys, source = _bag_source(layout, bags, grad_out, weights)
+    fmt = _grad_format(wire)
+    keys, source = _bag_source(layout, bags, grad_out, weights, wire if fmt else None)
+    dtype = source[2].dtype
     if keys.size == 0:
         return [(cp.zeros(0, cp.int64), cp.zeros((0, d), dtype)) for d in layout.dims]
-    return _split_tables(layout, *_run_segments(layout, keys, dtype, source, 0))
+    return _split_tables(layout, *_run_segments(layout, keys, dtype, source, 0, wire=fmt))
 
 
 def backward_update(layout: TableLayout, config, weights, state: dict, bags: Bags,
-                    grad_out, rounding=None) -> None:
-    """Device twin of :func:`embedding.kernels.cpu.backward_update` (fused: sort + one launch)."""
+                    grad_out, rounding=None, wire=None) -> None:
+    """Device twin of :func:`embedding.kernels.cpu.backward_update` (fused: sort + one launch;
+    ``wire`` as there)."""
     bags.check(layout)
     _check_dims(layout)
     cdt = compute_dtype(weights.dtype)
-    keys, source = _bag_source(layout, bags, grad_out.astype(cdt, copy=False), weights)
+    fmt = _grad_format(wire)
+    if fmt is None:
+        keys, source = _bag_source(layout, bags, grad_out.astype(cdt, copy=False), weights)
+    else:
+        if np.dtype(wire.value_dtype) != cdt:
+            raise ValueError(f"wire: gradients decode to {np.dtype(wire.value_dtype)}, the "
+                             f"tables compute in {cdt}")
+        keys, source = _bag_source(layout, bags, grad_out, weights, wire)
     if keys.size == 0:
         return
     _run_segments(layout, keys, cdt, source, 1, per_table_configs(config, layout.num_tables),
-                  weights, state, rounding=rounding)
+                  weights, state, rounding=rounding, wire=fmt)
+
+
+def _grad_format(wire):
+    """The wire format gradients are read in (float16, bfloat16) or None; ValueError for int8."""
+    fmt = wire_format(wire)
+    if fmt == "int8":
+        raise ValueError("wire: gradients travel in fp32, fp16 or bf16, not int8")
+    return fmt
 
 
 def apply_updates(layout: TableLayout, config, weights, state: dict, sparse,
@@ -357,8 +417,8 @@ def _row_source(dtype, grad_rows, grad_row_offsets):
     arguments are unused)."""
     cp = _cp()
     zi, zs, zt = cp.zeros(1, cp.int64), cp.zeros(1, cp.int32), cp.zeros(1, dtype)
-    return (np.int32(0), zt, zi, zi, zi, zs, zs, zi, zt, np.int32(0), np.int32(1), np.int32(1),
-            np.int64(0), grad_rows, grad_row_offsets)
+    return (np.int32(0), zt, np.dtype(dtype).type(1), np.int32(0), zi, zi, zi, zs, zs, zi, zt,
+            np.int32(0), np.int32(1), np.int32(1), np.int64(0), grad_rows, grad_row_offsets)
 
 
 def aggregate_rows(rows, grads, num_rows: int):

@@ -20,26 +20,41 @@ Kernels (one warp per bag or per unique row, 32 lanes over the columns):
 
 - ``pooled_lookup``: every bag of every slot of every local table, one launch
   (sum, mean or max per slot; for max slots optionally the position of each
-  column's first maximum, which the backward reads);
+  column's first maximum, which the backward reads). A module built for a
+  communication ``wire`` format writes the pooled rows straight in it
+  (:mod:`embedding.sharding.qcomm`): float16 or bfloat16 bits, or int8
+  FUSED8BIT rows of ``wire_row`` values (the warp keeps its bag's values in
+  registers, reduces each wire row's minimum and maximum with shuffles and
+  writes codes, scale and bias as :func:`embedding.checkpoint.fused8bit.encode_into`);
 - ``occurrence_keys``: global row key and bag of each id occurrence;
 - ``segment_update``: per unique global row (after a stable sort by key),
   sum the occurrences' gradients and either write the sum (``mode`` 0) or
   apply the optimizer to the row (``mode`` 1). Gradients come either from
   the bags and the pooled output's gradient (``from_bags`` 1) or from rows
   of a flat gradient buffer (``from_bags`` 0, e.g. gradients gathered from
-  other ranks).
+  other ranks). A float16 or bfloat16 ``wire`` module reads the pooled
+  output's gradients (``from_bags`` 1) as received, in that format, widened
+  and multiplied by the inverse loss scale on load.
 """
 from __future__ import annotations
 
-__all__ = ["MAX_DIM", "OPTIMIZER_CODES", "ROUNDING_CODES", "source_for", "KERNEL_NAMES"]
+__all__ = ["MAX_DIM", "OPTIMIZER_CODES", "ROUNDING_CODES", "WIRE_FORMATS", "source_for",
+           "KERNEL_NAMES"]
 
-#: Widest row the device backward keeps in registers: 32 lanes × 32 values.
+#: Widest row the device backward (and the int8 wire lookup) keeps in registers: 32 lanes ×
+#: 32 values.
 MAX_DIM = 1024
 #: Optimizer codes of ``segment_update``.
 OPTIMIZER_CODES = {"sgd": 0, "rowwise_adagrad": 1, "adam": 2}
 #: Rounding codes of ``segment_update`` (per table; :class:`embedding.precision.Rounding`).
 ROUNDING_CODES = {"nearest": 0, "stochastic": 1, "master": 2}
 KERNEL_NAMES = ("pooled_lookup", "occurrence_keys", "segment_update")
+#: Wire formats a module can be built for -> (O_CODE, G_CODE, C output type, C gradient type or
+#: None for the compute type): the lookup writes O, the backward reads G (int8 codes pooled rows
+#: only; their gradients travel in a float format).
+WIRE_FORMATS = {"float16": (1, 1, "unsigned short", "unsigned short"),
+                "bfloat16": (2, 2, "unsigned short", "unsigned short"),
+                "int8": (3, 0, "unsigned char", None)}
 
 _OPS = {
     "float": dict(ADD="__fadd_rn", SUB="__fsub_rn", MUL="__fmul_rn", DIV="__fdiv_rn",
@@ -123,6 +138,64 @@ __device__ __forceinline__ u64 mix64(const u64 h, const u64 v) {
 #define ROUND_S(x) float_to_half((float)(x), S_CODE == 1, 0, 0u)
 #endif
 
+// G_CODE: the pooled output's gradients as received, 0 in the compute type, else float16 (1)
+// or bfloat16 (2) bits
+#if G_CODE == 0
+#define LOAD_G(v) ((T)(v))
+#else
+#define LOAD_G(v) ((T)half_to_float((v), G_CODE == 1))
+#endif
+
+#if O_CODE == 1 || O_CODE == 2
+#if T_DOUBLE
+// x rounded to float toward zero, its last bit set when inexact ("round to odd"): rounding
+// that once more to float16 gives x's nearest float16 (float keeps 13 more bits), as NumPy's
+// float64 -> float16 cast; bfloat16 rounds the nearest float (as ml_dtypes and qcomm do)
+__device__ __forceinline__ float narrow_for_half(const double x, const int fp16) {
+    const float f = (float)x;
+    if (!fp16 || !(x == x) || (double)f == x) return f;
+    unsigned int u = __float_as_uint(f);
+    const double ax = x < 0.0 ? -x : x, af = f < 0.0f ? -(double)f : (double)f;
+    if (af > ax) u -= 1u;
+    return __uint_as_float(u | 1u);
+}
+#else
+__device__ __forceinline__ float narrow_for_half(const float x, const int fp16) { return x; }
+#endif
+#endif
+
+#if O_CODE == 3
+// one float32 as 4 little-endian bytes at p (FUSED8BIT rows are not 4-byte aligned)
+__device__ __forceinline__ void put_f32(unsigned char* __restrict__ p, const float x) {
+    const unsigned int u = __float_as_uint(x);
+    p[0] = (unsigned char)(u & 0xffu);
+    p[1] = (unsigned char)((u >> 8) & 0xffu);
+    p[2] = (unsigned char)((u >> 16) & 0xffu);
+    p[3] = (unsigned char)(u >> 24);
+}
+
+// 255 / (max - min + 1e-8) of a wire row (fused8bit.encode_into, float32)
+__device__ __forceinline__ float int8_inverse(const float lo, const float hi) {
+    return __fdiv_rn(255.0f, __fadd_rn(__fsub_rn(hi, lo), 1e-8f));
+}
+
+// code j of a wire row at unit: rint((x - lo) * inverse) clipped to [0, 255]; the operand is
+// in [0, 256), where adding and taking away 2**23 rounds to the nearest integer, ties to even
+__device__ __forceinline__ void put_code(unsigned char* __restrict__ unit, const int j,
+                                         const float x, const float lo, const float inverse) {
+    const float y = __fmul_rn(__fsub_rn(x, lo), inverse);
+    const float r = __fsub_rn(__fadd_rn(y, 8388608.0f), 8388608.0f);
+    unit[j] = (unsigned char)(r > 255.0f ? 255.0f : r);
+}
+
+// scale (max - min) / 255 and bias min after a wire row's row codes
+__device__ __forceinline__ void put_scale_bias(unsigned char* __restrict__ unit, const int row,
+                                               const float lo, const float hi) {
+    put_f32(unit + row, __fdiv_rn(__fsub_rn(hi, lo), 255.0f));
+    put_f32(unit + row + 4, lo);
+}
+#endif
+
 // Rounding modes of a table's weights (embedding.precision.Rounding)
 #define ROUND_NEAREST 0
 #define ROUND_STOCHASTIC 1
@@ -164,11 +237,19 @@ extern "C" __global__ void pooled_lookup(
         const i64* __restrict__ indices, const i64* __restrict__ offsets,
         const T* __restrict__ per_id, const int has_per_id,
         const i64 num_bags, const int num_slots, const int batch_size, const i64 out_dim,
-        T* __restrict__ out, i64* __restrict__ arg_out, const int has_arg) {
+        O* __restrict__ out, i64* __restrict__ arg_out, const int has_arg,
+        const T out_scale, const int has_out_scale, const int wire_row) {
     // arg_out (has_arg != 0), laid out like out: for the columns of max slots, the index into
-    // indices of the bag's first id holding the column's maximum (-1 for an empty bag)
+    // indices of the bag's first id holding the column's maximum (-1 for an empty bag).
+    // O_CODE != 0: out is the wire format of the pooled rows, each value multiplied by
+    // out_scale first when has_out_scale != 0; int8 (O_CODE 3): out_dim / wire_row rows of
+    // wire_row codes, scale and bias per output row (wire_row divides out_dim, every slot's
+    // column and dim; dims up to MAX_DIM)
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+#if O_CODE == 3
+    float v[MAX_CHUNKS];
+#endif
     for (i64 bag = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); bag < num_bags;
          bag += warps) {
         const i64 gs = bag / batch_size;
@@ -180,11 +261,11 @@ extern "C" __global__ void pooled_lookup(
         const W* w = weights + weight_offsets[t];
         const i64 start = offsets[bag], end = offsets[bag + 1];
         const i64 at = (g * batch_size + b) * out_dim + slot_col[s];
-        T* o = out + at;
         const bool mean = slot_mean[s] != 0;
         const bool mx = slot_max[s] != 0;
         const T scale = (mean && end > start) ? DIV((T)1, (T)(end - start)) : (T)1;
-        for (int c = lane; c < d; c += 32) {
+        int k = 0;
+        for (int c = lane; c < d; c += 32, ++k) {
             T acc = (T)0;
             i64 arg = -1;
             for (i64 i = start; i < end; ++i) {
@@ -199,9 +280,69 @@ extern "C" __global__ void pooled_lookup(
                     acc = (i == start) ? x : ADD(acc, x);
                 }
             }
-            o[c] = mean ? MUL(acc, scale) : acc;
             if (mx && has_arg) arg_out[at + c] = arg;
+            T val = mean ? MUL(acc, scale) : acc;
+#if O_CODE == 0
+            out[at + c] = val;
+#else
+            if (has_out_scale) val = MUL(val, out_scale);
+#if O_CODE == 3
+            v[k] = (float)val;
+#else
+            out[at + c] = float_to_half(narrow_for_half(val, O_CODE == 1), O_CODE == 1, 0, 0u);
+#endif
+#endif
         }
+#if O_CODE == 3
+        // the warp's values of wire row r: columns [r * row, (r + 1) * row), column c in v[c >> 5]
+        // of lane c & 31. Loop bounds are the same on every lane (the shuffles need all 32).
+        const int row = wire_row;
+        const float inf = __uint_as_float(0x7f800000u);
+        unsigned char* ob = out + ((g * batch_size + b) * (out_dim / row) + slot_col[s] / row)
+                                  * (i64)(row + 8);
+        if (32 % row == 0) {
+            // a wire row is an aligned group of row lanes in one chunk: reduce within it
+            k = 0;
+            for (int c0 = 0; c0 < d; c0 += 32, ++k) {
+                const int c = c0 + lane;
+                const bool live = c < d;
+                float lo = live ? v[k] : inf, hi = live ? v[k] : -inf;
+                for (int o = 1; o < row; o <<= 1) {
+                    const float l2 = __shfl_xor_sync(0xffffffffu, lo, o);
+                    const float h2 = __shfl_xor_sync(0xffffffffu, hi, o);
+                    lo = l2 < lo ? l2 : lo;
+                    hi = h2 > hi ? h2 : hi;
+                }
+                if (live) {
+                    unsigned char* unit = ob + (i64)(c / row) * (row + 8);
+                    put_code(unit, c % row, v[k], lo, int8_inverse(lo, hi));
+                    if (c % row == 0) put_scale_bias(unit, row, lo, hi);
+                }
+            }
+        } else {
+            // any other width: each lane's share of the wire row, then the whole warp
+            for (int a = 0; a < d; a += row) {
+                const int first = a + ((lane - (a & 31) + 32) & 31);
+                float lo = inf, hi = -inf;
+                for (int c = first; c < a + row; c += 32) {
+                    const float x = v[c >> 5];
+                    lo = x < lo ? x : lo;
+                    hi = x > hi ? x : hi;
+                }
+                for (int o = 16; o > 0; o >>= 1) {
+                    const float l2 = __shfl_xor_sync(0xffffffffu, lo, o);
+                    const float h2 = __shfl_xor_sync(0xffffffffu, hi, o);
+                    lo = l2 < lo ? l2 : lo;
+                    hi = h2 > hi ? h2 : hi;
+                }
+                unsigned char* unit = ob + (i64)(a / row) * (row + 8);
+                const float inverse = int8_inverse(lo, hi);
+                for (int c = first; c < a + row; c += 32) put_code(unit, c - a, v[c >> 5], lo,
+                                                                  inverse);
+                if (lane == 0) put_scale_bias(unit, row, lo, hi);
+            }
+        }
+#endif
     }
 }
 
@@ -224,7 +365,8 @@ extern "C" __global__ void occurrence_keys(
 // Gradient of one occurrence at column c.
 __device__ __forceinline__ T occurrence_grad(
         const int from_bags, const i64 occ, const int c,
-        const T* __restrict__ grad_out, const i64* __restrict__ occ_bag,
+        const G* __restrict__ grad_out, const T grad_scale, const int has_grad_scale,
+        const i64* __restrict__ occ_bag,
         const i64* __restrict__ offsets, const i64* __restrict__ slot_col,
         const int* __restrict__ slot_mean, const int* __restrict__ slot_max,
         const i64* __restrict__ max_arg, const T* __restrict__ per_id, const int has_per_id,
@@ -239,7 +381,8 @@ __device__ __forceinline__ T occurrence_grad(
     const i64 at = (g * batch_size + b) * out_dim + slot_col[s] + c;
     // max pooling: only the bag's first maximum of column c receives its gradient
     if (slot_max[s] && max_arg[at] != occ) return (T)0;
-    T x = grad_out[at];
+    T x = LOAD_G(grad_out[at]);
+    if (has_grad_scale) x = MUL(x, grad_scale);
     if (slot_mean[s]) {
         const i64 len = offsets[bag + 1] - offsets[bag];
         x = MUL(x, DIV((T)1, (T)(len > 0 ? len : 1)));
@@ -256,8 +399,10 @@ extern "C" __global__ void segment_update(
         // tables
         const i64* __restrict__ row_base, const i64* __restrict__ weight_offsets,
         const int* __restrict__ dims,
-        // gradient source: bags (from_bags = 1) or flat rows (from_bags = 0)
-        const int from_bags, const T* __restrict__ grad_out, const i64* __restrict__ occ_bag,
+        // gradient source: bags (from_bags = 1; grad_out in G, times grad_scale when
+        // has_grad_scale != 0) or flat rows (from_bags = 0)
+        const int from_bags, const G* __restrict__ grad_out, const T grad_scale,
+        const int has_grad_scale, const i64* __restrict__ occ_bag,
         const i64* __restrict__ offsets, const i64* __restrict__ slot_col,
         const int* __restrict__ slot_mean, const int* __restrict__ slot_max,
         const i64* __restrict__ max_arg, const T* __restrict__ per_id, const int has_per_id,
@@ -295,10 +440,11 @@ extern "C" __global__ void segment_update(
         for (int c = lane; c < d; c += 32, ++k) {
             T acc = (T)0;
             for (i64 p = lo; p < hi; ++p) {
-                const T x = occurrence_grad(from_bags, order[p], c, grad_out, occ_bag, offsets,
-                                            slot_col, slot_mean, slot_max, max_arg, per_id,
-                                            has_per_id, num_slots, batch_size, out_dim,
-                                            grad_rows, grad_row_offsets);
+                const T x = occurrence_grad(from_bags, order[p], c, grad_out, grad_scale,
+                                            has_grad_scale, occ_bag, offsets, slot_col,
+                                            slot_mean, slot_max, max_arg, per_id, has_per_id,
+                                            num_slots, batch_size, out_dim, grad_rows,
+                                            grad_row_offsets);
                 acc = (p == lo) ? x : ADD(acc, x);
             }
             g[k] = acc;
@@ -370,10 +516,12 @@ _STORAGE = {"float32": ("float", 0, "float"), "float64": ("double", 0, "double")
             "bfloat16": ("unsigned short", 2, "float")}
 
 
-def source_for(dtype: str, state_dtype: str | None = None) -> str:
+def source_for(dtype: str, state_dtype: str | None = None, wire: str | None = None) -> str:
     """The CUDA source of the kernels for weight dtype ``dtype`` (float32, float64, float16,
-    bfloat16) and optimizer-state dtype ``state_dtype`` (default: the compute dtype, float64
-    for float64 weights and float32 otherwise).
+    bfloat16), optimizer-state dtype ``state_dtype`` (default: the compute dtype, float64
+    for float64 weights and float32 otherwise) and communication format ``wire`` (None: the
+    compute type; else one of :data:`WIRE_FORMATS`: ``pooled_lookup`` writes it and
+    ``segment_update`` reads gradients in it).
 
     A float64 table computes in double, every other in float. Half state
     with float64 weights is refused: its stores would round through float.
@@ -389,8 +537,14 @@ def source_for(dtype: str, state_dtype: str | None = None) -> str:
     if scode and ctype == "double":
         raise ValueError(f"state_dtype: the device kernels keep {sname} optimizer state for "
                          f"float32, float16 and bfloat16 tables, not {dtype}")
+    if wire is not None and wire not in WIRE_FORMATS:
+        raise ValueError(f"wire: expected None or one of {sorted(WIRE_FORMATS)}, got {wire!r}")
+    ocode, gcode, otype, gtype = WIRE_FORMATS[wire] if wire is not None else (0, 0, ctype, None)
     body = _BODY
     for name, fn in _OPS[ctype].items():
         body = body.replace(f"@{name}@", fn)
     return (f"typedef {ctype} T;\ntypedef {wtype} W;\ntypedef {stype} S;\n"
-            f"#define W_CODE {wcode}\n#define S_CODE {scode}\n" + body)
+            f"typedef {otype} O;\ntypedef {gtype or ctype} G;\n"
+            f"#define W_CODE {wcode}\n#define S_CODE {scode}\n"
+            f"#define O_CODE {ocode}\n#define G_CODE {gcode}\n"
+            f"#define T_DOUBLE {int(ctype == 'double')}\n" + body)

@@ -206,19 +206,21 @@ class DynamicTables:
         return [self.weight(t)[self._acquire(t, self.xp.asarray(ids, self.xp.int64))]
                 for t, ids in pairs]
 
-    def lookup(self, bags: Bags, out=None):
+    def lookup(self, bags: Bags, out=None, wire=None):
         """Pooled lookup of every bag (ids inserted as needed, or read as zeros within
         :meth:`reading`), as ``FusedTables.lookup``."""
         if self._reading:
-            return self.work.lookup(self._rows_or_zero(bags), out)
+            return self.work.lookup(self._rows_or_zero(bags), out, wire)
         by_row = self._rows_of(bags, insert=True)
         self._last = (bags, by_row, self._moves)
-        return self.work.lookup(by_row, out)
+        return self.work.lookup(by_row, out, wire)
 
-    def aggregate(self, bags: Bags, grad_out):
-        """Per table ``(ids, grads)`` of the bags' summed gradients, ids ascending."""
+    def aggregate(self, bags: Bags, grad_out, wire=None):
+        """Per table ``(ids, grads)`` of the bags' summed gradients, ids ascending (``wire`` as
+        in ``FusedTables.aggregate``)."""
         out = []
-        for t, (rows, g) in enumerate(self.work.aggregate(self._looked_up(bags), grad_out)):
+        by_row = self._looked_up(bags)
+        for t, (rows, g) in enumerate(self.work.aggregate(by_row, grad_out, wire)):
             ids = self.maps[t].row_id[self.xp.asarray(rows)]
             order = self.xp.argsort(ids, kind="stable")
             out.append((ids[order], g[order]))
@@ -230,11 +232,12 @@ class DynamicTables:
         self._key_rows()
         self.work.update(mapped, unique, row_terms)
 
-    def backward_update(self, bags: Bags, grad_out) -> None:
-        """Fused backward + optimizer on the rows of the bags' ids."""
+    def backward_update(self, bags: Bags, grad_out, wire=None) -> None:
+        """Fused backward + optimizer on the rows of the bags' ids (``wire`` as in
+        ``FusedTables.backward_update``)."""
         by_row = self._looked_up(bags)
         self._key_rows()
-        self.work.backward_update(by_row, grad_out)
+        self.work.backward_update(by_row, grad_out, wire)
 
     # -- internals ------------------------------------------------------------------------
     def _key_rows(self) -> None:

@@ -176,15 +176,33 @@ class FusedTables:
         """Rows ``ids`` of table ``t`` (``[len(ids), dim]``) for each ``(t, ids)``."""
         return [self.weight(t)[self.xp.asarray(ids)] for t, ids in pairs]
 
-    def lookup(self, bags: Bags, out=None):
-        """Pooled lookup of every bag (``[G * B, out_dim]``)."""
-        self.kernel_calls += 1
-        return self._impl.pooled_lookup(self.layout, self.weights, bags, out, **self._kw())
+    def lookup(self, bags: Bags, out=None, wire=None):
+        """Pooled lookup of every bag (``[G * B, out_dim]``).
 
-    def aggregate(self, bags: Bags, grad_out):
-        """Per table ``(rows, grads)`` of the bags' summed gradients (no update)."""
+        ``wire`` (a :class:`~embedding.sharding.qcomm.Wire` of this store's
+        array module): the rows come out in its format, encoded by the
+        lookup kernel itself (``[G * B, wire.count(out_dim)]`` of
+        ``wire.dtype``, the bytes ``wire.encode`` makes of the pooled rows);
+        a fp32 wire changes nothing.
+        """
         self.kernel_calls += 1
-        return self._impl.aggregate_grads(self.layout, bags, self._cast(grad_out),
+        kw = self._kw()
+        if self._fuses(wire):
+            return self._impl.pooled_lookup(self.layout, self.weights, bags, out, wire=wire,
+                                            **kw)
+        if wire is None or wire.identity:
+            return self._impl.pooled_lookup(self.layout, self.weights, bags, out, **kw)
+        return _encoded(self._impl.pooled_lookup(self.layout, self.weights, bags, None, **kw),
+                        wire, out)
+
+    def aggregate(self, bags: Bags, grad_out, wire=None):
+        """Per table ``(rows, grads)`` of the bags' summed gradients (no update); ``wire``:
+        ``grad_out`` as received in its format (fp16, bf16), decoded by the kernel."""
+        self.kernel_calls += 1
+        if self._fuses(wire):
+            return self._impl.aggregate_grads(self.layout, bags, self.xp.asarray(grad_out),
+                                              weights=self.weights, wire=wire, **self._kw())
+        return self._impl.aggregate_grads(self.layout, bags, self._cast(grad_out, wire),
                                           weights=self.weights, **self._kw())
 
     def update(self, sparse, unique: bool = True, row_terms=None) -> None:
@@ -201,11 +219,18 @@ class FusedTables:
         self._impl.apply_updates(self.layout, self.optimizers, self.weights, self.state, sparse,
                                  unique, **kw)
 
-    def backward_update(self, bags: Bags, grad_out) -> None:
-        """Fused backward + optimizer: only the rows the bags read change."""
+    def backward_update(self, bags: Bags, grad_out, wire=None) -> None:
+        """Fused backward + optimizer: only the rows the bags read change. ``wire``:
+        ``grad_out`` as received in its format (fp16, bf16), decoded by the kernel as it
+        reads it."""
         self.kernel_calls += 1
+        kw = self._kw(update=True)
+        if self._fuses(wire):
+            self._impl.backward_update(self.layout, self.optimizers, self.weights, self.state,
+                                       bags, self.xp.asarray(grad_out), wire=wire, **kw)
+            return
         self._impl.backward_update(self.layout, self.optimizers, self.weights, self.state, bags,
-                                   self._cast(grad_out), **self._kw(update=True))
+                                   self._cast(grad_out, wire), **kw)
 
     def _kw(self, update: bool = False) -> dict:
         kw = {"threads": self.threads} if self.device == "cpu" and self.threads > 1 else {}
@@ -216,7 +241,28 @@ class FusedTables:
             self.step += 1
         return kw
 
-    def _cast(self, arr):
+    def _fuses(self, wire) -> bool:
+        """Whether the kernels take ``wire`` themselves: a quantized codec on this store's
+        array module whose values are in the compute dtype (else the store encodes after
+        the lookup, or decodes before the backward)."""
+        return (wire is not None and not wire.identity and wire.xp is self.xp
+                and np.dtype(wire.value_dtype) == self.compute_dtype)
+
+    def _cast(self, arr, wire=None):
+        """``arr`` (decoded by ``wire`` when given) in the compute dtype on this device."""
         arr = self.xp.asarray(arr)
+        if wire is not None and not wire.identity:
+            arr = wire.decode(arr.reshape(-1)).reshape(arr.shape[0], -1)
         cdt = self.compute_dtype
         return arr if arr.dtype == cdt else arr.astype(cdt)
+
+
+def _encoded(pooled, wire, out=None):
+    """``pooled`` in quantized ``wire``'s format (``[rows, wire.count(cols)]``), into ``out``
+    when given: the second pass over the rows that a store makes when its kernels cannot
+    encode."""
+    rows = wire.encode(pooled.reshape(-1)).reshape(pooled.shape[0], -1)
+    if out is None:
+        return rows
+    out[...] = rows
+    return out

@@ -12,6 +12,11 @@ of an AlltoAll) × ``S`` slots (a slot is one feature read through one
 table) × ``B`` bags, bag ``i = (g * S + s) * B + b`` holding ids
 ``indices[offsets[i]:offsets[i + 1]]``. Its pooled row lands in output row
 ``g * B + b`` at columns ``[slot_col[s], slot_col[s] + dim[slot_table[s]])``.
+
+A lookup may write its output, and a backward read the output's gradient,
+in a communication *wire* format (a :class:`~embedding.sharding.qcomm.Wire`:
+``dtype``, ``value_dtype``, ``row``, ``scale``): :func:`wire_format` names it
+and :func:`wire_shape` gives the output's shape in it.
 """
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["TableLayout", "Bags", "SUPPORTED_DTYPES", "per_table_configs", "host_array"]
+__all__ = ["TableLayout", "Bags", "SUPPORTED_DTYPES", "per_table_configs", "host_array",
+           "wire_format", "wire_shape", "check_wire_rows"]
 
 #: Weight dtypes of the kernels (the CUDA sources are generated for each).
 SUPPORTED_DTYPES = ("float32", "float64")
@@ -29,6 +35,43 @@ SUPPORTED_DTYPES = ("float32", "float64")
 def host_array(arr) -> np.ndarray:
     """A NumPy copy (or view) of a NumPy or CuPy array (a device array is copied off)."""
     return arr if isinstance(arr, np.ndarray) else arr.get()
+
+
+def wire_format(wire) -> str | None:
+    """The storage a wire codec moves values in: ``"float16"``, ``"bfloat16"`` or ``"int8"``
+    (FUSED8BIT rows of ``wire.row`` values); None for no codec or one that moves values as
+    they are (fp32)."""
+    if wire is None or getattr(wire, "identity", False):
+        return None
+    dt = np.dtype(wire.dtype)
+    if dt == np.uint8:
+        return "int8"
+    if dt.name in ("float16", "bfloat16"):
+        return dt.name
+    raise ValueError(f"wire: expected a float16, bfloat16 or int8 (uint8) codec, got {dt}")
+
+
+def wire_shape(bags: "Bags", dtype, wire) -> tuple[tuple[int, int], np.dtype]:
+    """``(shape, dtype)`` of a lookup's output of ``bags`` in ``wire``'s format (``dtype``, the
+    compute dtype, when there is none): ``[G * B, out_dim]``, or ``[G * B, out_dim / row *
+    (row + 8)]`` uint8 for int8 rows."""
+    fmt = wire_format(wire)
+    if fmt is None:
+        return (bags.out_rows, bags.out_dim), np.dtype(dtype)
+    if fmt == "int8":
+        return (bags.out_rows, bags.out_dim // wire.row * (wire.row + 8)), np.dtype(np.uint8)
+    return (bags.out_rows, bags.out_dim), np.dtype(wire.dtype)
+
+
+def check_wire_rows(layout: "TableLayout", bags: "Bags", row: int) -> None:
+    """ValueError unless int8 rows of ``row`` values tile ``out_dim`` and every slot's columns
+    (an int8 row never straddles two slots)."""
+    bad = [s for s, (t, c) in enumerate(zip(bags.slot_table, bags.slot_col))
+           if c % row or layout.dims[t] % row]
+    if row < 1 or bags.out_dim % row or bad:
+        raise ValueError(f"wire.row: int8 rows of {row} values must divide out_dim "
+                         f"({bags.out_dim}) and every slot's column and dim; "
+                         f"slots {bad[:4]} do not fit")
 
 
 def per_table_configs(optimizer, num_tables: int) -> tuple:

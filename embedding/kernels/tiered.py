@@ -240,12 +240,13 @@ class TieredTables:
         if id(bags) not in self._prefetched:
             self._prefetched[id(bags)] = self._acquire(bags)
 
-    def lookup(self, bags: Bags, out=None):
-        """Pooled lookup of every bag, as ``FusedTables.lookup``; the step stays open."""
+    def lookup(self, bags: Bags, out=None, wire=None):
+        """Pooled lookup of every bag, as ``FusedTables.lookup`` (``wire`` included); the step
+        stays open."""
         step = self._prefetched.pop(id(bags), None) or self._acquire(bags)
         self._land(step)
         self._steps.append(step)
-        return self.work.lookup(step.bags, out)
+        return self.work.lookup(step.bags, out, wire)
 
     def gather(self, pairs) -> list:
         """Rows ``ids`` of table ``t`` for each ``(t, ids)``; opens a step like ``lookup``."""
@@ -264,11 +265,12 @@ class TieredTables:
             out.append(w[self.xp.asarray(cache.row_slot[np.asarray(ids, np.int64)])])
         return out
 
-    def aggregate(self, bags: Bags, grad_out):
-        """Per table ``(rows, grads)`` of the bags' summed gradients, rows ascending."""
+    def aggregate(self, bags: Bags, grad_out, wire=None):
+        """Per table ``(rows, grads)`` of the bags' summed gradients, rows ascending (``wire``
+        as in ``FusedTables.aggregate``)."""
         step = self._current(bags)
         out = []
-        for t, (slots, g) in enumerate(self.work.aggregate(step.bags, grad_out)):
+        for t, (slots, g) in enumerate(self.work.aggregate(step.bags, grad_out, wire)):
             s = host_array(slots)
             rows = self.caches[t].slot_row[s]
             order = np.argsort(rows, kind="stable")
@@ -291,11 +293,12 @@ class TieredTables:
         self.work.update(mapped, unique, row_terms)
         self._close(step)
 
-    def backward_update(self, bags: Bags, grad_out) -> None:
-        """Fused backward + optimizer on the rows of the oldest open step; closes it."""
+    def backward_update(self, bags: Bags, grad_out, wire=None) -> None:
+        """Fused backward + optimizer on the rows of the oldest open step; closes it (``wire``
+        as in ``FusedTables.backward_update``)."""
         step = self._current(bags)
         self._key_rows()
-        self.work.backward_update(step.bags, grad_out)
+        self.work.backward_update(step.bags, grad_out, wire)
         for t, slots in enumerate(step.slots):
             self.caches[t].mark_dirty(slots)
         self._close(step)

@@ -34,7 +34,12 @@ fp16 sum that overflows stops the step on every rank before any update.
 
 A :class:`Wire` encodes a flat send buffer on the array module of the
 shards (NumPy or CuPy: the codes are made where the rows are, no host copy)
-and decodes the receive buffer into the table dtype.
+and decodes the receive buffer into the table dtype. Where the send buffer is
+the pooled output, the fused lookup kernel writes it in the wire format
+itself (``FusedTables.lookup(bags, wire=...)``), and where received gradients
+feed the fused backward, the kernel reads them as they came
+(``backward_update(bags, grad, wire=...)``): the same bytes and values as
+:meth:`Wire.encode` and :meth:`Wire.decode`, without their pass over memory.
 """
 from __future__ import annotations
 

@@ -216,10 +216,10 @@ class RowWiseSharding(ShardingStrategy):
         env = self.env
         bags, own_lengths = batch
         b = bags.batch_size
-        partial = self.fused.lookup(bags)
         wire = self.forward_wire  # fp16/bf16 partial sums add up in 16 bits
-        h = self.send("forward", "reduce_scatter", wire.encode(partial.reshape(-1)),
-                      group=env.group, async_op=True)
+        partial = self.fused.lookup(bags, wire=wire)  # written in the wire format
+        h = self.send("forward", "reduce_scatter", partial.reshape(-1), group=env.group,
+                      async_op=True)
         scale = mean_scale(self.features, own_lengths, b, env.dtype, env.xp)
 
         def finish(res):
@@ -241,7 +241,8 @@ class RowWiseSharding(ShardingStrategy):
                       async_op=True)
 
         def finish(res):
-            self.fused.backward_update(bags, wire.decode(res).reshape(bags.out_rows,
-                                                                      self.out_dim))
+            # the gathered gradients feed the kernel as received, decoded as they are read
+            self.fused.backward_update(bags, res.reshape(bags.out_rows, self.out_dim),
+                                       wire=wire)
 
         return Pending((h,), finish)

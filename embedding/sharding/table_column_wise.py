@@ -161,16 +161,17 @@ class TableColumnWiseSharding(SlotWiseSharding):
         b = bags.batch_size
         k, m_count = len(self._peers), len(env.nodes)
         me = env.node
-        if self.fused is not None and bags.num_slots:
-            pooled = self.fused.lookup(bags)
-        else:
-            pooled = xp.zeros((bags.out_rows, self._local_dim), env.dtype)
         widths = [int(self._dims_of[r]) for r in self._peers]
-        # Encoded once: the node assembles whole rows from wire units (an int8 row never
-        # straddles two slices) and the rail carries them on; decoded at the end.
+        # Encoded once, by the lookup kernel: the node assembles whole rows from wire units
+        # (an int8 row never straddles two slices) and the rail carries them on; decoded at
+        # the end.
         wire = self.forward_wire
         u = wire.units
-        recv3, _ = self.send("forward", "all_to_all_v", wire.encode(pooled.reshape(-1)),
+        if self.fused is not None and bags.num_slots:
+            sendbuf = self.fused.lookup(bags, wire=wire).reshape(-1)
+        else:
+            sendbuf = wire.encode(xp.zeros(bags.out_rows * self._local_dim, env.dtype))
+        recv3, _ = self.send("forward", "all_to_all_v", sendbuf,
                              wire.count(np.full(k, m_count * b * self._local_dim, np.int64)),
                              recv_counts=wire.count(np.asarray([m_count * b * w for w in widths],
                                                                np.int64)), group=self._intra)
@@ -241,14 +242,14 @@ class TableColumnWiseSharding(SlotWiseSharding):
                       group=self._intra, async_op=True)
 
         def finish(res):
-            recv = wire.decode(res[0])
-            local = recv.reshape(bags.out_rows, self._local_dim)
+            # the received gradients feed the kernels as they are: decoded as they are read
+            local = res[0].reshape(bags.out_rows, self._local_dim)
             if self._sq_tables:
                 sparse = None
                 if self.fused is not None and bags.num_slots:
-                    sparse = self.fused.aggregate(bags, local)
+                    sparse = self.fused.aggregate(bags, local, wire=wire)
                 self.apply_sparse(sparse)
             elif self.fused is not None and bags.num_slots:
-                self.fused.backward_update(bags, local)
+                self.fused.backward_update(bags, local, wire=wire)
 
         return Pending((h,), finish)

@@ -159,14 +159,14 @@ class TableRowWiseSharding(ShardingStrategy):
         b = bags.batch_size
         d_me = self._node_dim[env.node]
         m_count = len(env.nodes)
-        if self.fused is not None and bags.num_slots:
-            partial = self.fused.lookup(bags)
-        else:
-            partial = xp.zeros((bags.out_rows, d_me), env.dtype)
-        ordered = partial.reshape(env.size, b * d_me)[xp.asarray(self._rs_order)]
         wire = self.forward_wire  # sums in the wire precision, decoded once at the end
-        summed = self.send("forward", "reduce_scatter", wire.encode(ordered.reshape(-1)),
-                           group=self._intra)
+        if self.fused is not None and bags.num_slots:
+            partial = self.fused.lookup(bags, wire=wire)  # written in the wire format
+        else:
+            partial = wire.encode(xp.zeros(bags.out_rows * d_me, env.dtype))
+        # fp16/bf16 values: reordering blocks of them commutes with encoding
+        ordered = partial.reshape(env.size, b * d_me)[xp.asarray(self._rs_order)]
+        summed = self.send("forward", "reduce_scatter", ordered.reshape(-1), group=self._intra)
         # summed: [M, B, d_me], block m' is the batch of rail peer m'.
         recv_counts = np.array([b * d for d in self._node_dim], np.int64)
         h = self.send("forward", "all_to_all_v", summed, np.full(m_count, b * d_me, np.int64),
@@ -221,10 +221,11 @@ class TableRowWiseSharding(ShardingStrategy):
         def finish(res):
             if self.fused is None or not bags.num_slots:
                 return None
-            gathered = wire.decode(res).reshape(env.size, b * d_me)
+            # reordered in the wire format; the kernel decodes the gradients as it reads them
+            gathered = res.reshape(env.size, b * d_me)
             by_source = xp.empty_like(gathered)
             by_source[xp.asarray(self._rs_order)] = gathered
-            self.fused.backward_update(bags, by_source.reshape(bags.out_rows, d_me))
+            self.fused.backward_update(bags, by_source.reshape(bags.out_rows, d_me), wire=wire)
             return None
 
         return Pending((h,), finish)

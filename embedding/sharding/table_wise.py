@@ -189,13 +189,13 @@ class SlotWiseSharding(ShardingStrategy):
         xp = self.env.xp
         bags: Bags = batch
         b = bags.batch_size
-        if self.fused is not None and bags.num_slots:
-            pooled = self.fused.lookup(bags)
-        else:
-            pooled = xp.zeros((bags.out_rows, 0), self.env.dtype)
         size = self.env.size
         wire = self.forward_wire
-        buf = wire.encode(pooled.reshape(-1))
+        if self.fused is not None and bags.num_slots:
+            # the send buffer is the pooled rows, written in the wire format by the kernel
+            buf = self.fused.lookup(bags, wire=wire).reshape(-1)
+        else:
+            buf = wire.encode(xp.zeros(0, self.env.dtype))
         if self._uniform:  # equal blocks: a plain AlltoAll, no count exchange
             h = self.send("forward", "all_to_all", buf, group=self.env.group, async_op=True)
         else:
@@ -270,15 +270,17 @@ class SlotWiseSharding(ShardingStrategy):
                           group=self.env.group, async_op=True)
 
         def finish(res):
-            recv = wire.decode(res if self._uniform else res[0])
+            # the received gradients feed the kernels as they are: decoded as they are read
+            recv = res if self._uniform else res[0]
             if self._sq_tables:
                 sparse = None
                 if self.fused is not None and bags.num_slots:
-                    sparse = self.fused.aggregate(bags, recv.reshape(bags.out_rows,
-                                                                      self._local_dim))
+                    sparse = self.fused.aggregate(
+                        bags, recv.reshape(bags.out_rows, self._local_dim), wire=wire)
                 self.apply_sparse(sparse)
             elif self.fused is not None and bags.num_slots:
-                self.fused.backward_update(bags, recv.reshape(bags.out_rows, self._local_dim))
+                self.fused.backward_update(bags, recv.reshape(bags.out_rows, self._local_dim),
+                                           wire=wire)
 
         return Pending((h,), finish)
 

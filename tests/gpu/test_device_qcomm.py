@@ -6,9 +6,11 @@ fp16, bf16 or int8 forward and an fp16 or bf16 backward: the device run
 the stand-in when no GPU is here) must agree with the NumPy run of the same
 codec to within one rounding of the codec per rank (the two sum the 16-bit
 partial results of a row-wise table in other orders), and must send exactly the
-bytes the NumPy run sends. The same for data-parallel tables whose gradient AllReduce
-travels in fp16 or bf16 (``QComms.dense``): the device run's replicas stay within the
-codec's bound of NumPy's, equal on every rank, with the same (halved) bytes.
+bytes the NumPy run sends. A device step encodes pooled rows and decodes their
+gradients in the kernels only (no codec pass of its own). The same for data-parallel
+tables whose gradient AllReduce travels in fp16 or bf16 (``QComms.dense``): the device
+run's replicas stay within the codec's bound of NumPy's, equal on every rank, with the
+same (halved) bytes.
 """
 from __future__ import annotations
 
@@ -89,3 +91,21 @@ def test_device_data_parallel_qcomm_matches_numpy(world, all_ranks, device_backe
     all_ranks(sent_d == sent_h, f"{mix}: device sent {sent_d}, NumPy {sent_h}")
     all_ranks(sent32["dense"] > 0 and 2 * sent_h["dense"] == sent32["dense"],
               f"{mix}: data-parallel bytes {sent_h['dense']} vs {sent32['dense']} in fp32")
+
+
+@pytest.mark.parametrize("q", [QComms("fp16", "bf16"), QComms("int8", "fp16", 1024.0)],
+                         ids=["fp16-bf16", "int8-fp16s"])
+@pytest.mark.parametrize("mix", ["tw", "cw", "rw", "mixed", "cyc"])
+def test_device_step_makes_no_codec_pass(world, all_ranks, device_backend, monkeypatch, mix,
+                                         q):
+    """On device arrays too, the lookup kernel writes the forward's send buffer and the
+    backward kernel reads the received gradients: no ``Wire.encode`` of pooled rows and no
+    ``Wire.decode`` of gradients (``tests/mpi/test_qcomm.py`` has the NumPy case)."""
+    S.skip_if_uneven(mix, world)
+    if q.forward.value == "int8" and (mix in Q.REDUCING or Q.int8_row(world, mix) < 3):
+        pytest.skip("int8 is refused there")
+    calls = Q._count_codec_calls(monkeypatch)
+    _run(world, mix, q, "cuda")
+    extra = [c for c in calls if c in (("encode", q.forward.value),
+                                       ("decode", q.backward.value))]
+    all_ranks(not extra, f"{mix}: passes over pooled rows or gradients: {extra}")

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from embedding.collection import ShardedEmbeddingCollection
-from embedding.sharding.qcomm import QComms
+from embedding.kernels import FusedTables
+from embedding.sharding.qcomm import QComms, Wire
 from embedding.types import OptimizerConfig, OptimizerKind
 from neocomm.errors import CollectiveArgumentError
 from test_sharding import BATCH, global_batch, local_kjt, make_plan, make_tables, skip_if_uneven
@@ -117,6 +118,60 @@ def test_backward_within_the_codec_bound(world, all_ranks, mix, precision, scale
     all_ranks(2 * sent["backward"] == sent32["backward"],
               f"{mix}/{precision}: sent {sent['backward']} gradient bytes vs "
               f"{sent32['backward']} in fp32")
+
+
+def _count_codec_calls(monkeypatch) -> list:
+    """Record ``(method, precision)`` of every ``Wire.encode``/``decode`` of a non-empty
+    buffer from now on."""
+    calls = []
+    encode, decode = Wire.encode, Wire.decode
+
+    def counted_encode(self, flat):
+        if flat.size:
+            calls.append(("encode", self.precision.value))
+        return encode(self, flat)
+
+    def counted_decode(self, buf):
+        if buf.size:
+            calls.append(("decode", self.precision.value))
+        return decode(self, buf)
+
+    monkeypatch.setattr(Wire, "encode", counted_encode)
+    monkeypatch.setattr(Wire, "decode", counted_decode)
+    return calls
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("q", [QComms("fp16", "bf16"), QComms("bf16", "fp16", 1024.0),
+                               QComms("int8", "bf16")], ids=["fp16-bf16", "bf16-fp16s",
+                                                             "int8-bf16"])
+@pytest.mark.parametrize("mix", MIXES)
+def test_the_kernels_encode_and_decode(world, all_ranks, monkeypatch, mix, q):
+    """A trained step makes no pass of its own over pooled rows or their gradients: the
+    lookup kernel writes the send buffer in the forward's wire format and the backward
+    kernel reads the received gradients in theirs (the two directions use different
+    precisions, so each call names its direction). Only the receiving side of the forward
+    (pooled rows for the dense model) and the sending side of the backward (the dense
+    model's gradients) use the codec. The bytes sent, the outputs and the weights are those
+    of encoding after the lookup and decoding before the backward, bit for bit."""
+    skip_if_uneven(mix, world)
+    fwd, bwd = q.forward.value, q.backward.value
+    if fwd == "int8" and (mix in REDUCING or int8_row(world, mix) < 3):
+        pytest.skip("int8 is refused there")
+    calls = _count_codec_calls(monkeypatch)
+    outs, weights, sent = run(world, mix, q, steps=2)
+    extra = [c for c in calls if c in (("encode", fwd), ("decode", bwd))]
+    all_ranks(not extra, f"{mix}: passes over pooled rows or gradients: {extra}")
+    # the control: stores that do not fuse encode after the lookup, decode before the update
+    monkeypatch.setattr(FusedTables, "_fuses", lambda self, wire: False)
+    calls.clear()
+    outs2, weights2, sent2 = run(world, mix, q, steps=2)
+    passes = world.comm.allreduce(sum(c in (("encode", fwd), ("decode", bwd)) for c in calls))
+    all_ranks(passes > 0, f"{mix}: the control made no pass")
+    all_ranks(sent == sent2, f"{mix}: sent {sent} vs {sent2}")
+    all_ranks(all(np.array_equal(a, b) for a, b in zip(outs, outs2)), f"{mix}: outputs differ")
+    all_ranks(all(np.array_equal(weights[t], weights2[t]) for t in weights),
+              f"{mix}: weights differ")
 
 
 @pytest.mark.mpi(min_size=1)

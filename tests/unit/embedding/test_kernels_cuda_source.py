@@ -65,6 +65,18 @@ def test_nvcc_contracts_nothing_in_the_kernels(tmp_path, dtype, state_dtype):
                       f"(FMAs without, with contraction): {fused}"
 
 
+@pytest.mark.parametrize("dtype, wire", [("float32", "float16"), ("float32", "int8"),
+                                         ("float64", "float16"), ("bfloat16", "bfloat16")])
+def test_nvcc_contracts_nothing_in_the_wire_kernels(tmp_path, dtype, wire):
+    """The modules that encode pooled rows (fp16/bf16 rounding, int8 codes) and decode
+    gradients round every operation as NumPy's codec does."""
+    contracted = _fmas_per_kernel(tmp_path, source_for(dtype, None, wire), fmad=True)
+    plain = _fmas_per_kernel(tmp_path, source_for(dtype, None, wire), fmad=False)
+    assert set(contracted) == set(KERNEL_NAMES), contracted
+    fused = {k: (plain[k], n) for k, n in contracted.items() if n != plain[k]}
+    assert not fused, f"nvcc fused operations into FMAs in the {dtype}/{wire} kernels: {fused}"
+
+
 def test_the_check_sees_a_contracted_kernel(tmp_path):
     assert _fmas_per_kernel(tmp_path, _BARE, fmad=True) == {"axpy": 1}
     assert _fmas_per_kernel(tmp_path, _BARE, fmad=False) == {"axpy": 0}
@@ -77,3 +89,5 @@ def test_source_rejects_other_dtypes():
         source_for("float32", "int16")
     with pytest.raises(ValueError, match=r"state_dtype: .*float16 optimizer state.*not float64"):
         source_for("float64", "float16")
+    with pytest.raises(ValueError, match=r"wire: expected None or one of .*got 'fp8'"):
+        source_for("float32", None, "fp8")

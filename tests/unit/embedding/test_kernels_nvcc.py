@@ -43,11 +43,13 @@ def _nvcc() -> str:
     pytest.skip(reason)
 
 
-def _compile(tmp_path: Path, dtype: str, arch: str, *extra: str, state_dtype=None) -> str:
-    """ptxas's report of compiling ``source_for(dtype, state_dtype)`` to a cubin for ``arch``."""
-    tag = f"{dtype}_{state_dtype or 'compute'}"
+def _compile(tmp_path: Path, dtype: str, arch: str, *extra: str, state_dtype=None,
+             wire=None) -> str:
+    """ptxas's report of compiling ``source_for(dtype, state_dtype, wire)`` to a cubin for
+    ``arch``."""
+    tag = f"{dtype}_{state_dtype or 'compute'}_{wire or 'plain'}"
     src = tmp_path / f"kernels_{tag}.cu"
-    src.write_text(source_for(dtype, state_dtype))
+    src.write_text(source_for(dtype, state_dtype, wire))
     cmd = [_nvcc(), "-cubin", f"-arch={arch}", "-Xptxas", "-v", *extra,
            "-o", str(tmp_path / f"kernels_{tag}_{arch}.cubin"), str(src)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
@@ -80,6 +82,24 @@ def test_kernels_compile_without_register_spills(tmp_path, dtype, state_dtype, a
     assert not missing, f"ptxas reported no properties for {missing}:\n{report}"
     spills = _spills(report, arch)
     assert not spills, (f"register spills in the {dtype} kernels (state {state_dtype}):\n"
+                        + "\n".join(spills))
+
+
+#: ``(weight dtype, wire format)`` of the modules that write pooled rows in a communication
+#: format and read gradients in it (embedding.sharding.qcomm)
+WIRES = (("float32", "float16"), ("float32", "bfloat16"), ("float32", "int8"),
+         ("float64", "float16"), ("float64", "int8"), ("bfloat16", "int8"),
+         ("float16", "bfloat16"))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype, wire", WIRES, ids=lambda x: str(x))
+def test_wire_kernels_compile_without_register_spills(tmp_path, dtype, wire, arch):
+    report = _compile(tmp_path, dtype, arch, wire=wire)
+    table = _spill_table(report)
+    assert set(KERNEL_NAMES) <= set(table), report
+    spills = _spills(report, arch)
+    assert not spills, (f"register spills in the {dtype} kernels (wire {wire}):\n"
                         + "\n".join(spills))
 
 
