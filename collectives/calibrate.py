@@ -317,23 +317,28 @@ OPS = tuple(op.value for op in CollectiveOp)
 
 def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64 << 20,
                 factor: float = 4.0, out_dir: str, device: bool = False, hostfile=None,
-                timeout: float = 600.0, echo=None) -> list[dict]:
+                timeout: float = 600.0, echo=None, launches: int = 1) -> list[dict]:
     """Run ``neocomm bench OP --json`` for every op of ``ops`` on every ``(ranks,
     ranks_per_node)`` of ``layouts`` (nodes emulated on this host unless a
-    ``hostfile`` spreads them), and return the results. ``echo(text)`` hears each
-    command. RuntimeError naming the command and its output's tail when one fails."""
+    ``hostfile`` spreads them), ``launches`` times over (every layout and op once,
+    then again), and return the results, each launch's runs merged by
+    :func:`median_of_launches`. ``echo(text)`` hears each command. RuntimeError
+    naming the command and its output's tail when one fails."""
     import os
     import shutil
     import subprocess
     import json
 
+    if isinstance(launches, bool) or not isinstance(launches, int) or launches < 1:
+        raise ValueError(f"launches: expected a count >= 1, got {launches!r}")
     exe = shutil.which("neocomm")
     if exe is None:
         raise RuntimeError("calibration: the neocomm command is not on PATH (pip install it)")
     out = []
-    for ranks, per_node in layouts:
+    for launch, (ranks, per_node) in ((k, lay) for k in range(launches) for lay in layouts):
         for op in ops:
-            path = os.path.join(out_dir, f"bench-{ranks}r-{ranks // per_node}n-{op}.json")
+            path = os.path.join(out_dir, f"bench-{ranks}r-{ranks // per_node}n-{op}-"
+                                         f"{launch}.json")
             cmd = [exe, "run", "-n", str(ranks), "--ranks-per-node", str(per_node),
                    "--timeout", str(int(timeout))]
             if hostfile:
@@ -349,6 +354,39 @@ def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64
                                    f"{done.returncode}): " + " | ".join(tail))
             with open(path, encoding="utf-8") as fh:
                 out.append(json.load(fh))
+    return median_of_launches(out)
+
+
+#: what makes two bench runs the same measurement, launched twice
+_SAME_RUN = ("op", "ranks", "ranks_per_node", "nodes", "dtype", "reduce_op", "root", "device",
+             "peer", "bare", "prepared", "symmetric", "host")
+
+
+def median_of_launches(runs: list[dict]) -> list[dict]:
+    """``runs`` with the runs of one measurement (same op, layout, dtype, root, buffers and
+    host: several launches of one bench) merged into one, in first-seen order: each row's
+    time the median over the launches that measured its size and algorithm, and
+    ``launches`` the number of runs merged. Ranks placed anew by each launch share cores,
+    caches and memory differently; on an oversubscribed host one launch can measure a
+    call twice as slow as the next, and the median of three takes that spread out."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        key = tuple(str(run.get(k)) for k in _SAME_RUN)
+        groups.setdefault(key, []).append(run)
+    out = []
+    for same in groups.values():
+        times: dict[tuple, list[float]] = {}
+        for run in same:
+            for row in run.get("rows", []):
+                times.setdefault((row.get("size"), row.get("algo")), []).append(row["time"])
+        first = dict(same[0])
+        first["launches"] = sum(int(r.get("launches", 1)) for r in same)
+        first["rows"] = [dict(row, time=statistics.median(times[(row.get("size"),
+                                                                  row.get("algo"))]))
+                         for row in same[0].get("rows", [])]
+        out.append(first)
     return out
 
 

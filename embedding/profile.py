@@ -332,22 +332,25 @@ def read_training(metrics_path: str, skip: int = 1) -> dict:
 
 
 def run_training(layouts, *, config: str | None, steps: int, out_dir: str, hostfile=None,
-                 timeout: float = 600.0, echo=None) -> list[dict]:
+                 timeout: float = 600.0, echo=None, launches: int = 1) -> list[dict]:
     """Run ``neocomm train`` (``config``, ``steps`` steps) at
     every ``(ranks, ranks_per_node)`` of ``layouts`` (nodes emulated on this host unless a
-    ``hostfile`` spreads them) and return what each logged (:func:`read_training`, with
-    ``ranks``, ``nodes`` and ``emulated``). RuntimeError naming the command when one
-    fails."""
+    ``hostfile`` spreads them), ``launches`` times over (every layout once, then again),
+    and return what each layout logged (:func:`read_training`, with ``ranks``, ``nodes``
+    and ``emulated``; several launches merged by :func:`median_of_training_launches`).
+    RuntimeError naming the command when one fails."""
     import os
     import shutil
     import subprocess
 
+    if isinstance(launches, bool) or not isinstance(launches, int) or launches < 1:
+        raise ValueError(f"launches: expected a count >= 1, got {launches!r}")
     exe = shutil.which("neocomm")
     if exe is None:
         raise RuntimeError("validation: the neocomm command is not on PATH (pip install it)")
     out = []
-    for ranks, per_node in layouts:
-        where = os.path.join(out_dir, f"train-{ranks}r-{ranks // per_node}n")
+    for launch, (ranks, per_node) in ((k, lay) for k in range(launches) for lay in layouts):
+        where = os.path.join(out_dir, f"train-{ranks}r-{ranks // per_node}n-{launch}")
         cmd = [exe, "run", "-n", str(ranks), "--ranks-per-node", str(per_node),
                "--timeout", str(int(timeout))] + (["--hostfile", hostfile] if hostfile else [])
         cmd += ["--", exe, "train", "--steps", str(steps), "--out", where]
@@ -362,4 +365,26 @@ def run_training(layouts, *, config: str | None, steps: int, out_dir: str, hostf
                                f"{done.returncode}): " + " | ".join(tail))
         out.append({"ranks": ranks, "nodes": ranks // per_node, "emulated": not hostfile,
                     "config": config, "steps": steps, **read_training(metrics)})
+    return median_of_training_launches(out)
+
+
+def median_of_training_launches(runs: list[dict]) -> list[dict]:
+    """``runs`` (:func:`run_training`'s) with the launches of one layout and config merged,
+    in first-seen order: ``median_step_ms`` and each of ``median_phases_ms`` the median
+    of the launches' medians, ``step_ms`` every launch's windows, ``launches`` how many
+    were merged (one launch can place its ranks worse than the next on a shared host)."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        key = tuple(str(run.get(k)) for k in ("ranks", "nodes", "emulated", "config", "steps"))
+        groups.setdefault(key, []).append(run)
+    out = []
+    for same in groups.values():
+        merged = dict(same[0])
+        merged["launches"] = sum(int(r.get("launches", 1)) for r in same)
+        merged["step_ms"] = [t for r in same for t in r["step_ms"]]
+        merged["median_step_ms"] = median(r["median_step_ms"] for r in same)
+        parts = sorted({p for r in same for p in r["median_phases_ms"]})
+        merged["median_phases_ms"] = {p: median(r["median_phases_ms"].get(p, 0.0)
+                                                for r in same) for p in parts}
+        out.append(merged)
     return out

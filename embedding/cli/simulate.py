@@ -106,6 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="bench and model device buffers (NCCL); needs GPUs")
         q.add_argument("--record", metavar="FILE.json", default=None,
                        help="save the measurements in one file (for --bench later)")
+        q.add_argument("--launches", type=positive_int, default=3,
+                       help="launch every bench this many times and take each call's median "
+                       "time (launches place ranks anew; default %(default)s)")
         if name == "calibrate":
             q.add_argument("-o", "--output", metavar="FILE.toml", default=None,
                            help="the fabric file to write (default: <fabric>-calibrated.toml)")
@@ -471,17 +474,18 @@ def _measurements(args) -> list[dict]:
     ``--nodes``), saved to ``--record`` when asked."""
     import tempfile
 
-    from collectives.calibrate import read_measurements, run_benches
+    from collectives.calibrate import median_of_launches, read_measurements, run_benches
 
-    if args.bench:
-        runs = [run for path in args.bench for run in read_measurements(path)]
+    if args.bench:  # several files of one layout (launches) are merged as launches are
+        runs = median_of_launches([run for path in args.bench
+                                   for run in read_measurements(path)])
     else:
         layouts = _layouts(args)
         with tempfile.TemporaryDirectory(prefix="neocomm-calibrate-") as where:
             try:
                 runs = run_benches(layouts, minbytes=args.minbytes, maxbytes=args.maxbytes,
                                    factor=args.stepfactor, out_dir=where, device=args.device,
-                                   hostfile=args.hostfile,
+                                   hostfile=args.hostfile, launches=args.launches,
                                    echo=lambda cmd: print(f"# {cmd}", flush=True))
             except RuntimeError as exc:
                 raise ValueError(str(exc)) from None
@@ -636,7 +640,7 @@ def _training_runs(args) -> list[dict]:
     import tempfile
 
     from collectives.fabric import read_json
-    from embedding.profile import STEP_KIND, run_training
+    from embedding.profile import STEP_KIND, median_of_training_launches, run_training
 
     if args.bench:
         runs = []
@@ -646,11 +650,11 @@ def _training_runs(args) -> list[dict]:
                 raise ValueError(f"--bench {path}: expected the training runs that "
                                  f"`neocomm simulate validate --step --record` writes")
             runs += data["runs"]
-        return runs
+        return median_of_training_launches(runs)  # several files of one layout: launches
     with tempfile.TemporaryDirectory(prefix="neocomm-validate-") as tmp:
         try:
             return run_training(_layouts(args), config=args.config, steps=args.steps,
-                                out_dir=tmp, hostfile=args.hostfile,
+                                out_dir=tmp, hostfile=args.hostfile, launches=args.launches,
                                 echo=lambda c: print(f"# running: {c}", flush=True))
         except RuntimeError as exc:
             raise ValueError(str(exc)) from None

@@ -256,3 +256,38 @@ def test_the_bench_request_a_measurement_prices_is_the_bench_call():
 
     req = bench_request(m.op, m.size, 4, 4)
     assert predicted(m, fab) == call_seconds(m.op, "native", req, fab.with_shape(2, 2))
+
+
+def test_launches_of_one_bench_merge_to_each_calls_median_and_validate_reads_them(
+        tmp_path, capsys):
+    """Three launches of one layout: every call's time is the median of its three; other
+    layouts stay apart. Given as three --bench files, validate judges the medians."""
+    from collectives.calibrate import median_of_launches
+
+    fabric = spec_links(load_spec("cpu-host"), device=False)
+    runs = [r for r in read_measurements(str(RECORDED)) if r["ranks"] == 2]
+    one = [r for r in runs if r["nodes"] == 1]
+    other = [r for r in runs if r["nodes"] == 2]
+    for run in one:  # the model's time exactly: a launch at 0.5x, one at 1x, one at 3x
+        for row in run["rows"]:
+            row["time"] = predicted(read_bench({**run, "rows": [row]})[0], fabric)
+    scaled = [[{**r, "rows": [dict(row, time=row["time"] * f) for row in r["rows"]]}
+               for r in one] for f in (0.5, 3.0, 1.0)]
+    merged = median_of_launches(scaled[0] + other + scaled[1] + scaled[2])
+    assert len(merged) == len(one) + len(other)
+    by_key = {(r["op"], r["nodes"]): r for r in merged}
+    for run in one:
+        m = by_key[(run["op"], 1)]
+        assert m["launches"] == 3 and m["rows"] == run["rows"], run["op"]
+    for run in other:
+        assert by_key[(run["op"], 2)]["launches"] == 1
+        assert by_key[(run["op"], 2)]["rows"] == run["rows"]
+    paths = []
+    for k, launch in enumerate(scaled):
+        paths += ["--bench", str(tmp_path / f"launch{k}.json")]
+        (tmp_path / f"launch{k}.json").write_text(json.dumps(
+            {"kind": "neocomm-measurements", "runs": launch}))
+    assert main(["simulate", "validate", "--fabric", "cpu-host", *paths]) == 0
+    assert "within 25%: 64 of 64 calls" in capsys.readouterr().out
+    assert main(["simulate", "validate", "--fabric", "cpu-host", *paths[2:4]]) == 1  # 3x only
+    capsys.readouterr()

@@ -45,6 +45,22 @@ def test_a_metrics_log_gives_the_median_window_after_the_first(tmp_path):
         read_training(str(log))
 
 
+def test_launches_of_one_layout_merge_to_the_median_of_their_medians():
+    from embedding.profile import median_of_training_launches
+
+    def run(ranks, nodes, ms, dense):
+        return {"ranks": ranks, "nodes": nodes, "emulated": True, "config": None, "steps": 9,
+                "step_ms": [ms, ms], "median_step_ms": ms, "median_phases_ms": {"dense": dense}}
+
+    merged = median_of_training_launches([run(2, 1, 40.0, 4.0), run(4, 2, 70.0, 7.0),
+                                          run(2, 1, 90.0, 3.0), run(2, 1, 50.0, 5.0)])
+    assert [(m["ranks"], m["launches"]) for m in merged] == [(2, 3), (4, 1)]
+    two = merged[0]
+    assert two["median_step_ms"] == 50.0 and two["median_phases_ms"] == {"dense": 4.0}
+    assert sorted(two["step_ms"]) == [40.0, 40.0, 50.0, 50.0, 90.0, 90.0]
+    assert merged[1]["median_step_ms"] == 70.0
+
+
 def test_the_slowest_of_n_ranks_waits_the_expected_largest_of_n_steps():
     import random
     import statistics
