@@ -6,7 +6,7 @@ import enum
 import numpy as np
 
 __all__ = ["ReduceOp", "REDUCE_CODES", "BackendKind", "GroupKind", "DTYPE_CODES", "dtype_code",
-           "dtype_from_code", "bfloat16", "SUPPORTED_DTYPES"]
+           "dtype_from_code", "bfloat16", "SUPPORTED_DTYPES", "check_array_bfloat16"]
 
 
 class ReduceOp(enum.Enum):
@@ -81,3 +81,22 @@ def dtype_code(dtype) -> int:
 def dtype_from_code(code: int) -> str:
     """Name of the dtype with wire code ``code``."""
     return _CODE_NAMES.get(int(code), f"<unknown dtype code {code}>")
+
+
+def check_array_bfloat16(xp, what: str) -> None:
+    """ValueError naming ``what`` (the user's setting) when the array module ``xp`` cannot
+    hold bfloat16 arrays: NumPy needs ``ml_dtypes``; CuPy needs version 14 or later
+    (its bfloat16 is ``ml_dtypes``'s; CuPy 13 and older refuse the dtype)."""
+    if bfloat16 is None:
+        raise ValueError(f"{what}: bfloat16 needs the ml_dtypes package (pip install ml_dtypes)")
+    if xp is np:
+        return
+    version = str(getattr(xp, "__version__", "0"))
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        major = 0
+    if major < 14:
+        raise ValueError(f"{what}: bfloat16 on CuPy arrays needs CuPy 14 or later (bfloat16 "
+                         f"through ml_dtypes); CuPy {version} is installed: use float16 or "
+                         f"upgrade CuPy (pip install 'cupy-cuda12x>=14')")

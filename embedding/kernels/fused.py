@@ -16,6 +16,7 @@ from embedding.kernels.layout import Bags, TableLayout, per_table_configs
 from embedding.optim import state_specs
 from embedding.precision import Rounding, compute_dtype, is_half, storage_dtype
 from embedding.types import OptimizerConfig, enum_arg
+from neocomm.types import check_array_bfloat16
 
 __all__ = ["FusedTables", "adopt_layout"]
 
@@ -103,6 +104,9 @@ class FusedTables:
             f"table{i}" for i in range(self.layout.num_tables))
         if len(self.names) != self.layout.num_tables:
             raise ValueError(f"names: expected {self.layout.num_tables}, got {len(self.names)}")
+        for key, dt in (("dtype", self.dtype), ("state_dtype", self.state_dtype)):
+            if dt.name == "bfloat16":
+                check_array_bfloat16(self.xp, f"{key} of table {self.names[0]!r}")
         lay = self.layout
         self.weights = self.xp.zeros(lay.total_elements, self.dtype)
         self._specs = {spec.name: spec for c in self.optimizers for spec in state_specs(c.kind)}

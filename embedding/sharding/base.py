@@ -301,12 +301,13 @@ class ShardingStrategy(abc.ABC):
                              f"widths moved), {row + 8} bytes for {4 * row} in fp32; int8 "
                              f"needs a common width of at least 3 columns: use fp16 or bf16")
         #: the codec of the output dist (pooled rows) and of its reverse (gradients)
-        self.forward_wire = Wire(self.qcomms.forward, env.xp, env.dtype, row=row)
+        self.forward_wire = Wire(self.qcomms.forward, env.xp, env.dtype, row=row,
+                                 key="qcomms.forward")
         self.backward_wire = Wire(self.qcomms.backward, env.xp, env.dtype,
-                                  scale=self.qcomms.backward_loss_scale)
+                                  scale=self.qcomms.backward_loss_scale, key="qcomms.backward")
         #: the codec of the gradient AllReduce of data-parallel tables
         self.dense_wire = Wire(self.qcomms.dense, env.xp, env.dtype,
-                               scale=self.qcomms.dense_loss_scale)
+                               scale=self.qcomms.dense_loss_scale, key="qcomms.dense")
         feats, col = [], 0
         for t, p in zip(self.tables, self.plans):
             check_pooling(t.name, t.pooling, p.sharding)

@@ -55,7 +55,7 @@ class DataParallelSharding(ShardingStrategy):
                                [t.optimizer for t in self.tables], [t.name for t in self.tables],
                                configs=self.tables)
         #: the touched-row flags' codec: the precision of :attr:`dense_wire`, never scaled
-        self._flag_wire = Wire(self.qcomms.dense, env.xp, env.dtype)
+        self._flag_wire = Wire(self.qcomms.dense, env.xp, env.dtype, key="qcomms.dense")
         tindex = {t.name: i for i, t in enumerate(self.tables)}
         self._slot_table = tuple(tindex[f.table] for f in self.features)
 

@@ -51,6 +51,7 @@ import numpy as np
 
 from embedding.checkpoint.fused8bit import SCALE_BIAS_BYTES, encode_into
 from embedding.types import enum_arg
+from neocomm.types import check_array_bfloat16
 
 __all__ = ["CommPrecision", "QComms", "Wire", "FP16_MAX", "ROW_TAIL_BYTES", "wire_dtype",
            "encode_int8_rows", "decode_int8_rows", "check_loss_scale"]
@@ -216,11 +217,14 @@ class Wire:
     buffers, and converts element counts into wire elements (module doc).
 
     ``row``: the width of an int8 row (it divides every block the strategy
-    moves); ``scale``: the loss scale of an fp16 backward (None: 1).
+    moves); ``scale``: the loss scale of an fp16 backward (None: 1); ``key``: the
+    setting that chose ``precision``, named when ``xp`` cannot hold bfloat16.
     """
 
     def __init__(self, precision: CommPrecision, xp, dtype, *, row: int = 1,
-                 scale: float | None = None):
+                 scale: float | None = None, key: str = "comms"):
+        if precision is CommPrecision.BF16:
+            check_array_bfloat16(xp, f"{key} = 'bf16'")
         self.precision = precision
         self.xp = xp
         self.value_dtype = np.dtype(dtype)

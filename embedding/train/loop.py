@@ -142,7 +142,8 @@ class Trainer:
 
         self.grads = GradSync(self.model, group, overlap=tr.overlap,
                               wire=Wire(CommPrecision(config.comms.dense), self.coll.xp,
-                                        config.model.dtype, scale=config.comms.dense_scale()))
+                                        config.model.dtype, scale=config.comms.dense_scale(),
+                                        key="comms.dense"))
         self.timer = PhaseTimer()
         # one agreement per step: its calls replay their plans unagreed while the shape holds
         self.control = StepControl(group, "training step")

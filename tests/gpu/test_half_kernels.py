@@ -283,3 +283,30 @@ def test_oclgrind_finds_no_error_in_half_kernels(name):
     finally:
         _raw.OPENCL_DEVICE, cuda._MODULES = saved, modules
     _assert_tables_equal(dev, host, 1, weights)
+
+
+def test_bfloat16_on_device_needs_cupy_14(monkeypatch):
+    """CuPy holds bfloat16 arrays (ml_dtypes') from version 14: with an older CuPy a bf16
+    device table or bf16 device communication is refused up front, naming the setting;
+    float16 still works. The stand-in refuses the dtype itself as CuPy 13 does."""
+    from embedding.sharding.qcomm import CommPrecision, Wire
+
+    sgd = OptimizerConfig(OptimizerKind.SGD, lr=0.1)
+    monkeypatch.setattr(cp, "__version__", "13.6.0")
+    with pytest.raises(ValueError, match=r"dtype of table 'users': bfloat16 on CuPy arrays "
+                                         r"needs CuPy 14 or later.*CuPy 13\.6\.0 is installed"):
+        FusedTables([8], [4], sgd, dtype="bfloat16", device="cuda", names=["users"])
+    with pytest.raises(ValueError, match=r"state_dtype of table 'users': bfloat16"):
+        FusedTables([8], [4], sgd, dtype="float16", device="cuda", names=["users"],
+                    state_dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"qcomms.backward = 'bf16': bfloat16 on CuPy arrays "
+                                         r"needs CuPy 14"):
+        Wire(CommPrecision.BF16, cp, "float32", key="qcomms.backward")
+    FusedTables([8], [4], sgd, dtype="float16", device="cuda", names=["users"])
+    Wire(CommPrecision.FP16, cp, "float32")
+    Wire(CommPrecision.BF16, np, "float32")  # NumPy: ml_dtypes is enough
+    if getattr(cp, "STANDIN", False):
+        with pytest.raises(ValueError, match="Unsupported dtype bfloat16"):
+            cp.zeros(4, storage_dtype("bfloat16"))
+    monkeypatch.setattr(cp, "__version__", "14.0.0")
+    FusedTables([8], [4], sgd, dtype="bfloat16", device="cuda", names=["users"])

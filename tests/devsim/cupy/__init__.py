@@ -38,6 +38,14 @@ for _name in ("bool_", "int8", "uint8", "int16", "uint16", "int32", "uint32", "i
     if hasattr(_np, _name):
         globals()[_name] = getattr(_np, _name)
 
+def _supported(dtype: _np.dtype) -> _np.dtype:
+    """``dtype``, or CuPy's error for a dtype the version in use does not have: bfloat16
+    (``ml_dtypes``) came with CuPy 14; CuPy 13 and older refuse it."""
+    if dtype.name == "bfloat16" and int(str(__version__).split(".")[0]) < 14:
+        raise ValueError(f"Unsupported dtype {dtype.name} (CuPy {__version__})")
+    return dtype
+
+
 _GARBAGE = 0xFF  # fresh device memory reads as NaN / -1: code that relies on zeros fails
 
 #: Functions whose result shape depends on the data: CuPy synchronises inside them.
@@ -57,7 +65,7 @@ class ndarray:
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
         if memptr is not None:
             raise NotImplementedError("stand-in: ndarray(memptr=...) is not modelled")
-        dtype = _np.dtype(dtype)
+        dtype = _supported(_np.dtype(dtype))
         n = int(_np.prod(shape, dtype=_np.int64)) * dtype.itemsize
         alloc = _engine.adopt(_np.full(max(n, 1), _GARBAGE, _np.uint8))
         view = alloc.host[:n].view(dtype).reshape(shape, order=order)
@@ -65,6 +73,7 @@ class ndarray:
 
     @classmethod
     def _wrap(cls, view: _np.ndarray, alloc) -> "ndarray":
+        _supported(view.dtype)
         obj = cls.__new__(cls)
         obj._a, obj._alloc = view, alloc
         return obj
