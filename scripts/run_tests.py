@@ -7,7 +7,8 @@
 
 Layouts: 1, 2, 3 and 4 ranks on one node, and emulated multi-node layouts
 (NEOCOMM_RANKS_PER_NODE): 2 nodes x 1 rank, 2 nodes x 2 ranks. The device
-tests (``tests/gpu``) run in one process and, for the ones marked ``mpi``,
+tests (``tests/gpu``) run in one process (two pytest-xdist workers, whole files
+each, with ``tests/unit``) and, for the ones marked ``mpi``,
 at 2 ranks and at 4 ranks over 2 emulated nodes, on a real GPU when CuPy
 finds one and on the device stand-in (``tests/devsim``) otherwise. The fault
 suite (``tests/faults``) starts real jobs with ``neocomm run`` and injects
@@ -70,6 +71,10 @@ def _run(label: str, argv: list[str], env: dict, outdir: str | None = None) -> t
     return rc, counts
 
 
+#: pytest-xdist workers of the one-process stage (the CI machines have 2 cores)
+UNIT_WORKERS = 2
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=["unit", "faults", "mpi"], help="run one part")
@@ -81,8 +86,10 @@ def main() -> int:
     env.setdefault("NEOCOMM_TIMEOUT", "120")
     results = []
     if args.only in (None, "unit"):
+        # two workers, whole files each (pytest-xdist): the one-process tests share no state
         results.append(_run("unit", [sys.executable, "-m", "pytest", "-q", "--color=no",
                                      "-p", "no:cacheprovider", "-m", "not mpi",
+                                     "-n", str(UNIT_WORKERS), "--dist", "loadfile",
                                      "tests/unit", "tests/gpu", *extra],
                             env))
     if args.only in (None, "faults"):

@@ -8,10 +8,12 @@ compiler).
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -45,17 +47,38 @@ def _nvcc() -> str:
 
 def _compile(tmp_path: Path, dtype: str, arch: str, *extra: str, state_dtype=None,
              wire=None) -> str:
-    """ptxas's report of compiling ``source_for(dtype, state_dtype, wire)`` to a cubin for
-    ``arch``."""
-    tag = f"{dtype}_{state_dtype or 'compute'}_{wire or 'plain'}"
-    src = tmp_path / f"kernels_{tag}.cu"
-    src.write_text(source_for(dtype, state_dtype, wire))
-    cmd = [_nvcc(), "-cubin", f"-arch={arch}", "-Xptxas", "-v", *extra,
-           "-o", str(tmp_path / f"kernels_{tag}_{arch}.cubin"), str(src)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    """ptxas's report of compiling ``source_for(dtype, state_dtype, wire)`` for ``arch``
+    (one nvcc run serves every architecture of :data:`ARCHS`: see :func:`_reports`)."""
+    return _reports(dtype, state_dtype, wire, tuple(extra))[arch]
+
+
+@functools.lru_cache(maxsize=None)
+def _reports(dtype: str, state_dtype, wire, extra: tuple) -> dict[str, str]:
+    """``{arch: ptxas report}`` of one nvcc run building a fat binary of
+    ``source_for(dtype, state_dtype, wire)`` for every architecture of :data:`ARCHS`;
+    each arch's part is the report from its first ``Compiling entry function ... for
+    'arch'`` line up to the next architecture's."""
+    where = Path(tempfile.mkdtemp(prefix="neocomm-nvcc-"))
+    try:
+        src = where / "kernels.cu"
+        src.write_text(source_for(dtype, state_dtype, wire))
+        gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in ARCHS]
+        cmd = [_nvcc(), "-fatbin", *gencode, "-Xptxas", "-v", *extra,
+               "-o", str(where / "kernels.fatbin"), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
     report = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{report}"
-    return report
+    parts: dict[str, list[str]] = {a: [] for a in ARCHS}
+    current = None
+    for line in report.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            current = m.group(2)
+        if current in parts:
+            parts[current].append(line)
+    return {a: "\n".join(lines) + "\n" for a, lines in parts.items()}
 
 
 def _spill_table(report: str) -> dict[str, tuple[int, int, int]]:
