@@ -20,7 +20,6 @@ from embedding.collection import dynamic_initializer
 from embedding.kernels import Bags, FusedTables
 from embedding.kernels.dynamic import DynamicTables
 from embedding.kernels.tiered import TieredTables
-from embedding.optim import state_specs
 from embedding.precision import storage_dtype
 from embedding.types import (CachePolicy, Eviction, OptimizerConfig, OptimizerKind,
                              TableConfig, TableMemory, Tier)
@@ -29,35 +28,13 @@ cp = pytest.importorskip("cupy", reason="CuPy is not installed")
 pytestmark = pytest.mark.gpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "embedding"))
+from test_half_stores import _assert_same, _bits, _contents  # noqa: E402
 from test_tiered import DIMS, ROWS, zipf_bags  # noqa: E402
 
 HALVES = ("float16", "bfloat16")
 ROUNDINGS = ("nearest", "stochastic", "master")
 
 
-def _bits(arr) -> np.ndarray:
-    arr = cp.asnumpy(arr) if isinstance(arr, cp.ndarray) else np.asarray(arr)
-    return arr.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[arr.dtype.itemsize])
-
-
-def _contents(store) -> list:
-    out = []
-    for t in range(store.num_tables):
-        out.append(_bits(store.weight(t)))
-        for spec in state_specs(store.optimizers[t].kind):
-            out.append(_bits(store.state_view(t, spec.name)))
-        master = store.master_weight(t)
-        out.append(None if master is None else _bits(master))
-    return out
-
-
-def _assert_same(a: list, b: list) -> None:
-    assert len(a) == len(b)
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x is None or y is None:
-            assert x is None and y is None, i
-        else:
-            np.testing.assert_array_equal(x, y, err_msg=f"array {i}")
 
 
 def _store(kind, name, rounding, device, memory=None):

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from embedding.collection import ShardedEmbeddingCollection, dynamic_initializer
-from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags, FusedTables
 from embedding.kernels.dynamic import DynamicTables
 from embedding.kernels.tiered import TieredTables
@@ -16,6 +15,7 @@ from embedding.precision import storage_dtype
 from embedding.types import (CachePolicy, Eviction, OptimizerConfig, OptimizerKind, Pooling,
                              Shard, ShardingPlan, ShardingType, TableConfig, TableMemory,
                              TablePlan, Tier)
+from test_half_tables import _train
 from test_tiered import DIMS, ROWS, train
 
 HALVES = ("float16", "bfloat16")
@@ -24,7 +24,8 @@ KINDS = (OptimizerKind.SGD, OptimizerKind.ROWWISE_ADAGRAD, OptimizerKind.ADAM)
 
 
 def _bits(arr) -> np.ndarray:
-    arr = np.asarray(arr)
+    """The bits of ``arr`` (NumPy, or a device array: copied to the host)."""
+    arr = arr.get() if hasattr(arr, "get") else np.asarray(arr)
     return arr.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[arr.dtype.itemsize])
 
 
@@ -202,16 +203,6 @@ def _collection(store, dtype, rounding="nearest", seed=5):
         TablePlan("a", ShardingType.TABLE_WISE, (Shard(0, 0, 30, 0, 8),), memory),
         TablePlan("b", ShardingType.TABLE_WISE, (Shard(0, 0, 7, 0, 4),))))
     return ShardedEmbeddingCollection(tables, plan, seed=seed), plan
-
-
-def _train(coll, steps=2, seed=3):
-    rng = np.random.default_rng(seed)
-    for _ in range(steps):
-        kjt = KeyedJagged.from_lists({f: [rng.integers(0, n, rng.integers(0, 4)).tolist()
-                                          for _ in range(6)] for f, n in (("a", 30), ("b", 7))})
-        out = coll.forward(kjt)
-        assert out.dtype == np.float32
-        coll.backward(rng.standard_normal(out.shape).astype(np.float32))
 
 
 def _table_a(coll) -> np.ndarray:
