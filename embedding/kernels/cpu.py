@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from embedding.checkpoint.fused8bit import encode_into
+from embedding.checkpoint.fused8bit import SCALE_BIAS_BYTES, encode_into
 from embedding.kernels.layout import (Bags, TableLayout, check_wire_rows, per_table_configs,
                                       wire_format, wire_shape)
 from embedding.kernels.segments import (jagged_max, jagged_sum, jagged_sum_permuted,
@@ -131,7 +131,7 @@ def _encode_block(vals: np.ndarray, out: np.ndarray, r0: int, c0: int, fmt: str,
     b, d = vals.shape
     if fmt == "int8":
         row = wire.row
-        units = out.reshape(out.shape[0], -1, row + 8)
+        units = out.reshape(out.shape[0], -1, row + SCALE_BIAS_BYTES)
         encode_into(vals.astype(np.float32, copy=False).reshape(b, d // row, row),
                     units[r0:r0 + b, c0 // row:(c0 + d) // row])
         return

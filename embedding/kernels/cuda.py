@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from embedding.kernels.cuda_src import MAX_DIM, OPTIMIZER_CODES, ROUNDING_CODES, source_for
-from embedding.kernels.layout import (Bags, TableLayout, check_wire_rows, per_table_configs,
-                                      wire_format, wire_shape)
+from embedding.kernels.layout import (Bags, TableLayout, check_wire_rows, encode_after,
+                                      per_table_configs, wire_format, wire_shape)
 from embedding.precision import compute_dtype, is_half
 
 __all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update", "aggregate_rows",
@@ -136,7 +136,8 @@ def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None, arg_out=No
     if fmt == "int8":
         check_wire_rows(layout, bags, wire.row)
         if max((layout.dims[t] for t in bags.slot_table), default=0) > MAX_DIM:
-            return _encode_after(layout, weights, bags, out, wire)
+            # int8 rows of slots too wide for the kernel's registers: pool, then encode
+            return encode_after(pooled_lookup(layout, weights, bags), wire, out)
     shape, odt = wire_shape(bags, dtype, wire)
     if out is None:
         # half wire buffers are made as their bits, as the codec makes them (qcomm._to_bf16)
@@ -167,16 +168,6 @@ def pooled_lookup(layout: TableLayout, weights, bags: Bags, out=None, arg_out=No
          np.int32(bags.num_slots), np.int32(bags.batch_size), np.int64(bags.out_dim),
          _bits(out), arg_out, has_arg, dtype.type(1 if scale is None else scale),
          np.int32(scale is not None), np.int32(1 if fmt is None else wire.row)))
-    return out
-
-
-def _encode_after(layout, weights, bags: Bags, out, wire):
-    """int8 wire rows of slots too wide for the kernel's registers: pool, then encode."""
-    pooled = pooled_lookup(layout, weights, bags)
-    rows = wire.encode(pooled.reshape(-1)).reshape(pooled.shape[0], -1)
-    if out is None:
-        return rows
-    out[...] = rows
     return out
 
 

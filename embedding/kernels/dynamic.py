@@ -75,9 +75,6 @@ class DynamicTables:
                                 threads=threads, rounding=rounding, seeds=seeds,
                                 state_dtype=state_dtype)
         adopt_layout(self, self.work, device)
-        self.rounding = self.work.rounding
-        self.seeds = self.work.seeds
-        self.state_dtype = self.work.state_dtype
         self.xp = self.work.xp
         eviction = tuple(eviction)
         if len(eviction) != self.num_tables:

@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from embedding.kernels.device import kernel_module
-from embedding.kernels.layout import Bags, TableLayout, per_table_configs
+from embedding.kernels.layout import Bags, TableLayout, encode_after, per_table_configs
 from embedding.optim import state_specs
 from embedding.precision import Rounding, compute_dtype, is_half, storage_dtype
 from embedding.types import OptimizerConfig, enum_arg
@@ -23,12 +23,16 @@ __all__ = ["FusedTables", "adopt_layout"]
 
 def adopt_layout(store, inner: "FusedTables", device: str) -> None:
     """Give ``store`` (a store wrapping ``inner``) ``inner``'s layout, optimizers, names,
-    dtype and threads, and ``device``: what strategies and checkpoints read of a store."""
+    precision (dtype, rounding, seeds, state dtype) and threads, and ``device``: what
+    strategies and checkpoints read of a store."""
     store.layout = inner.layout
     store.optimizers = inner.optimizers
     store.names = inner.names
     store.dtype = inner.dtype
     store.compute_dtype = inner.compute_dtype
+    store.rounding = inner.rounding
+    store.seeds = inner.seeds
+    store.state_dtype = inner.state_dtype
     store.device = device
     store.threads = inner.threads
 
@@ -196,8 +200,8 @@ class FusedTables:
                                             **kw)
         if wire is None or wire.identity:
             return self._impl.pooled_lookup(self.layout, self.weights, bags, out, **kw)
-        return _encoded(self._impl.pooled_lookup(self.layout, self.weights, bags, None, **kw),
-                        wire, out)
+        return encode_after(self._impl.pooled_lookup(self.layout, self.weights, bags, None,
+                                                     **kw), wire, out)
 
     def aggregate(self, bags: Bags, grad_out, wire=None):
         """Per table ``(rows, grads)`` of the bags' summed gradients (no update); ``wire``:
@@ -260,13 +264,3 @@ class FusedTables:
         cdt = self.compute_dtype
         return arr if arr.dtype == cdt else arr.astype(cdt)
 
-
-def _encoded(pooled, wire, out=None):
-    """``pooled`` in quantized ``wire``'s format (``[rows, wire.count(cols)]``), into ``out``
-    when given: the second pass over the rows that a store makes when its kernels cannot
-    encode."""
-    rows = wire.encode(pooled.reshape(-1)).reshape(pooled.shape[0], -1)
-    if out is None:
-        return rows
-    out[...] = rows
-    return out

@@ -26,7 +26,7 @@ from functools import cached_property
 import numpy as np
 
 __all__ = ["TableLayout", "Bags", "SUPPORTED_DTYPES", "per_table_configs", "host_array",
-           "wire_format", "wire_shape", "check_wire_rows"]
+           "wire_format", "wire_shape", "check_wire_rows", "encode_after"]
 
 #: Weight dtypes of the kernels (the CUDA sources are generated for each).
 SUPPORTED_DTYPES = ("float32", "float64")
@@ -58,9 +58,18 @@ def wire_shape(bags: "Bags", dtype, wire) -> tuple[tuple[int, int], np.dtype]:
     fmt = wire_format(wire)
     if fmt is None:
         return (bags.out_rows, bags.out_dim), np.dtype(dtype)
-    if fmt == "int8":
-        return (bags.out_rows, bags.out_dim // wire.row * (wire.row + 8)), np.dtype(np.uint8)
-    return (bags.out_rows, bags.out_dim), np.dtype(wire.dtype)
+    return (bags.out_rows, int(wire.count(bags.out_dim))), np.dtype(wire.dtype)
+
+
+def encode_after(pooled, wire, out=None):
+    """``pooled`` (``[rows, cols]``) in ``wire``'s format (``[rows, wire.count(cols)]``),
+    into ``out`` when given: the second pass over the rows a lookup makes when its kernel
+    cannot encode."""
+    rows = wire.encode(pooled.reshape(-1)).reshape(pooled.shape[0], -1)
+    if out is None:
+        return rows
+    out[...] = rows
+    return out
 
 
 def check_wire_rows(layout: "TableLayout", bags: "Bags", row: int) -> None:

@@ -123,9 +123,6 @@ class TieredTables:
                                 threads=threads, rounding=rounding, seeds=seeds,
                                 state_dtype=state_dtype)
         adopt_layout(self, self.host, device)
-        self.rounding = self.host.rounding
-        self.seeds = self.host.seeds
-        self.state_dtype = self.host.state_dtype
         memory = tuple(memory)
         if len(memory) != self.layout.num_tables:
             raise ValueError(f"memory: expected one TableMemory per table "
