@@ -75,8 +75,9 @@ def call_seconds(op: CollectiveOp, algorithm: str, request: Request, fabric: Fab
 
 def call_overhead(request: Request, fabric: FabricModel) -> float:
     """The fabric's fixed cost of one API call of ``request`` beyond its algorithm
-    (argument agreement, checks, selection); 0 on an uncalibrated fabric."""
-    return fabric.effective(request).call_overhead
+    (argument agreement, checks, selection), the operation's own where calibrated; 0 on
+    an uncalibrated fabric."""
+    return fabric.effective(request).call_overhead * fabric.overhead_factor(request.op)
 
 
 def costs(op: CollectiveOp, nbytes: int, fabric: FabricModel, *,

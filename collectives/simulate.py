@@ -107,6 +107,7 @@ def predict(op: CollectiveOp, fabric: FabricModel, sizes, *, itemsize: int = 4,
             device: bool = False) -> list[list[Prediction]]:
     """Per size, one :class:`Prediction` per algorithm of ``op`` (candidate order) on a
     group of ``fabric.size`` ranks; the one selection picks has ``selected``."""
+    from collectives.cost import call_overhead
     from collectives.select import SelectionError, explain, select
 
     op = CollectiveOp.parse(op)
@@ -119,7 +120,7 @@ def predict(op: CollectiveOp, fabric: FabricModel, sizes, *, itemsize: int = 4,
         except SelectionError:
             chosen = None
         rows = []
-        extra = fabric.effective(request).call_overhead  # (explain: the algorithms alone)
+        extra = call_overhead(request, fabric)  # (explain: the algorithms alone)
         for name, seconds, reason in explain(request, fabric):
             seconds = seconds + extra if seconds else seconds
             algbw = request.nbytes / seconds / 1e9 if seconds else 0.0

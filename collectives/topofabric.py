@@ -244,7 +244,10 @@ def apply_model(fabric: FabricModel, model: dict) -> FabricModel:
                      cores_per_node=int(model.get("cores_per_node", 0)),
                      huge_page_bytes=int(float(model.get("huge_page_mib", 0)) * (1 << 20)),
                      algorithm_factors=tuple(sorted(
-                         (str(k), float(v)) for k, v in model.get("factors", {}).items())))
+                         (str(k), float(v)) for k, v in model.get("factors", {}).items())),
+                     overhead_factors=tuple(sorted(
+                         (str(k), float(v)) for k, v in
+                         model.get("overhead_factors", {}).items())))
     where = f" on {model['measured_on']}" if model.get("measured_on") else ""
     return replace(fabric, source=f"{fabric.source.split(':')[0]}: {fabric.intra.kind} within "
                                   f"nodes, {fabric.inter.kind} x{fabric.nics_per_node} between "

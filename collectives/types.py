@@ -117,7 +117,9 @@ class FabricModel:
 
     Host effects, all off by default (``neocomm simulate calibrate`` fits them):
     ``call_overhead`` is the software cost of one API call beyond its algorithm
-    (argument agreement, checks, selection); ``node_bandwidth`` is the bytes/s a
+    (argument agreement, checks, selection), times the operation's entry of
+    ``overhead_factors`` (keyed ``"<op>"``: the sparse operations check and key peer
+    lists, the dense ones do not); ``node_bandwidth`` is the bytes/s a
     node's memory moves for all of its concurrent intra-node flows together (ranks
     that copy through shared memory share one memory system: each of ``f``
     concurrent flows gets at most ``node_bandwidth / f``); ``cache_bytes`` and
@@ -151,6 +153,7 @@ class FabricModel:
     switch_latency: float = 0.0
     page_cost: float = 0.0
     huge_page_bytes: int = 0
+    overhead_factors: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         for name in ("ranks_per_node", "nodes", "nics_per_node"):
@@ -169,9 +172,9 @@ class FabricModel:
         for name in ("cache_bytes", "cores_per_node", "huge_page_bytes"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"{name}: expected an int >= 0, got {getattr(self, name)}")
-        if isinstance(self.algorithm_factors, dict):
-            object.__setattr__(self, "algorithm_factors",
-                               tuple(sorted(self.algorithm_factors.items())))
+        for name in ("algorithm_factors", "overhead_factors"):
+            if isinstance(getattr(self, name), dict):
+                object.__setattr__(self, name, tuple(sorted(getattr(self, name).items())))
 
     @property
     def size(self) -> int:
@@ -196,6 +199,11 @@ class FabricModel:
             k = max(0, int(nbytes).bit_length() - 1)
             return min(buckets, key=lambda b: (abs(b[0] - k), b[0]))[1]
         return 1.0 if plain is None else plain
+
+    def overhead_factor(self, op: CollectiveOp) -> float:
+        """Calibration multiplier of :attr:`call_overhead` for a call of ``op`` (1.0 when
+        uncalibrated)."""
+        return float(dict(self.overhead_factors).get(op.value, 1.0))
 
     def inter_share(self, flows_per_node: int) -> float:
         """Bandwidth (bytes/s) one of ``flows_per_node`` concurrent inter-node

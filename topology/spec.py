@@ -115,9 +115,16 @@ def _choice(options):
 
 _NUM = (int, float)
 _LINK_CLASSES = ("nvlink", "pcie", "shm", "roce", "infiniband", "tcp")
+def _positive_map(table: dict, per: str) -> str | None:
+    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+             for x in table.values())
+    return None if ok else f"expected positive numbers per {per}"
+
+
 #: keys of the ``[model]`` table: the link classes the terms were measured on, the
 #: buffers they price, where and how well they were fitted, and the terms (latencies
-#: in us, rates in GB/s, the cache in MiB; ``factors``: op/algorithm efficiencies)
+#: in us, rates in GB/s, the cache in MiB; ``factors``: op/algorithm efficiencies;
+#: ``overhead_factors``: each operation's call overhead over ``call_overhead_us``)
 MODEL_KEYS = {
     "buffers": (str, True, _choice(("host", "device"))),
     "intra_link": (str, False, _choice(_LINK_CLASSES)),
@@ -130,9 +137,8 @@ MODEL_KEYS = {
     "cache_mib": (_NUM, False, _non_negative),
     "cores_per_node": (int, False, _non_negative),
     "huge_page_mib": (_NUM, False, _non_negative),
-    "factors": (dict, False, lambda v: None if all(
-        isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in v.values())
-        else "expected positive numbers per op/algorithm"),
+    "factors": (dict, False, lambda v: _positive_map(v, "op/algorithm")),
+    "overhead_factors": (dict, False, lambda v: _positive_map(v, "operation")),
     **{k: (_NUM, False, _non_negative) for k in (
         "intra_latency_us", "intra_bandwidth_gbs", "inter_latency_us", "inter_bandwidth_gbs",
         "node_bandwidth_gbs", "copy_bandwidth_gbs", "reduce_bandwidth_gbs", "step_overhead_us",

@@ -563,14 +563,16 @@ def _calibrate(args) -> int:
     print(f"# {'term':<34} {'value':>12}  from")
     kept = {model_key(t) for t in TERMS if t.name in result.kept}
     for key, value in table.items():
-        if key in ("buffers", "measured_on", "measured", "factors") or key.startswith("fit_"):
+        if key in ("buffers", "measured_on", "measured", "factors", "overhead_factors") or \
+                key.startswith("fit_"):
             continue
         origin = "host (read)" if key in ("cache_mib", "cores_per_node", "huge_page_mib") else \
             "link class" if key.endswith("_link") else \
             "fabric spec (no measurement depends on it)" if key in kept else "measured"
         print(f"  {key:<34} {value!s:>12}  {origin}")
-    for key, value in table["factors"].items():
-        print(f"  {'factor ' + key:<34} {value:>12}  measured")
+    for label, field in (("factor", "factors"), ("overhead", "overhead_factors")):
+        for key, value in table[field].items():
+            print(f"  {label + ' ' + key:<34} {value:>12}  measured")
     print(f"# fit: median |log(predicted / measured)| {result.median_error:.3f}, worst "
           f"{result.worst_error:.3f}")
     print(f"# wrote {out}: pass it as --fabric {out} (simulate, plan), or check it with "
