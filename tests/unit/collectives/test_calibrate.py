@@ -1,6 +1,7 @@
 """`neocomm simulate calibrate` and `validate`: the model fitted to bench runs, and checked."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import replace
@@ -27,6 +28,17 @@ RECORDED = Path(__file__).parent / "data" / "bench-2cpu-host.json"
 def _rows(path=RECORDED, ranks=None):
     rows = [m for run in read_measurements(str(path)) for m in read_bench(run) if m.api]
     return [m for m in rows if ranks is None or m.ranks in ranks]
+
+
+#: the recording host's facts (32 MiB last-level cache, 2 cores, NumPy's huge-page advice)
+HOST = dict(cache_bytes=32 << 20, cores_per_node=2, huge_page_bytes=4 << 20)
+
+
+@functools.lru_cache(maxsize=None)
+def _two_rank_fit(prior: float | None = None):
+    """The recorded 2-rank runs fitted (``prior`` None: the fitter's own weight)."""
+    kw = {} if prior is None else {"prior": prior}
+    return fit(_rows(ranks={2}), _host_start(), **HOST, **kw)
 
 
 def _host_start() -> FabricModel:
@@ -93,8 +105,7 @@ def test_the_recorded_runs_fit_better_than_the_line_rates():
     (0.133)."""
     rows = _rows(ranks={2})
     line_rates = compare(rows, _host_start())
-    host = dict(cache_bytes=32 << 20, cores_per_node=2, huge_page_bytes=4 << 20)
-    result = fit(rows, _host_start(), **host)
+    result = _two_rank_fit()
     fitted = compare(rows, result.fabric)
     inside = sum(c.within(0.25) for c in fitted)
     assert inside > sum(c.within(0.25) for c in line_rates)
@@ -105,7 +116,7 @@ def test_the_recorded_runs_fit_better_than_the_line_rates():
     over = dict(result.fabric.overhead_factors)
     assert over["many_to_many"] > 1.3 * over["all_to_all"]
     assert over["one_to_many"] > 1.3 * over["all_to_all"]
-    again = fit(rows, _host_start(), **host)
+    again = fit(rows, _host_start(), **HOST)
     assert again.fabric == result.fabric  # deterministic
 
 
@@ -116,10 +127,8 @@ def test_a_fit_that_stays_near_the_hardware_predicts_the_rank_count_it_did_not_s
     the factors near 1; without that pull the factors and the link rates trade off (the
     fit takes factors from 1e-15 to 24 and 72 GB/s shared memory, which fits the 2-rank
     calls a little closer) and the 4-rank prices run up to 21 times off."""
-    host = dict(cache_bytes=32 << 20, cores_per_node=2, huge_page_bytes=4 << 20)
-    two, four = _rows(ranks={2}), _rows(ranks={4})
-    pulled = fit(two, _host_start(), **host).fabric
-    free = fit(two, _host_start(), prior=0.0, **host).fabric
+    four = _rows(ranks={4})
+    pulled, free = _two_rank_fit().fabric, _two_rank_fit(0.0).fabric
     ahead = compare(four, pulled)
     assert sum(c.within(0.25) for c in ahead) >= 75  # of 128
     assert max(max(c.ratio, 1 / c.ratio) for c in ahead) < 3.0
