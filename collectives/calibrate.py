@@ -173,10 +173,10 @@ def fit(rows: list[Measurement], start: FabricModel, *, cache_bytes: int = 0,
     spec's rate, or 1 for a factor), as if one more row were that far off: a term
     leaves the spec only as far as the measurements ask. Without it the efficiency
     factors and the link rates trade off freely (the recorded 2-rank runs of this host
-    fit as well with 40 TB/s links and factors of 5,000 as with 11 GB/s and factors near
-    1), and a fit that far from the hardware prices nothing it was not fitted to: the
-    first predicts those runs' 4-rank calls up to 11,000 times off, the second within
-    1.9 times (see docs/simulate.md).
+    fit a little closer with 72 GB/s shared memory and factors from 1e-15 to 24 than
+    with 8.6 GB/s and factors of 0.7 to 2.3), and a fit that far from the hardware
+    prices nothing it was not fitted to: the first prices those runs' 4-rank calls up
+    to 21 times off, the second from 0.36 to 2.2 times (see docs/simulate.md).
     """
     rows = [m for m in rows if m.time > 0]
     if not rows:
