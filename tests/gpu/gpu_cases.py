@@ -10,7 +10,8 @@ import numpy as np
 from embedding.kernels import Bags, TableLayout
 from embedding.kernels.cuda_src import MAX_DIM
 
-__all__ = ["bag_case", "load_mpi_tests", "skip_unless_usable"]
+__all__ = ["assert_same_bytes", "bag_case", "load_mpi_tests", "skip_unless_usable",
+           "wire_case"]
 
 
 def skip_unless_usable(kind: str, world) -> None:
@@ -90,3 +91,29 @@ def bag_case(dtype, seed=0, weighted=True, groups=2, batch=6,
             weights[off + d:off + 2 * d] = weights[off:off + d]
     grad = rng.standard_normal((groups * batch, out_dim)).astype(dtype)
     return layout, bags, weights, grad
+
+
+def wire_case(dtype, seed=0, **kw):
+    """:func:`bag_case` (empty bags, repeated and tied rows, sum, mean and max slots) with
+    tables of ``dtype`` (half tables: float32 gradients)."""
+    from embedding.precision import storage_dtype
+
+    layout, bags, weights, grad = bag_case("float32" if dtype in ("float16", "bfloat16")
+                                           else dtype, seed, **kw)
+    return layout, bags, weights.astype(storage_dtype(dtype)), grad
+
+
+def _bytes(arr) -> np.ndarray:
+    arr = np.asarray(arr.get() if hasattr(arr, "get") and not isinstance(arr, np.ndarray)
+                     else arr)  # a device array comes to the host first
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+
+
+def assert_same_bytes(got, want, what):
+    """``got`` and ``want`` (host or device arrays) hold the same bytes; the message names
+    ``what`` and the first bytes that differ."""
+    g, w = _bytes(got), _bytes(want)
+    bad = np.flatnonzero(g != w)
+    assert g.size == w.size and bad.size == 0, (
+        f"{what}: {bad.size} of {w.size} bytes differ, e.g. at {bad[:6]}: {g[bad[:6]]} vs "
+        f"{w[bad[:6]]}")

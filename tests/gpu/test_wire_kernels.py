@@ -18,10 +18,10 @@ import pytest
 import cupy as cp
 from embedding.kernels import Bags, FusedTables, cpu, cuda
 from embedding.kernels.cuda_src import MAX_DIM
-from embedding.precision import compute_dtype, storage_dtype
+from embedding.precision import compute_dtype
 from embedding.sharding.qcomm import CommPrecision, Wire
 from embedding.types import OptimizerConfig, OptimizerKind
-from gpu_cases import bag_case
+from gpu_cases import assert_same_bytes, wire_case
 
 pytestmark = pytest.mark.gpu
 
@@ -33,25 +33,6 @@ TABLE_DTYPES = ("float32", "float64", "float16", "bfloat16")
 INT8_CASES = ((4, (16, 64, MAX_DIM, 4, 100, 8)), (12, (12, 36, 24, 132, 60, 12)),
               (32, (32, 64, 96, 32, 160, 32)), (48, (48, 96, 144, 48, 48, 96)),
               (3, (3, 9, 33, 6, 3, 12)))
-
-
-def _case(dtype, seed, **kw):
-    layout, bags, weights, grad = bag_case("float32" if dtype in ("float16", "bfloat16")
-                                           else dtype, seed, **kw)
-    return layout, bags, weights.astype(storage_dtype(dtype)), grad
-
-
-def _bytes(arr) -> np.ndarray:
-    arr = cp.asnumpy(arr) if isinstance(arr, cp.ndarray) else np.asarray(arr)
-    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-
-
-def _assert_same_bytes(got, want, what):
-    g, w = _bytes(got), _bytes(want)
-    bad = np.flatnonzero(g != w)
-    assert g.size == w.size and bad.size == 0, (
-        f"{what}: {bad.size} of {w.size} bytes differ, e.g. at {bad[:6]}: {g[bad[:6]]} vs "
-        f"{w[bad[:6]]}")
 
 
 class _On:
@@ -107,25 +88,25 @@ def _host_encoded(layout, weights, bags, precision, row=1, scale=None):
 @pytest.mark.parametrize("precision", [FP16, BF16], ids=lambda p: p.value)
 @pytest.mark.parametrize("dtype", TABLE_DTYPES)
 def test_lookup_writes_the_half_wire_bytes(dtype, precision, scale, weighted):
-    layout, bags, weights, _ = _case(dtype, 1, weighted=weighted)
+    layout, bags, weights, _ = wire_case(dtype, 1, weighted=weighted)
     want = _host_encoded(layout, weights, bags, precision, scale=scale)
     got = _device_lookup(layout, weights, bags, precision, scale=scale)
     assert got.shape == (bags.out_rows, bags.out_dim)
-    _assert_same_bytes(got, want, f"{dtype} -> {precision.value}")
+    assert_same_bytes(got, want, f"{dtype} -> {precision.value}")
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 @pytest.mark.parametrize("row, dims", INT8_CASES, ids=lambda x: str(x))
 @pytest.mark.parametrize("dtype", TABLE_DTYPES)
 def test_lookup_writes_the_int8_wire_rows(dtype, row, dims, weighted):
-    layout, bags, weights, _ = _case(dtype, 2, dims=dims, weighted=weighted)
+    layout, bags, weights, _ = wire_case(dtype, 2, dims=dims, weighted=weighted)
     want = _host_encoded(layout, weights, bags, INT8, row)
     got = _device_lookup(layout, weights, bags, INT8, row)
     assert got.shape == (bags.out_rows, bags.out_dim // row * (row + 8))
-    _assert_same_bytes(got, want, f"{dtype} -> int8 rows of {row}")
+    assert_same_bytes(got, want, f"{dtype} -> int8 rows of {row}")
     # a grid of two blocks: each warp encodes several bags with the same registers
     small = _device_lookup(layout, weights, bags, INT8, row, max_blocks=2)
-    _assert_same_bytes(small, want, f"{dtype} -> int8 rows of {row} (2 blocks)")
+    assert_same_bytes(small, want, f"{dtype} -> int8 rows of {row} (2 blocks)")
 
 
 def test_float64_rounds_once_to_fp16():
@@ -144,30 +125,30 @@ def test_float64_rounds_once_to_fp16():
     for precision in (FP16, BF16):
         with np.errstate(over="ignore"):  # 1e300 and 3e38 overflow to inf, as they should
             want = _host_encoded(layout, weights, bags, precision)
-        _assert_same_bytes(_device_lookup(layout, weights, bags, precision), want,
-                           precision.value)
+        assert_same_bytes(_device_lookup(layout, weights, bags, precision), want,
+                          precision.value)
     assert np.float16(ties[0]) != np.float16(np.float32(ties[0]))  # the case is a trap
 
 
 def test_uncovered_columns_are_encoded_zeros():
-    layout, bags, weights, _ = _case("float32", 3, rows=(4, 3), dims=(8, 40),
-                                     slot_table=(1, 0), slot_mean=(True, False))
+    layout, bags, weights, _ = wire_case("float32", 3, rows=(4, 3), dims=(8, 40),
+                                         slot_table=(1, 0), slot_mean=(True, False))
     bags = Bags(bags.indices, bags.offsets, bags.slot_table, (0, 48), bags.slot_mean,
                 bags.batch_size, 64, bags.num_groups, bags.weights)
     for precision in (FP16, BF16, INT8):
         want = _host_encoded(layout, weights, bags, precision, 8)
         got = _device_lookup(layout, weights, bags, precision, 8)
-        _assert_same_bytes(got, want, precision.value)
+        assert_same_bytes(got, want, precision.value)
 
 
 # the stand-in computes each CuPy result's metadata on the memory as it is before queued work
 # lands (the codec's cast of its codes then sees garbage): its warning says nothing here
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 def test_int8_slots_wider_than_the_registers_are_encoded_after_the_launch():
-    layout, bags, weights, _ = _case("float32", 4, rows=(6, 5), dims=(MAX_DIM + 16, 8),
-                                     slot_table=(0, 1), slot_mean=(False, True))
+    layout, bags, weights, _ = wire_case("float32", 4, rows=(6, 5), dims=(MAX_DIM + 16, 8),
+                                         slot_table=(0, 1), slot_mean=(False, True))
     want = _host_encoded(layout, weights, bags, INT8, 8)
-    _assert_same_bytes(_device_lookup(layout, weights, bags, INT8, 8), want, "wide int8")
+    assert_same_bytes(_device_lookup(layout, weights, bags, INT8, 8), want, "wide int8")
 
 
 @pytest.mark.parametrize("precision, scale", [(FP16, None), (FP16, 1024.0), (BF16, None)],
@@ -176,7 +157,7 @@ def test_int8_slots_wider_than_the_registers_are_encoded_after_the_launch():
 def test_backward_reads_the_wire_as_received(dtype, precision, scale):
     """aggregate_grads (max slots included) and SGD's backward_update on the received
     buffer: the bits NumPy gives on the decoded gradients."""
-    layout, bags, weights, grad = _case(dtype, 5)
+    layout, bags, weights, grad = wire_case(dtype, 5)
     cdt = compute_dtype(weights.dtype)
     host_wire = Wire(precision, np, cdt, scale=scale)
     recv = host_wire.encode(grad.astype(cdt).reshape(-1)).reshape(grad.shape)
@@ -189,7 +170,7 @@ def test_backward_reads_the_wire_as_received(dtype, precision, scale):
     for (wr, wg), (gr, gg) in zip(want, got):
         order = np.argsort(wr, kind="stable")
         np.testing.assert_array_equal(cp.asnumpy(gr), wr[order])
-        _assert_same_bytes(gg, wg[order], "aggregated gradients")
+        assert_same_bytes(gg, wg[order], "aggregated gradients")
     config = OptimizerConfig(OptimizerKind.SGD, lr=0.05)
     host = FusedTables(layout.rows, layout.dims, config, dtype=dtype)
     dev = FusedTables(layout.rows, layout.dims, config, dtype=dtype, device="cuda")
@@ -199,12 +180,12 @@ def test_backward_reads_the_wire_as_received(dtype, precision, scale):
         for _ in range(2):
             host.backward_update(bags, decoded)
             dev.backward_update(bags, cp.asarray(recv), wire=wire)
-    _assert_same_bytes(dev.weights, host.weights, "weights after two steps")
+    assert_same_bytes(dev.weights, host.weights, "weights after two steps")
 
 
 def test_device_store_lookup_counts_one_kernel_call():
     """FusedTables on the device: the encoded lookup is one kernel call and no Wire.encode."""
-    layout, bags, weights, _ = _case("float32", 6)
+    layout, bags, weights, _ = wire_case("float32", 6)
     store = FusedTables(layout.rows, layout.dims, OptimizerConfig(OptimizerKind.SGD, lr=0.1),
                         device="cuda")
     store.weights[:] = cp.asarray(weights)
@@ -218,7 +199,7 @@ def test_device_store_lookup_counts_one_kernel_call():
     finally:
         Wire.encode = encode
     assert store.take_kernel_calls() == 1 and calls == []
-    _assert_same_bytes(got, _host_encoded(layout, weights, bags, BF16), "bf16 lookup")
+    assert_same_bytes(got, _host_encoded(layout, weights, bags, BF16), "bf16 lookup")
 
 
 # --------------------------------------------------------------------------- Oclgrind
@@ -231,17 +212,17 @@ def test_oclgrind_finds_no_error_in_the_wire_kernels(dtype):
     kw = dict(batch=4, rows=(9, 5, 3), slot_table=(0, 2, 1), slot_mean=(False, True, False))
     with _On("oclgrind", 2):
         for row, dims in ((4, (8, 36, 4)), (12, (12, 36, 24))):
-            layout, bags, weights, _ = _case(dtype, 7, dims=dims, **kw)
+            layout, bags, weights, _ = wire_case(dtype, 7, dims=dims, **kw)
             wire = Wire(INT8, cp, compute_dtype(weights.dtype), row=row)
             got = cuda.pooled_lookup(layout, cp.asarray(weights), bags, wire=wire)
-            _assert_same_bytes(got, _host_encoded(layout, weights, bags, INT8, row),
-                               f"int8 rows of {row}")
-        layout, bags, weights, grad = _case(dtype, 8, dims=(33, 8, 1), **kw)
+            assert_same_bytes(got, _host_encoded(layout, weights, bags, INT8, row),
+                              f"int8 rows of {row}")
+        layout, bags, weights, grad = wire_case(dtype, 8, dims=(33, 8, 1), **kw)
         for precision in (FP16, BF16):
             wire = Wire(precision, cp, dtype)
             got = cuda.pooled_lookup(layout, cp.asarray(weights), bags, wire=wire)
-            _assert_same_bytes(got, _host_encoded(layout, weights, bags, precision),
-                               precision.value)
+            assert_same_bytes(got, _host_encoded(layout, weights, bags, precision),
+                              precision.value)
         host_wire = Wire(FP16, np, dtype, scale=64.0)
         recv = host_wire.encode(grad.reshape(-1)).reshape(grad.shape)
         want = cpu.aggregate_grads(layout, bags, host_wire.decode(recv.reshape(-1)).reshape(
@@ -250,4 +231,4 @@ def test_oclgrind_finds_no_error_in_the_wire_kernels(dtype):
                                    wire=Wire(FP16, cp, dtype, scale=64.0))
     for (wr, wg), (gr, gg) in zip(want, got):
         order = np.argsort(wr, kind="stable")
-        _assert_same_bytes(gg, wg[order], "aggregated gradients")
+        assert_same_bytes(gg, wg[order], "aggregated gradients")

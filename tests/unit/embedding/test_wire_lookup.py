@@ -20,12 +20,12 @@ import pytest
 from embedding.kernels import Bags, FusedTables, cpu
 from embedding.kernels.dynamic import DynamicTables
 from embedding.kernels.tiered import TieredTables
-from embedding.precision import compute_dtype, storage_dtype
+from embedding.precision import compute_dtype
 from embedding.sharding.qcomm import CommPrecision, Wire
 from embedding.types import Eviction, OptimizerConfig, OptimizerKind, TableMemory, Tier
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))
-from gpu_cases import bag_case  # noqa: E402
+from gpu_cases import assert_same_bytes, wire_case  # noqa: E402
 
 FP16, BF16, INT8 = CommPrecision.FP16, CommPrecision.BF16, CommPrecision.INT8
 TABLE_DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -33,26 +33,6 @@ TABLE_DTYPES = ("float32", "float64", "float16", "bfloat16")
 INT8_CASES = ((4, (16, 64, 1024, 4, 100, 8)), (12, (12, 36, 24, 132, 60, 12)),
               (32, (32, 64, 96, 32, 160, 32)), (48, (48, 96, 144, 48, 48, 96)),
               (3, (3, 9, 33, 6, 3, 12)))
-
-
-def wire_case(dtype, seed=0, **kw):
-    """``bag_case`` (empty bags, repeated and tied rows, sum, mean and max slots) with tables
-    of ``dtype`` (half tables: float32 gradients)."""
-    layout, bags, weights, grad = bag_case("float32" if dtype in ("float16", "bfloat16")
-                                           else dtype, seed, **kw)
-    return layout, bags, weights.astype(storage_dtype(dtype)), grad
-
-
-def as_bytes(arr) -> np.ndarray:
-    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-
-
-def assert_same_bytes(got, want, what):
-    g, w = as_bytes(got), as_bytes(want)
-    bad = np.flatnonzero(g != w)
-    assert g.size == w.size and bad.size == 0, (
-        f"{what}: {bad.size} of {w.size} bytes differ, e.g. at {bad[:6]}: {g[bad[:6]]} vs "
-        f"{w[bad[:6]]}")
 
 
 @pytest.mark.parametrize("threads", [1, 2])
