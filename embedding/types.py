@@ -7,6 +7,7 @@ checkpoint manifest.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 
@@ -156,9 +157,10 @@ class TableConfig:
             sdt = storage_dtype(self.state_dtype, f"state_dtype {where}")
             object.__setattr__(self, "state_dtype", sdt.name)
 
-    @property
+    @functools.cached_property
     def optimizer_state_dtype(self) -> str:
-        """The dtype of the optimizer's float state: ``state_dtype``, or the compute dtype."""
+        """The dtype of the optimizer's float state: ``state_dtype``, or the compute dtype
+        (worked out once: a table config is immutable)."""
         return self.state_dtype or compute_dtype(storage_dtype(self.dtype)).name
 
     @property

@@ -146,8 +146,14 @@ class _Builder:
                       for c in cyclic_shards(self.t.num_rows, dim, parts)]
         else:
             blocks = [(offset, rows, 1) for offset, rows in row_blocks(self.t.num_rows, parts)]
-        shards = []
+        shards, priced = [], {}  # blocks of as many rows cost alike: price each size once
         for offset, rows, stride in blocks:
+            same = priced.get(rows)
+            if same is not None:
+                shards.append(ShardEstimate(offset, rows, 0, dim, same.memory,
+                                            same.lookup_seconds, same.comm_seconds, same.parts,
+                                            stride))
+                continue
             frac = rows / self.t.num_rows
             if node:  # reduce inside the node, then one all-to-all across nodes
                 comm = [("input_dist", _A2A, _W, B * L * I * frac),
@@ -159,8 +165,9 @@ class _Builder:
                 comm = [("input_dist", _A2A, _W, B * L * I * frac),
                         ("output_dist", _RS, _W, P * dim * s),
                         ("emb_backward", _AG, _W, P * dim * s)]
-            shards.append(self._shard(rows, offset, dim, 0, B * L * frac,
-                                      B * L * I * frac + 2 * P * dim * s, comm, stride))
+            priced[rows] = self._shard(rows, offset, dim, 0, B * L * frac,
+                                       B * L * I * frac + 2 * P * dim * s, comm, stride)
+            shards.append(priced[rows])
         if node:
             secs, mem, sp = self._spread(B / self.W * L * I, P / self.W * dim * s)
             ops = ((_A2A, _W), (_RS, _N), (_AG, _N))

@@ -22,6 +22,7 @@ many tables that travel in one collective).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from collectives.cost import estimate
@@ -44,9 +45,15 @@ DTYPES = tuple(sorted(STORAGE_DTYPES))
 def itemsize(dtype: str) -> int:
     """Bytes of one element of ``dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"`` …)."""
     try:
-        return _ITEMSIZES[storage_dtype(dtype).name]
-    except ValueError:
+        return _itemsize(dtype)
+    except (ValueError, TypeError):  # TypeError: not even hashable
         raise ValueError(f"dtype: expected one of {sorted(_ITEMSIZES)}, got {dtype!r}") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _itemsize(dtype) -> int:
+    """:func:`itemsize`, looked up once per dtype (the planner asks for it per shard)."""
+    return _ITEMSIZES[storage_dtype(dtype).name]
 
 
 def weight_bytes(table: TableConfig, num_rows: int, num_cols: int) -> int:

@@ -29,6 +29,7 @@ generalized harmonic numbers ``H(k, s) = sum_{i <= k} i^-s``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Sequence
 
@@ -63,11 +64,18 @@ def harmonic(k: float, s: float) -> float:
     if k <= 0:
         return 0.0
     m = min(k, _EXACT)
-    head = math.fsum(i ** -s for i in range(1, m + 1))
+    head = _head(m, s)
     if k == m:
         return head
     integral = math.log(k / m) if s == 1.0 else (k ** (1 - s) - m ** (1 - s)) / (1 - s)
     return head + integral + (k ** -s - m ** -s) / 2 + s * (m ** (-s - 1) - k ** (-s - 1)) / 12
+
+
+@functools.lru_cache(maxsize=4096)
+def _head(m: int, s: float) -> float:
+    """``sum_{i=1..m} i^-s``, summed exactly once per ``(m, s)`` (the planner asks for the
+    same head, ``m`` = 1000, of every large table it prices)."""
+    return math.fsum(i ** -s for i in range(1, m + 1))
 
 
 def zipf_hit_rate(cache_rows: float, rows: float, s: float) -> float:
@@ -85,6 +93,7 @@ class TierModel:
                  constraints: TableConstraints | None = None):
         c = constraints or TableConstraints()
         self.t, self.hw = table, hardware
+        self._row_bytes: dict[int, int] = {}
         self.lookups = float(workload.batch_size) * float(c.ids_per_sample
                                                            or workload.ids_per_sample)
         self.given = c.hit_rate
@@ -98,7 +107,11 @@ class TierModel:
 
     def row_bytes(self, cols: int) -> int:
         """Bytes of one row slice of ``cols`` columns with its optimizer state."""
-        return cols * _itemsize(self.t.dtype) + state_bytes(self.t, 1, cols)
+        known = self._row_bytes.get(cols)
+        if known is None:
+            known = self._row_bytes[cols] = (cols * _itemsize(self.t.dtype)
+                                             + state_bytes(self.t, 1, cols))
+        return known
 
     def hit_rate(self, cache_rows: int, shard_rows: int) -> float:
         """Fraction of a shard's lookups its cache of ``cache_rows`` rows serves."""

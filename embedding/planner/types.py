@@ -6,6 +6,7 @@ batch sizes in samples (the global batch of one training step).
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field, replace
 
 from collectives.types import CollectiveOp, FabricModel
@@ -282,6 +283,8 @@ class Candidate:
     the fraction of a cached shard's lookups its cache serves (0 for ``host``,
     1 in device memory), ``hit_source`` where that figure comes from; ``device``
     the candidate in device memory a tiered one is a variant of (None: this is one).
+    The totals over its shards are worked out once (the search asks for them again and
+    again): a candidate is immutable.
     """
 
     table: str
@@ -297,31 +300,31 @@ class Candidate:
     hit_source: str = ""
     device: "Candidate | None" = field(default=None, compare=False, repr=False)
 
-    @property
+    @functools.cached_property
     def seconds(self) -> float:
         """Time of all shards added up (the load this candidate puts on the job)."""
         return sum(s.seconds for s in self.shards)
 
-    @property
+    @functools.cached_property
     def max_shard_memory(self) -> int:
         """Device bytes of the largest shard."""
         return max(s.memory.total for s in self.shards)
 
-    @property
+    @functools.cached_property
     def device_bytes(self) -> int:
         """Device bytes of all shards."""
         return sum(s.memory.total for s in self.shards)
 
-    @property
+    @functools.cached_property
     def host_bytes(self) -> int:
         """Host bytes of all shards."""
         return sum(s.memory.host for s in self.shards)
 
-    @property
+    @functools.cached_property
     def max_shard_seconds(self) -> float:
         return max(s.seconds for s in self.shards)
 
-    @property
+    @functools.cached_property
     def column_slices(self) -> int:
         return len({s.col_offset for s in self.shards})
 
@@ -330,7 +333,7 @@ class Candidate:
         k = self.column_slices
         return self.sharding.value + (f" x{k}" if k > 1 else "")
 
-    @property
+    @functools.cached_property
     def tiered(self) -> bool:
         """Its rows live in host memory."""
         return self.memory.tiered

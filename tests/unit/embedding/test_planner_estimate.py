@@ -170,3 +170,42 @@ def test_bad_hardware_and_workload():
         TableConstraints(column_slices=-2)
     with pytest.raises(ValueError, match="dtype"):
         shard_memory(table(dtype="complex64"), 1, 1)
+
+
+@pytest.mark.parametrize("sharding, hw", [(ShardingType.ROW_WISE, Hardware(8, 8, GIB)),
+                                          (ShardingType.CYCLIC_ROW_WISE, Hardware(8, 8, GIB)),
+                                          (ShardingType.TABLE_ROW_WISE, Hardware(16, 8, GIB))])
+def test_row_blocks_of_one_size_are_priced_once_and_alike(monkeypatch, sharding, hw):
+    """A table's row blocks differ by a row at most; each size is priced once (the planner
+    enumerates every table over up to 128 ranks) and every block of it carries that price,
+    with its own offset and stride."""
+    from embedding.planner import enumerate as en
+
+    priced = []
+    real = en._Builder._shard
+
+    def counted(self, rows, *args, **kw):
+        est = real(self, rows, *args, **kw)
+        priced.append(est)
+        return est
+
+    monkeypatch.setattr(en._Builder, "_shard", counted)
+    t = table(rows=1003, dim=16, kind=OptimizerKind.ADAM)
+    c = en._Builder(t, hw, WL, CostModel(hw), WL.ids_per_sample).rows(sharding)
+    blocks = [(s.row_offset, s.num_rows, s.row_stride) for s in c.shards]
+    parts = 8
+    if sharding is ShardingType.CYCLIC_ROW_WISE:
+        assert blocks == [(b.row_offset, b.num_rows, b.row_stride)
+                          for b in en.cyclic_shards(1003, 16, parts)]
+    else:
+        assert blocks == [(o, r, 1) for o, r in row_blocks(1003, parts)]
+    sizes = {s.num_rows for s in c.shards}
+    assert len(sizes) == 2 and sorted(p.num_rows for p in priced) == sorted(sizes)
+    by_size = {p.num_rows: p for p in priced}
+    for s in c.shards:
+        p = by_size[s.num_rows]
+        assert (s.memory, s.lookup_seconds, s.comm_seconds, s.parts, s.col_offset,
+                s.num_cols) == (p.memory, p.lookup_seconds, p.comm_seconds, p.parts, 0, 16)
+    small, large = sorted(by_size.values(), key=lambda p: p.num_rows)
+    assert small.memory.weights < large.memory.weights
+    assert small.lookup_seconds < large.lookup_seconds
