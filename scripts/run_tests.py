@@ -6,7 +6,11 @@
     python scripts/run_tests.py -k all_to_all
 
 Layouts: 1, 2, 3 and 4 ranks on one node, and emulated multi-node layouts
-(NEOCOMM_RANKS_PER_NODE): 2 nodes x 1 rank, 2 nodes x 2 ranks. The device
+(NEOCOMM_RANKS_PER_NODE): 2 nodes x 1 rank, 2 nodes x 2 ranks. The collectives
+and the sharded data path run at all six; the tests marked ``training`` (the
+trainers built on them) at 1, 2 and 3 ranks and at 2 nodes x 2
+(``tests/conftest.py``: TRAINING_LAYOUTS), and are counted as deselected at the
+others. The device
 tests (``tests/gpu``) run in one process (two pytest-xdist workers, whole files
 each, with ``tests/unit``) and, for the ones marked ``mpi``,
 at 2 ranks and at 4 ranks over 2 emulated nodes, on a real GPU when CuPy
@@ -84,6 +88,10 @@ def main() -> int:
         extra += ["-k", args.k]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault("NEOCOMM_TIMEOUT", "120")
+    # Every job here runs on this one host, where Open MPI's shared-memory and TCP
+    # transports carry all traffic; its libfabric transport (ofi) would spend about a
+    # second probing for network providers at each of the suite's hundreds of job starts.
+    env.setdefault("OMPI_MCA_btl", "^ofi")
     results = []
     if args.only in (None, "unit"):
         # two workers, whole files each (pytest-xdist): the one-process tests share no state

@@ -31,3 +31,39 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_sessionfinish(session, exitstatus):
     if not _has_torch() and _in_ci() and exitstatus == 0:
         session.exitstatus = 1  # CI installs torch: its tests must have run
+
+
+# -- MPI layouts: where the tests marked ``training`` run -----------------------------------
+#: Layouts, as ``NODESxRANKS_PER_NODE``, at which the tests marked ``training`` run under
+#: MPI. The collectives, their backends and the sharded data path run at every layout of
+#: scripts/run_tests.py; the trainers built on them (training loops, memory tiers,
+#: checkpoints, the PyTorch module) at one, two and three ranks and at two nodes of two,
+#: which hold every case their code tells apart: one rank, a power of two, uneven shards
+#: and the hierarchical paths between nodes.
+TRAINING_LAYOUTS = ("1x1", "1x2", "1x3", "2x2")
+
+
+def mpi_layout() -> str:
+    """This job's layout, ``NODESxRANKS_PER_NODE`` (emulated nodes when
+    ``NEOCOMM_RANKS_PER_NODE`` is set, else the hosts MPI's shared-memory split finds)."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    per_node = int(os.environ.get("NEOCOMM_RANKS_PER_NODE") or 0)
+    if not per_node:
+        local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+        per_node = world.allreduce(local.Get_size(), op=MPI.MAX)
+        local.Free()
+    return f"{world.Get_size() // per_node}x{per_node}"
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--with-mpi", default=False):
+        return
+    layout = mpi_layout()
+    if layout in TRAINING_LAYOUTS:
+        return
+    away = [item for item in items if item.get_closest_marker("training") is not None]
+    if away:
+        config.hook.pytest_deselected(items=away)
+        items[:] = [item for item in items if item.get_closest_marker("training") is None]

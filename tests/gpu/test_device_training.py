@@ -15,7 +15,7 @@ import pytest
 import cupy as cp
 from embedding.train import Trainer, parse_config
 
-pytestmark = pytest.mark.mpi(min_size=1)
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.training]
 STEPS = 5
 
 

@@ -11,6 +11,8 @@ from embedding.train import Trainer
 from embedding.types import (OptimizerConfig, OptimizerKind, Pooling, Shard, ShardingPlan,
                              ShardingType, TableConfig, TablePlan, cyclic_shards)
 
+pytestmark = pytest.mark.training
+
 ST = ShardingType
 B = 4
 

@@ -17,6 +17,8 @@ from embedding.train.save import find_checkpoint
 
 from test_train_parquet import config
 
+pytestmark = pytest.mark.training
+
 
 @pytest.mark.mpi(min_size=2)  # row- and column-wise shards need two ranks
 @pytest.mark.parametrize("sharding", ["row_wise", "cyclic_row_wise", "column_wise"])

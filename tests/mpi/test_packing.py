@@ -13,12 +13,15 @@ packed table and logs fewer calls per step than without.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from embedding.collection import ShardedEmbeddingCollection
 from embedding.jagged import KeyedJagged
 from embedding.packing import row_offsets
 from embedding.types import (OptimizerConfig, OptimizerKind, PackedTable, PackMember, Shard,
                              ShardingPlan, ShardingType, TableConfig, TablePlan)
+
+pytestmark = pytest.mark.training
 
 ST = ShardingType
 OPT = OptimizerConfig(OptimizerKind.ROWWISE_ADAGRAD, lr=0.1)

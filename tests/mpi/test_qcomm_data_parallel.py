@@ -27,6 +27,8 @@ from neocomm.errors import CollectiveArgumentError
 from test_qcomm import EPS, _tables, run
 from test_sharding import make_plan
 
+pytestmark = pytest.mark.training
+
 CASES = [QComms(dense="fp16"), QComms(dense="fp16", dense_loss_scale=1024.0),
          QComms(dense="bf16"), QComms("fp16", "bf16", dense="fp16", dense_loss_scale=256.0)]
 IDS = ["fp16", "fp16-scaled", "bf16", "all-16-bit"]

@@ -22,7 +22,7 @@ from embedding.types import CachePolicy, OptimizerKind, TableMemory, Tier
 from test_sharding import (BATCH, global_batch, local_kjt, make_plan, make_tables,
                            skip_if_uneven, tiered_plan)
 
-pytestmark = pytest.mark.mpi(min_size=1)
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.training]
 MIXES = ["tw", "rw", "cw", "twrw", "twcw", "cyc", "mixed", "mixed_hier", "mixed_cyc"]
 
 

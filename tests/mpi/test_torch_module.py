@@ -18,6 +18,8 @@ from test_sharding import (BATCH, MAX_POOLS, MIXES, POOLS, Reference, global_bat
                            local_kjt, make_plan, make_tables, skip_if_uneven, tiered_plan)
 from test_train import own_group
 
+pytestmark = pytest.mark.training
+
 
 def _train(world, all_ranks, mix, kind, pools=POOLS, steps=2, cache=None):
     """The module against the float64 dense reference (loss = sum(pooled * G)); ``cache``:

@@ -12,6 +12,8 @@ import pytest
 
 from embedding.train import Trainer, parse_config
 
+pytestmark = pytest.mark.training
+
 STEPS = 6
 
 

@@ -19,6 +19,8 @@ from embedding.data import Batch, BinaryWriter, SyntheticConfig, SyntheticDatase
 from embedding.train import ConfigError, Trainer, TrainingError, parse_config
 from embedding.train.data import open_data
 
+pytestmark = pytest.mark.training
+
 BATCH = 48
 ROWS = [50, 70, 30, 200]
 

@@ -20,6 +20,8 @@ from embedding.train.predict import predict
 
 from test_train import own_group
 
+pytestmark = pytest.mark.training
+
 STEPS = 8
 
 

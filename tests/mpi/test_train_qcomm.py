@@ -10,6 +10,8 @@ from embedding.train import Trainer, parse_config
 from embedding.train.metrics import read_metrics
 from test_train import shared_dir
 
+pytestmark = pytest.mark.training
+
 STEPS = 120
 
 

@@ -15,12 +15,15 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from embedding.checkpoint import load_checkpoint, read_box
 from embedding.train import Trainer, parse_config
 from embedding.packing import row_offsets
 from embedding.types import (PackedTable, PackMember, Shard, ShardingPlan, ShardingType,
                              TablePlan, cyclic_shards)
+
+pytestmark = pytest.mark.training
 
 ROWS = (50, 70, 30, 200)
 DIM = 8
