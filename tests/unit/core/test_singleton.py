@@ -5,7 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from neocomm import _LAUNCHED_BY
+from neocomm.mpistart import without_shared_memory
 
 SINGLETON = """
 import neocomm, numpy as np
@@ -16,20 +19,34 @@ C.all_reduce(x)
 assert w.size == 1 and x[0] == 1
 with open("/proc/self/maps") as fh:
     shm = sorted({line.split()[-1] for line in fh if "/dev/shm/" in line})
-print("\\n".join(["ran"] + shm))
+import os
+print("\\n".join(["ran", "btl=" + str(os.environ.get("OMPI_MCA_btl"))] + shm))
 """
 
 
-def test_a_singleton_leaves_no_shared_memory_file():
+@pytest.mark.parametrize("btl", [None, "^ofi", "self,sm,tcp"])
+def test_a_singleton_leaves_no_shared_memory_file(btl):
+    """Whatever transports the user chose (``OMPI_MCA_btl``), a singleton starts MPI
+    without the shared-memory one, and the user's setting is as it was afterwards."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY
            and not k.startswith("OMPI_MCA_")}
+    if btl is not None:
+        env["OMPI_MCA_btl"] = btl
     out = subprocess.run([sys.executable, "-c", SINGLETON], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
-    assert lines[0] == "ran"
-    left = [path for path in lines[1:] if os.path.exists(path)]
+    assert lines[0] == "ran" and lines[1] == f"btl={btl}", lines
+    left = [path for path in lines[2:] if os.path.exists(path)]
     assert left == [], f"the singleton left {left} in /dev/shm"
+
+
+def test_the_shared_memory_transport_is_taken_out_of_any_choice():
+    assert without_shared_memory(None) == without_shared_memory(" ") == "^sm"
+    assert without_shared_memory("^ofi") == "^ofi,sm"
+    assert without_shared_memory("^sm,ofi") == "^sm,ofi"
+    assert without_shared_memory("self,sm,tcp") == "self,tcp"
+    assert without_shared_memory("self, tcp") == "self,tcp"
 
 
 def test_a_chosen_transport_is_kept():
