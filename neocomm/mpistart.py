@@ -36,15 +36,16 @@ def start_mpi() -> None:
     any, with ``sm`` taken from it) for the moment of the initialisation only: a job
     this process launches later must keep it (its ranks talk through shared memory), and
     the user's own setting is put back as it was."""
+    import importlib
     import sys
 
     if "mpi4py.MPI" in sys.modules or any(key in _os.environ for key in _LAUNCHED_BY):
-        from mpi4py import MPI  # noqa: F401
+        importlib.import_module("mpi4py.MPI")
         return
     mine = _os.environ.get("OMPI_MCA_btl")
     _os.environ["OMPI_MCA_btl"] = without_shared_memory(mine)
     try:
-        from mpi4py import MPI  # noqa: F401,F811
+        importlib.import_module("mpi4py.MPI")
     finally:
         if mine is None:
             del _os.environ["OMPI_MCA_btl"]

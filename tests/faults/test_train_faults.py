@@ -9,7 +9,6 @@ from. A hang would show up as exit 124.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys

@@ -444,7 +444,6 @@ class _Unit:
         from mpi4py import MPI
 
         # announce every point-to-point call to its peer: requests to send and to receive
-        pending_send = collections.deque(self.sends)
         waiting_rtr: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         for o in self.sends:
             comm._post(o.peer, {"t": "rts", "nbytes": o.send[1].nbytes, "unit": self.summary,
