@@ -48,10 +48,19 @@ class Measurement:
     root: int = 0
     device: bool = False
     emulated: bool = False  # nodes emulated on one host (they share its cores)
+    launch_times: tuple[float, ...] = ()  # each launch's time, when launches were merged
 
     @property
     def nodes(self) -> int:
         return self.ranks // self.ranks_per_node
+
+    def repeated(self, tolerance: float) -> bool | None:
+        """Whether every launch measured this call within ``tolerance`` of their median
+        (``time``): the host repeating itself, the closest any model can be held to it.
+        None when one launch measured it."""
+        if len(self.launch_times) < 2:
+            return None
+        return all(abs(t / self.time - 1.0) <= tolerance for t in self.launch_times)
 
 
 def link_kinds(source: str) -> tuple[str, str] | None:
@@ -94,7 +103,8 @@ def read_bench(data: dict, where: str = "bench JSON") -> list[Measurement]:
         out.append(Measurement(op, int(data["ranks"]), int(data["ranks_per_node"]),
                                int(row["size"]), itemsize, "native" if not api else algo,
                                float(row["time"]), api, int(data.get("root", 0)),
-                               bool(data.get("device")), emulated))
+                               bool(data.get("device")), emulated,
+                               tuple(float(t) for t in row.get("launch_times", ()))))
     return out
 
 
@@ -279,9 +289,12 @@ class Comparison:
 
     def to_dict(self) -> dict:
         m = self.measurement
-        return {"op": m.op.value, "ranks": m.ranks, "nodes": m.nodes, "size": m.size,
-                "algorithm": m.algorithm, "api": m.api, "measured_s": m.time,
-                "predicted_s": self.predicted, "ratio": self.ratio}
+        out = {"op": m.op.value, "ranks": m.ranks, "nodes": m.nodes, "size": m.size,
+               "algorithm": m.algorithm, "api": m.api, "measured_s": m.time,
+               "predicted_s": self.predicted, "ratio": self.ratio}
+        if m.launch_times:
+            out["launch_times_s"] = list(m.launch_times)
+        return out
 
 
 def compare(rows: list[Measurement], fabric: FabricModel) -> list[Comparison]:
@@ -392,10 +405,11 @@ _SAME_RUN = ("op", "ranks", "ranks_per_node", "nodes", "dtype", "reduce_op", "ro
 def median_of_launches(runs: list[dict]) -> list[dict]:
     """``runs`` with the runs of one measurement (same op, layout, dtype, root, buffers and
     host: several launches of one bench) merged into one, in first-seen order: each row's
-    time the median over the launches that measured its size and algorithm, and
-    ``launches`` the number of runs merged. Ranks placed anew by each launch share cores,
-    caches and memory differently; on an oversubscribed host one launch can measure a
-    call twice as slow as the next, and the median of three takes that spread out."""
+    time the median over the launches that measured its size and algorithm (each launch's
+    in ``launch_times``; a run merged before brings its own), and ``launches`` the number
+    of runs merged. Ranks placed anew by each launch share cores, caches and memory
+    differently; on an oversubscribed host one launch can measure a call twice as slow as
+    the next, and the median of three takes that spread out."""
     import statistics
 
     groups: dict[tuple, list[dict]] = {}
@@ -407,12 +421,17 @@ def median_of_launches(runs: list[dict]) -> list[dict]:
         times: dict[tuple, list[float]] = {}
         for run in same:
             for row in run.get("rows", []):
-                times.setdefault((row.get("size"), row.get("algo")), []).append(row["time"])
+                times.setdefault((row.get("size"), row.get("algo")), []).extend(
+                    row.get("launch_times") or [row["time"]])
         first = dict(same[0])
         first["launches"] = sum(int(r.get("launches", 1)) for r in same)
-        first["rows"] = [dict(row, time=statistics.median(times[(row.get("size"),
-                                                                  row.get("algo"))]))
-                         for row in same[0].get("rows", [])]
+        first["rows"] = []
+        for row in same[0].get("rows", []):
+            each = times[(row.get("size"), row.get("algo"))]
+            merged = dict(row, time=statistics.median(each))
+            if len(each) > 1:
+                merged["launch_times"] = each
+            first["rows"].append(merged)
         out.append(first)
     return out
 

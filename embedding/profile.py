@@ -371,8 +371,9 @@ def run_training(layouts, *, config: str | None, steps: int, out_dir: str, hostf
 def median_of_training_launches(runs: list[dict]) -> list[dict]:
     """``runs`` (:func:`run_training`'s) with the launches of one layout and config merged,
     in first-seen order: ``median_step_ms`` and each of ``median_phases_ms`` the median
-    of the launches' medians, ``step_ms`` every launch's windows, ``launches`` how many
-    were merged (one launch can place its ranks worse than the next on a shared host)."""
+    of the launches' medians (each launch's step in ``launch_step_ms``; a run merged before
+    brings its own), ``step_ms`` every launch's windows, ``launches`` how many were merged
+    (one launch can place its ranks worse than the next on a shared host)."""
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
         key = tuple(str(run.get(k)) for k in ("ranks", "nodes", "emulated", "config", "steps"))
@@ -382,7 +383,10 @@ def median_of_training_launches(runs: list[dict]) -> list[dict]:
         merged = dict(same[0])
         merged["launches"] = sum(int(r.get("launches", 1)) for r in same)
         merged["step_ms"] = [t for r in same for t in r["step_ms"]]
-        merged["median_step_ms"] = median(r["median_step_ms"] for r in same)
+        each = [t for r in same for t in r.get("launch_step_ms") or [r["median_step_ms"]]]
+        merged["median_step_ms"] = median(each)
+        if len(each) > 1:
+            merged["launch_step_ms"] = each
         parts = sorted({p for r in same for p in r["median_phases_ms"]})
         merged["median_phases_ms"] = {p: median(r["median_phases_ms"].get(p, 0.0)
                                                 for r in same) for p in parts}

@@ -312,8 +312,9 @@ def test_the_bench_request_a_measurement_prices_is_the_bench_call():
 
 def test_launches_of_one_bench_merge_to_each_calls_median_and_validate_reads_them(
         tmp_path, capsys):
-    """Three launches of one layout: every call's time is the median of its three; other
-    layouts stay apart. Given as three --bench files, validate judges the medians."""
+    """Three launches of one layout: every call's time is the median of its three, each
+    launch's kept beside it; other layouts stay apart. Given as three --bench files,
+    validate judges the medians and says how many calls every launch measured alike."""
     from collectives.calibrate import median_of_launches
 
     fabric = spec_links(load_spec("cpu-host"), device=False)
@@ -330,16 +331,35 @@ def test_launches_of_one_bench_merge_to_each_calls_median_and_validate_reads_the
     by_key = {(r["op"], r["nodes"]): r for r in merged}
     for run in one:
         m = by_key[(run["op"], 1)]
-        assert m["launches"] == 3 and m["rows"] == run["rows"], run["op"]
+        assert m["launches"] == 3, run["op"]
+        assert [{k: v for k, v in row.items() if k != "launch_times"}
+                for row in m["rows"]] == run["rows"], run["op"]
+        assert [row["launch_times"] for row in m["rows"]] == \
+            [[row["time"] * f for f in (0.5, 3.0, 1.0)] for row in run["rows"]]
     for run in other:
         assert by_key[(run["op"], 2)]["launches"] == 1
         assert by_key[(run["op"], 2)]["rows"] == run["rows"]
+    remerged = median_of_launches(merged + scaled[2])  # a merged run brings its launches
+    assert [len(row["launch_times"]) for row in remerged[0]["rows"]] == [4] * 16
     paths = []
     for k, launch in enumerate(scaled):
         paths += ["--bench", str(tmp_path / f"launch{k}.json")]
         (tmp_path / f"launch{k}.json").write_text(json.dumps(
             {"kind": "neocomm-measurements", "runs": launch}))
-    assert main(["simulate", "validate", "--fabric", "cpu-host", *paths]) == 0
-    assert "within 25%: 64 of 64 calls" in capsys.readouterr().out
+    assert main(["simulate", "validate", "--fabric", "cpu-host", *paths,
+                 "--json", str(tmp_path / "v.json")]) == 0
+    out = capsys.readouterr().out
+    assert "within 25%: 64 of 64 calls" in out
+    # the launches at 0.5x and 3x: the host did not repeat itself on any call
+    assert "the host itself: 0 of 64 calls measured alike by every launch (3 launches" in out
+    data = json.loads((tmp_path / "v.json").read_text())
+    assert data["measured_alike"] == 0 and len(data["rows"][0]["launch_times_s"]) == 3
     assert main(["simulate", "validate", "--fabric", "cpu-host", *paths[2:4]]) == 1  # 3x only
-    capsys.readouterr()
+    assert "the host itself" not in capsys.readouterr().out  # one launch: nothing to compare
+    close = [[{**r, "rows": [dict(row, time=row["time"] * f) for row in r["rows"]]}
+              for r in one] for f in (0.9, 1.2, 1.0)]
+    for k, launch in enumerate(close):
+        (tmp_path / f"launch{k}.json").write_text(json.dumps(
+            {"kind": "neocomm-measurements", "runs": launch}))
+    assert main(["simulate", "validate", "--fabric", "cpu-host", *paths]) == 0
+    assert "the host itself: 64 of 64 calls measured alike" in capsys.readouterr().out

@@ -58,7 +58,11 @@ def test_launches_of_one_layout_merge_to_the_median_of_their_medians():
     two = merged[0]
     assert two["median_step_ms"] == 50.0 and two["median_phases_ms"] == {"dense": 4.0}
     assert sorted(two["step_ms"]) == [40.0, 40.0, 50.0, 50.0, 90.0, 90.0]
-    assert merged[1]["median_step_ms"] == 70.0
+    assert two["launch_step_ms"] == [40.0, 90.0, 50.0]
+    assert merged[1]["median_step_ms"] == 70.0 and "launch_step_ms" not in merged[1]
+    again = median_of_training_launches([two, run(2, 1, 45.0, 4.0)])  # brings its launches
+    assert again[0]["launch_step_ms"] == [40.0, 90.0, 50.0, 45.0]
+    assert again[0]["median_step_ms"] == 47.5 and again[0]["launches"] == 4
 
 
 def test_the_slowest_of_n_ranks_waits_the_expected_largest_of_n_steps():
@@ -150,6 +154,17 @@ def test_the_recorded_training_runs_are_predicted_from_their_profiles(tmp_path, 
         assert f"{run['median_step_ms']:.2f}" in text
     assert f"within 25%: {within} of {len(runs)} layouts" in text
     assert within == len(runs) and code == 0
+    assert "the host itself" not in text  # merged runs without their launches' steps
+    # the same runs again, 10 % slower, as a second launch: both within 25 % of the median
+    again = tmp_path / "again.json"
+    again.write_text(json.dumps({"kind": "neocomm-step-measurements", "runs": [
+        dict(r, median_step_ms=r["median_step_ms"] * 1.1) for r in runs]}))
+    main(["simulate", "validate", "--step", "--fabric", str(fabric), "--bench",
+          str(RECORDED_STEPS), "--bench", str(again)])
+    text = capsys.readouterr().out
+    assert f"the host itself: {len(runs)} of {len(runs)} layouts measured alike" in text
+    first = runs[0]["median_step_ms"]
+    assert f"{first:.1f}/{first * 1.1:.1f} ms" in text
 
 
 def test_step_validation_wants_a_fabric_of_this_machine(capsys):
