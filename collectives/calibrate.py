@@ -55,12 +55,17 @@ class Measurement:
         return self.ranks // self.ranks_per_node
 
     def repeated(self, tolerance: float) -> bool | None:
-        """Whether every launch measured this call within ``tolerance`` of their median
-        (``time``): the host repeating itself, the closest any model can be held to it.
-        None when one launch measured it."""
+        """Whether every launch measured this call alike (:func:`launches_agree`); None
+        when one launch measured it."""
         if len(self.launch_times) < 2:
             return None
-        return all(abs(t / self.time - 1.0) <= tolerance for t in self.launch_times)
+        return launches_agree(self.launch_times, self.time, tolerance)
+
+
+def launches_agree(times, median: float, tolerance: float) -> bool:
+    """Whether every launch's ``times`` came within ``tolerance`` of their ``median``: the
+    host repeating itself, the closest any model of it can be held to it."""
+    return all(abs(t / median - 1.0) <= tolerance for t in times)
 
 
 def link_kinds(source: str) -> tuple[str, str] | None:

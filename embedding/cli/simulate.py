@@ -613,19 +613,17 @@ def _validate(args) -> int:
     print(f"# within {args.tolerance:.0%}: {inside} of {len(table)} calls; " + "; ".join(
         f"{r} ranks on {n} node(s): {sum(c.within(args.tolerance) for c in cs)}/{len(cs)}"
         for (r, n), cs in sorted(groups.items())))
-    repeats = [(c.measurement, c.measurement.repeated(args.tolerance)) for c in table]
-    repeats = [(m, ok) for m, ok in repeats if ok is not None]
-    alike = sum(ok for _, ok in repeats)
-    if repeats:
-        launches = sorted({len(m.launch_times) for m, _ in repeats})
-        per: dict = {}
-        for m, ok in repeats:
-            per.setdefault((m.ranks, m.nodes), []).append(ok)
-        print(f"# the host itself: {alike} of {len(repeats)} calls measured alike by every "
+    repeated = {key: [ok for c in cs if (ok := c.measurement.repeated(args.tolerance))
+                      is not None] for key, cs in sorted(groups.items())}
+    counted = [ok for oks in repeated.values() for ok in oks]
+    alike = sum(counted)
+    if counted:
+        launches = sorted({len(c.measurement.launch_times) for c in table} - {0})
+        print(f"# the host itself: {alike} of {len(counted)} calls measured alike by every "
               f"launch ({'/'.join(map(str, launches))} launches each, within "
               f"{args.tolerance:.0%} of their median); " + "; ".join(
                   f"{r} ranks on {n} node(s): {sum(oks)}/{len(oks)}"
-                  for (r, n), oks in sorted(per.items())))
+                  for (r, n), oks in repeated.items() if oks))
     worst = max(table, key=lambda c: abs(c.ratio - 1.0))
     print(f"# worst: {worst.measurement.op.value} {worst.measurement.size} bytes at "
           f"{worst.measurement.ranks} ranks on {worst.measurement.nodes} node(s), "
@@ -633,7 +631,7 @@ def _validate(args) -> int:
     if args.json:
         _dump(args.json, {"kind": "neocomm-simulate-validate", "fabric": spec.name,
                           "tolerance": args.tolerance, "within": inside,
-                          "measured_alike": alike if repeats else None,
+                          "measured_alike": alike if counted else None,
                           "rows": [c.to_dict() for c in table]})
     return 0 if inside == len(table) else 1
 
@@ -679,6 +677,7 @@ def _training_runs(args) -> list[dict]:
 def _validate_step(args) -> int:
     import platform
 
+    from collectives.calibrate import launches_agree
     from embedding.profile import STEP_KIND
 
     args.flops = None
@@ -715,9 +714,8 @@ def _validate_step(args) -> int:
     print(f"# within {args.tolerance:.0%}: {inside} of {len(runs)} layouts")
     repeats = [run for run in runs if len(run.get("launch_step_ms") or ()) > 1]
     if repeats:
-        alike = [run for run in repeats if all(
-            abs(t / run["median_step_ms"] - 1.0) <= args.tolerance
-            for t in run["launch_step_ms"])]
+        alike = [run for run in repeats if launches_agree(
+            run["launch_step_ms"], run["median_step_ms"], args.tolerance)]
         print(f"# the host itself: {len(alike)} of {len(repeats)} layouts measured alike by "
               f"every launch (within {args.tolerance:.0%} of their median step; launches "
               + ", ".join(f"{r['ranks']}x{r['nodes']}: " + "/".join(

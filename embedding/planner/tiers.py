@@ -93,7 +93,6 @@ class TierModel:
                  constraints: TableConstraints | None = None):
         c = constraints or TableConstraints()
         self.t, self.hw = table, hardware
-        self._row_bytes: dict[int, int] = {}
         self.lookups = float(workload.batch_size) * float(c.ids_per_sample
                                                            or workload.ids_per_sample)
         self.given = c.hit_rate
@@ -107,11 +106,7 @@ class TierModel:
 
     def row_bytes(self, cols: int) -> int:
         """Bytes of one row slice of ``cols`` columns with its optimizer state."""
-        known = self._row_bytes.get(cols)
-        if known is None:
-            known = self._row_bytes[cols] = (cols * _itemsize(self.t.dtype)
-                                             + state_bytes(self.t, 1, cols))
-        return known
+        return cols * _itemsize(self.t.dtype) + state_bytes(self.t, 1, cols)
 
     def hit_rate(self, cache_rows: int, shard_rows: int) -> float:
         """Fraction of a shard's lookups its cache of ``cache_rows`` rows serves."""
