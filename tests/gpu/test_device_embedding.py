@@ -109,15 +109,11 @@ def _run(world, all_ranks, mix, kind, *, dedup=False, pipelined=False, steps=2, 
 #: each optimizer, the backend alternating (so each mix and each optimizer runs on both), in
 #: half the full product's cases
 _KINDS, _BACKENDS = list(OptimizerKind), ("nccl", "staged")
-MATCH_CASES = [(mix, kind, _BACKENDS[(i + j) % 2]) for i, mix in enumerate(S.MIXES)
-               for j, kind in enumerate(_KINDS)]
+MATCH_CASES = S.latin_cases(list(S.MIXES), _KINDS, _BACKENDS)
 
 
 def test_the_match_cases_meet_every_pair():
-    for a, b, full in ((0, 1, {(m, k) for m in S.MIXES for k in _KINDS}),
-                       (0, 2, {(m, b) for m in S.MIXES for b in _BACKENDS}),
-                       (1, 2, {(k, b) for k in _KINDS for b in _BACKENDS})):
-        assert {(case[a], case[b]) for case in MATCH_CASES} == full
+    S.assert_every_pair(MATCH_CASES, list(S.MIXES), _KINDS, _BACKENDS)
 
 
 @pytest.mark.parametrize("mix, kind, device_backend", MATCH_CASES, indirect=["device_backend"],

@@ -240,6 +240,23 @@ def run_steps(world, all_ranks, mix, kind, *, weighted=False, dedup=False, steps
     compare_shards(coll, ref, all_ranks, f"{mix}/{kind.value}", rtol)
 
 
+def latin_cases(first, second, rotated) -> list[tuple]:
+    """Cases meeting every pair of three factors in ``len(first) * len(second)`` runs:
+    each of ``first`` with each of ``second``, ``rotated`` turning one step per row and
+    column (a Latin square), so each of ``first`` and of ``second`` also meets each of
+    ``rotated`` when it is no longer than ``second`` and ``first``."""
+    return [(a, b, rotated[(i + j) % len(rotated)]) for i, a in enumerate(first)
+            for j, b in enumerate(second)]
+
+
+def assert_every_pair(cases, *factors) -> None:
+    """Every pair of ``factors``' values meets in one of ``cases`` (tuples in their order)."""
+    for a in range(len(factors)):
+        for b in range(a + 1, len(factors)):
+            assert {(c[a], c[b]) for c in cases} == \
+                {(x, y) for x in factors[a] for y in factors[b]}, (a, b)
+
+
 def skip_if_uneven(mix: str, world) -> None:
     """Skip a table-row-wise mix on nodes of different sizes (it needs equal nodes)."""
     if ("twrw" in mix or mix == "mixed_hier") and not world.uniform:

@@ -19,8 +19,8 @@ import pytest
 from embedding.collection import ShardedEmbeddingCollection
 from embedding.optim import state_specs
 from embedding.types import CachePolicy, OptimizerKind, TableMemory, Tier
-from test_sharding import (BATCH, global_batch, local_kjt, make_plan, make_tables,
-                           skip_if_uneven, tiered_plan)
+from test_sharding import (BATCH, assert_every_pair, global_batch, latin_cases, local_kjt,
+                           make_plan, make_tables, skip_if_uneven, tiered_plan)
 
 pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.training]
 MIXES = ["tw", "rw", "cw", "twrw", "twcw", "cyc", "mixed", "mixed_hier", "mixed_cyc"]
@@ -86,15 +86,11 @@ CACHES = [1, 4, "all"]
 #: every pair of (sharding mix, cache rows, optimizer) meets in a case: each mix runs each
 #: cache size once with the optimizers rotated (a Latin square), so each mix also runs each
 #: optimizer, and each cache size each optimizer, in a third of the full product's cases
-BITWISE = [(mix, cache, KINDS[(i + j) % len(KINDS)]) for i, mix in enumerate(MIXES)
-           for j, cache in enumerate(CACHES)]
+BITWISE = latin_cases(MIXES, CACHES, KINDS)
 
 
 def test_the_bitwise_cases_meet_every_pair():
-    for a, b, full in ((0, 1, {(m, c) for m in MIXES for c in CACHES}),
-                       (0, 2, {(m, k) for m in MIXES for k in KINDS}),
-                       (1, 2, {(c, k) for c in CACHES for k in KINDS})):
-        assert {(case[a], case[b]) for case in BITWISE} == full
+    assert_every_pair(BITWISE, MIXES, CACHES, KINDS)
 
 
 @pytest.mark.parametrize("mix, cache, kind", BITWISE,
