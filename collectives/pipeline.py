@@ -105,12 +105,18 @@ def exchange_segments(call, send_peer: int, send: Segments, recv_peer: int, recv
     Chunk ``j`` of ``send`` is packed before chunk ``j`` of ``recv`` is
     unpacked, so both may name the same positions (Bruck's in-place steps);
     such callers pass ``stage_send=True``: both directions then go through
-    staging, so that no receive lands before the send has packed its data.
+    staging and are cut into chunks of one size, the smaller of the policy's
+    intra- and inter-node chunks (the same on every rank, so a sender and its
+    receiver agree), so that no receive lands on positions the send has not
+    packed yet, whichever link classes the two peers are across.
     """
     policy, pool = call.policy, call.pool
     dtype = send.buf.dtype
-    c_send = policy.elems(call.is_inter(send_peer))
-    c_recv = policy.elems(call.is_inter(recv_peer))
+    if stage_send:
+        c_send = c_recv = min(policy.intra, policy.inter)
+    else:
+        c_send = policy.elems(call.is_inter(send_peer))
+        c_recv = policy.elems(call.is_inter(recv_peer))
     depth = policy.depth
     sends, recvs = Window(depth), collections.deque()
     n_send = -(-send.total // c_send)

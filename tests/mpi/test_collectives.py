@@ -67,6 +67,34 @@ def test_all_to_all(world, all_ranks, dtype, block):
     _each_algorithm(CollectiveOp.ALL_TO_ALL, check)
 
 
+def test_all_to_all_with_other_chunks_across_nodes(world, all_ranks, monkeypatch):
+    """Chunk sizes that differ between intra- and inter-node links (as between the hosts
+    of a real cluster, where the inter-node link has its own): a rank whose send peer is
+    on another node than its receive peer cuts the two directions differently. Bruck's
+    in-place steps once let such a receive overwrite blocks before they were sent."""
+    from collectives import settings
+
+    comm, p = world.comm, world.size
+    for intra, inter in (("64K", "16K"), ("16K", "64K")):
+        monkeypatch.setenv("NEOCOMM_CHUNK_BYTES_INTRA", intra)
+        monkeypatch.setenv("NEOCOMM_CHUNK_BYTES_INTER", inter)
+        settings.reload()
+        try:
+            x = _data(np.random.default_rng(7 + world.rank), (1 << 16) * p, "float32")
+            want = np.empty_like(x)
+            comm.Alltoall(_bytes(x), _bytes(want))
+
+            def check(algo):
+                got = C.all_to_all(x, algo=algo)
+                all_ranks(np.array_equal(_bytes(got), _bytes(want)),
+                          f"{algo}: intra chunks {intra}, inter {inter}")
+
+            _each_algorithm(CollectiveOp.ALL_TO_ALL, check)
+        finally:
+            monkeypatch.undo()
+            settings.reload()
+
+
 @given(seed=st.integers(0, 10_000), zero_prob=st.floats(0, 0.8))
 @HYP
 def test_all_to_all_v_uneven_and_zero_counts(world, all_ranks, seed, zero_prob):
