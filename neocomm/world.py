@@ -44,13 +44,14 @@ class World(StateHolder):
         shm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         #: this rank's position among the ranks of its real host (emulated nodes share one)
         self.host_rank = shm.Get_rank()
+        leader = comm.allgather(shm.allreduce(self.rank, op=MPI.MIN))  # one per real host
+        shm.Free()
         if self.emulated:
             nodes = [r // ranks_per_node for r in range(self.size)]
+            _refuse_nodes_across_hosts(comm, ranks_per_node, nodes, leader)
         else:
-            leader = comm.allgather(shm.allreduce(self.rank, op=MPI.MIN))
             order = sorted(set(leader))
             nodes = [order.index(x) for x in leader]
-        shm.Free()
         self._node_of = tuple(nodes)
         self.node = nodes[self.rank]
         self.num_nodes = max(nodes) + 1
@@ -109,6 +110,40 @@ class World(StateHolder):
         return (f"World(rank={self.rank}, size={self.size}, node={self.node}/{self.num_nodes}, "
                 f"local_rank={self.local_rank}/{self.local_size}"
                 f"{', emulated' if self.emulated else ''})")
+
+
+def _refuse_nodes_across_hosts(comm, per_node: int, nodes: list[int], leader: list[int]) -> None:
+    """ValueError on every rank when an emulated node holds ranks of different real hosts:
+    an emulated node only subdivides a host (its ranks share memory and the host's links;
+    symmetric buffers and intra-node algorithms rely on it). Every rank decides from the
+    same gathered facts, so all raise together."""
+    spans = [n for n in sorted(set(nodes))
+             if len({leader[r] for r in range(len(nodes)) if nodes[r] == n}) > 1]
+    if not spans:
+        return
+    import socket
+
+    names = comm.allgather(socket.gethostname())
+    node = spans[0]
+    members = [r for r in range(len(nodes)) if nodes[r] == node]
+    parts = []
+    for lead in dict.fromkeys(leader[r] for r in members):
+        ranks = [r for r in members if leader[r] == lead]
+        parts.append(f"{names[lead]} (ranks {_span(ranks)})")
+    fits = [k for k in range(1, per_node) if len(nodes) % k == 0
+            and all(len({leader[r] for r in range(i, i + k)}) == 1
+                    for i in range(0, len(nodes), k))]
+    hint = f" (here {', '.join(map(str, fits))})" if fits else ""
+    raise ValueError(
+        f"NEOCOMM_RANKS_PER_NODE={per_node} (--ranks-per-node): emulated node {node} (ranks "
+        f"{_span(members)}) spans {len(parts)} hosts: {', '.join(parts)}; an emulated node "
+        f"only subdivides one host. Use a value that splits each host's ranks{hint}, or "
+        f"none: real hosts are found without it")
+
+
+def _span(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1 \
+        else ", ".join(map(str, ranks))
 
 
 def _bind_device(host_rank: int) -> int | None:
