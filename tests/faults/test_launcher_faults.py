@@ -177,3 +177,32 @@ def test_no_room_in_dev_shm_or_the_temporary_directory_is_refused_before_any_ran
     assert "warning: /dev/shm has 40 MiB free; 4 ranks on this host may use up to 64 MiB" \
         in out.stderr, out.stderr
     assert marker.exists()
+
+
+FAKE_LAUNCHER = textwrap.dedent("""\
+    #!/bin/sh
+    # an MPI launcher that leaves one process of the job behind as it exits 0
+    case "$1" in --version) echo "mpirun (Open MPI) 5.0.0"; exit 0;; esac
+    if [ "$FAKE_LEFT" = rank ]; then
+        "$FAKE_PYTHON" -m neocomm.rankwatch -- sleep 30 &   # a rank still running
+    else
+        sleep 1 &   # e.g. the ssh client of a remote daemon, closing a moment after
+    fi
+    exit 0
+""")
+
+
+@pytest.mark.parametrize("left,want", [("helper", 0), ("rank", 1)])
+def test_what_outlives_the_launcher_decides_the_status(tmp_path, left, want):
+    """After a launcher that exited 0: a process of the job that is not a rank (a remote
+    shell closing its connection) does not make the job fail; a rank of this host that
+    is still running after the grace does (exit 1, named), and both are stopped."""
+    fake = tmp_path / "mpirun"
+    fake.write_text(FAKE_LAUNCHER)
+    fake.chmod(0o755)
+    env = {**os.environ, "NEOCOMM_LAUNCHER": str(fake), "FAKE_LEFT": left,
+           "FAKE_PYTHON": sys.executable, "NEOCOMM_KILL_GRACE": "2"}
+    done = subprocess.run([sys.executable, "-m", "neocomm.cli", "run", "-n", "2", "--", "true"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == want, done.stderr
+    assert ("did not; stopping them" in done.stderr) == (want == 1), done.stderr
