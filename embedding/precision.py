@@ -34,7 +34,8 @@ import enum
 import numpy as np
 
 __all__ = ["STORAGE_DTYPES", "HALF_DTYPES", "Rounding", "storage_dtype", "compute_dtype",
-           "is_half", "random_bits", "round_bits", "round_to", "to_float32"]
+           "is_half", "random_bits", "round_bits", "round_to", "to_float32",
+           "narrow_to_float32", "encode_half"]
 
 #: Storage dtypes of a table (float64 for tests and references).
 STORAGE_DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -171,3 +172,46 @@ def round_to(x, dtype, rounding: Rounding = Rounding.NEAREST, *, seed: int = 0,
         x = np.asarray(x)
         rnd = random_bits(seed, step, table, rows, x.shape[1])
     return round_bits(x, dt, rnd).view(dt)
+
+
+def narrow_to_float32(x, xp=np):
+    """``x`` as float32 ready for one more rounding to a half type.
+
+    float64 rounds toward zero with the last bit set when inexact ("round to
+    odd"): float32 keeps 13 more bits than float16 and 16 more than bfloat16, so
+    rounding the result to nearest once more gives the nearest half value of
+    ``x`` itself, one rounding, as the CUDA codec does (``narrow_for_half``).
+    Other dtypes are a plain cast.
+    """
+    if x.dtype != np.float64:
+        return x.astype(np.float32, copy=False)
+    with np.errstate(over="ignore"):                 # inf is stepped back below
+        f = x.astype(np.float32)
+    back = f.astype(np.float64)
+    u = f.view(np.uint32)
+    u = u - (xp.abs(back) > xp.abs(x)).astype(np.uint32)
+    u = u | ((back != x) & (x == x)).astype(np.uint32)
+    return u.view(np.float32)
+
+
+def encode_half(x, dtype, xp=np):
+    """``x`` (any float dtype, NumPy or CuPy) rounded to nearest, ties to even, into
+    float16 or bfloat16 ``dtype``, with one rounding whatever the input's width
+    (:func:`narrow_to_float32`); NaN becomes the quiet NaN of its sign.
+
+    The project's one definition of half encoding: the wire codecs on the host
+    and the device and the CUDA kernels agree with it bit for bit, whichever
+    ``ml_dtypes`` release is installed (its float64 cast has rounded once or
+    through float32, depending on the release).
+    """
+    dt = np.dtype(dtype)
+    f = narrow_to_float32(x, xp)
+    if dt == np.float16:
+        return f.astype(np.float16)              # float32 -> float16 is one IEEE rounding
+    if dt.name != "bfloat16":
+        raise ValueError(f"dtype: expected one of {list(HALF_DTYPES)}, got {dtype!r}")
+    bits = f.view(np.uint32)
+    rounded = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    rounded = xp.where(nan, (bits & np.uint32(0x80000000)) | np.uint32(0x7FC00000), rounded)
+    return (rounded >> np.uint32(16)).astype(np.uint16).view(dt)

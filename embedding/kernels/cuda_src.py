@@ -149,18 +149,18 @@ __device__ __forceinline__ u64 mix64(const u64 h, const u64 v) {
 #if O_CODE == 1 || O_CODE == 2
 #if T_DOUBLE
 // x rounded to float toward zero, its last bit set when inexact ("round to odd"): rounding
-// that once more to float16 gives x's nearest float16 (float keeps 13 more bits), as NumPy's
-// float64 -> float16 cast; bfloat16 rounds the nearest float (as ml_dtypes and qcomm do)
-__device__ __forceinline__ float narrow_for_half(const double x, const int fp16) {
+// that once more to float16 or bfloat16 gives x's nearest half value (float keeps 13 and 16
+// more bits): one rounding, as embedding.precision.encode_half
+__device__ __forceinline__ float narrow_for_half(const double x) {
     const float f = (float)x;
-    if (!fp16 || !(x == x) || (double)f == x) return f;
+    if (!(x == x) || (double)f == x) return f;
     unsigned int u = __float_as_uint(f);
     const double ax = x < 0.0 ? -x : x, af = f < 0.0f ? -(double)f : (double)f;
     if (af > ax) u -= 1u;
     return __uint_as_float(u | 1u);
 }
 #else
-__device__ __forceinline__ float narrow_for_half(const float x, const int fp16) { return x; }
+__device__ __forceinline__ float narrow_for_half(const float x) { return x; }
 #endif
 #endif
 
@@ -289,7 +289,7 @@ extern "C" __global__ void pooled_lookup(
 #if O_CODE == 3
             v[k] = (float)val;
 #else
-            out[at + c] = float_to_half(narrow_for_half(val, O_CODE == 1), O_CODE == 1, 0, 0u);
+            out[at + c] = float_to_half(narrow_for_half(val), O_CODE == 1, 0, 0u);
 #endif
 #endif
         }

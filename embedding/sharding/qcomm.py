@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from embedding.checkpoint.fused8bit import SCALE_BIAS_BYTES, encode_into
+from embedding.precision import encode_half
 from embedding.types import enum_arg
 from neocomm.types import check_array_bfloat16
 
@@ -193,16 +194,11 @@ def decode_int8_rows(buf, dtype, xp=np):
     return out.astype(dtype, copy=False)
 
 
-# -- bfloat16 bits (NumPy through ml_dtypes; CuPy by integer rounding) ----------------
+# -- bfloat16 bits (encoded by embedding.precision.encode_half on either array module) --
 def _to_bf16(x, xp):
     from neocomm.types import bfloat16
 
-    if xp is np:
-        return x.astype(bfloat16)
-    bits = x.astype(np.float32).view(np.uint32)
-    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))))
-    rounded = xp.where(xp.isnan(x), np.uint32(0x7FC00000), rounded)
-    return (rounded >> np.uint32(16)).astype(np.uint16).view(bfloat16)
+    return encode_half(x, bfloat16, xp)
 
 
 def _from_bf16(buf, dtype, xp):
@@ -262,7 +258,7 @@ class Wire:
         if self.scale is not None:
             flat = flat * flat.dtype.type(self.scale)
         if self.precision is CommPrecision.FP16:
-            return flat.astype(np.float16)
+            return encode_half(flat, np.float16, xp)
         return _to_bf16(flat, xp)
 
     def decode(self, buf):

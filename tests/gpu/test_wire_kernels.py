@@ -110,9 +110,9 @@ def test_lookup_writes_the_int8_wire_rows(dtype, row, dims, weighted):
 
 
 def test_float64_rounds_once_to_fp16():
-    """float64 pooled values round straight to float16 as NumPy's cast (not through the
-    nearest float32, which would round values just above a tie down); bfloat16 rounds the
-    nearest float32 as ml_dtypes and the device codec do."""
+    """float64 pooled values round straight to float16 and bfloat16 (not through the
+    nearest float32, which would round values just above a tie down), on the host codec and
+    the device kernel alike, whichever ml_dtypes is installed."""
     ties = np.array([1 + 2.0 ** -11 + 2.0 ** -30, 1 + 2.0 ** -8 + 2.0 ** -30,
                      -(1 + 2.0 ** -11 + 2.0 ** -40), 3.0e38, 70000.0, 2.0 ** -25 + 2.0 ** -50,
                      -2.0 ** -26, 0.0, 1e-300, 1e300, -np.inf, 65520.0])
@@ -128,6 +128,36 @@ def test_float64_rounds_once_to_fp16():
         assert_same_bytes(_device_lookup(layout, weights, bags, precision), want,
                           precision.value)
     assert np.float16(ties[0]) != np.float16(np.float32(ties[0]))  # the case is a trap
+
+
+# float64 values next to a tie, the tie itself and an odd tie; (float16 bits, bfloat16 bits)
+# of each rounded once to nearest, ties to even
+PINNED_TIES = [(1 + 2.0 ** -11 + 2.0 ** -30, 0x3C01, 0x3F80), (1 + 2.0 ** -11, 0x3C00, 0x3F80),
+               (1 + 2.0 ** -8 + 2.0 ** -30, 0x3C04, 0x3F81), (1 + 2.0 ** -8, 0x3C04, 0x3F80),
+               (1 + 3 * 2.0 ** -8, 0x3C0C, 0x3F82), (-(1 + 2.0 ** -8 + 2.0 ** -40), 0xBC04, 0xBF81),
+               (3.4e38, 0x7C00, 0x7F80), (2.0 ** -133 + 2.0 ** -160, 0x0000, 0x0001),
+               (2.0 ** -134 + 2.0 ** -160, 0x0000, 0x0001), (2.0 ** -25 + 2.0 ** -50, 0x0001, 0x3300)]
+
+
+@pytest.mark.parametrize("precision", [FP16, BF16], ids=lambda p: p.value)
+def test_half_wire_pins_the_ties_on_host_and_device(precision):
+    """The wire's half encoding is the project's own (embedding.precision.encode_half): the
+    NumPy codec and the device kernel give these bits, not whatever ml_dtypes' cast does."""
+    from embedding.kernels import TableLayout
+
+    values = np.array([v for v, _, _ in PINNED_TIES])
+    want = np.array([b16 if precision is BF16 else f16 for _, f16, b16 in PINNED_TIES],
+                    np.uint16)
+    layout = TableLayout((values.size,), (4,))
+    weights = np.repeat(values, 4)
+    bags = Bags(np.arange(values.size, dtype=np.int64), np.arange(values.size + 1, dtype=np.int64),
+                (0,), (0,), (False,), values.size, 4)
+    with np.errstate(over="ignore"):
+        host = _host_encoded(layout, weights, bags, precision)
+    np.testing.assert_array_equal(np.asarray(host).view(np.uint16).reshape(-1, 4)[:, 0], want)
+    device = _device_lookup(layout, weights, bags, precision)
+    got = np.asarray(device.get() if hasattr(device, "get") else device)
+    np.testing.assert_array_equal(got.view(np.uint16).reshape(-1, 4)[:, 0], want)
 
 
 def test_uncovered_columns_are_encoded_zeros():
