@@ -16,7 +16,11 @@ each, with ``tests/unit``) and, for the ones marked ``mpi``,
 at 2 ranks and at 4 ranks over 2 emulated nodes, on a real GPU when CuPy
 finds one and on the device stand-in (``tests/devsim``) otherwise. The fault
 suite (``tests/faults``) starts real jobs with ``neocomm run`` and injects
-faults (signals to the launcher, the timeout, ranks that ignore signals). A run that
+faults (signals to the launcher, the timeout, ranks that ignore signals). The
+cluster stage (``tests/cluster``, run as root on Linux) builds hosts of their own
+(network, host-name, IPC, mount and PID namespaces joined by TCP over a bridge) and
+runs jobs across them with ``neocomm run --hostfile``; under CI it fails where such
+a cluster cannot be built, elsewhere it skips saying why. A run that
 collects no test counts as a failure, and so does a run that hangs past its
 timeout. The last line is the total: ``total: N passed, N failed, N skipped``.
 """
@@ -81,7 +85,7 @@ UNIT_WORKERS = 2
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=["unit", "faults", "mpi"], help="run one part")
+    p.add_argument("--only", choices=["unit", "faults", "cluster", "mpi"], help="run one part")
     p.add_argument("-k", default=None, help="pytest -k expression")
     args, extra = p.parse_known_args()
     if args.k:
@@ -103,6 +107,9 @@ def main() -> int:
     if args.only in (None, "faults"):
         results.append(_run("faults", [sys.executable, "-m", "pytest", "-q", "--color=no",
                                        "-p", "no:cacheprovider", "tests/faults", *extra], env))
+    if args.only in (None, "cluster"):
+        results.append(_run("cluster", [sys.executable, "-m", "pytest", "-q", "--color=no",
+                                        "-p", "no:cacheprovider", "tests/cluster", *extra], env))
     if args.only in (None, "mpi"):
         from neocomm.launcher import build_command, find_launcher
 

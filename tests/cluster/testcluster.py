@@ -162,7 +162,11 @@ class TestCluster:
                     "PRTE_MCA_oob_tcp_if_include": f"{SUBNET}.0/24",
                     "OMPI_MCA_btl_tcp_if_include": f"{SUBNET}.0/24",
                     "OMPI_MCA_btl": "self,sm,tcp", "OMPI_MCA_pml": "ob1",
-                    "OMPI_MCA_mtl": "^ofi", "HOME": "/root"})
+                    "OMPI_MCA_mtl": "^ofi", "HOME": "/root",
+                    # the hosts share this machine's cores: a rank waiting for a message
+                    # yields its core instead of spinning on it (each host alone is not
+                    # oversubscribed, so MPI would spin)
+                    "OMPI_MCA_mpi_yield_when_idle": "1"})
         env.update(extra)
         return env
 
