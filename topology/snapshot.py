@@ -22,14 +22,15 @@ Fixtures (:func:`fixture`) are directories under ``topology/fixtures/`` with a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Fixture", "fixture", "fixture_names", "materialize", "parse_tree", "dump_tree",
-           "FIXTURES_DIR"]
+__all__ = ["Fixture", "fixture", "fixture_names", "materialize", "materialized", "parse_tree",
+           "dump_tree", "FIXTURES_DIR"]
 
 #: Directory of the shipped fixtures (package data).
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"
@@ -132,24 +133,41 @@ def fixture_names() -> list[str]:
     return sorted(p.name for p in FIXTURES_DIR.iterdir() if (p / TREE_FILE).is_file())
 
 
-def fixture(name: str) -> Fixture:
-    """The shipped fixture ``name``, its tree materialised in a temporary directory
-    (once per process, removed at exit)."""
-    if name in _CACHE:
-        return _CACHE[name]
+def _fixture_files(name: str):
     base = FIXTURES_DIR / name
     if not (base / TREE_FILE).is_file():
         raise ValueError(f"fixture: expected one of {fixture_names()}, got {name!r}")
-    tmp = tempfile.mkdtemp(prefix=f"neocomm-fixture-{name}-")
-    if not _TMP:
-        atexit.register(lambda: [shutil.rmtree(d, ignore_errors=True) for d in _TMP])
-    _TMP.append(tmp)
-    root = materialize(base / TREE_FILE, tmp)
 
     def text(fname: str) -> str | None:
         path = base / fname
         return path.read_text() if path.is_file() else None
 
-    result = Fixture(name, root, text(TOPO_FILE), text(QUERY_FILE))
+    return base / TREE_FILE, text(TOPO_FILE), text(QUERY_FILE)
+
+
+@contextlib.contextmanager
+def materialized(name: str):
+    """The shipped fixture ``name`` with its tree in a temporary directory that exists only
+    inside the ``with`` block: what a job probes once and then keeps in memory, so that a
+    job killed later leaves nothing in the temporary directory."""
+    tree, topo, query = _fixture_files(name)
+    tmp = tempfile.mkdtemp(prefix=f"neocomm-fixture-{name}-")
+    try:
+        yield Fixture(name, materialize(tree, tmp), topo, query)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fixture(name: str) -> Fixture:
+    """The shipped fixture ``name``, its tree materialised in a temporary directory
+    (once per process, removed at exit; :func:`materialized` removes it at once)."""
+    if name in _CACHE:
+        return _CACHE[name]
+    tree, topo, query = _fixture_files(name)
+    tmp = tempfile.mkdtemp(prefix=f"neocomm-fixture-{name}-")
+    if not _TMP:
+        atexit.register(lambda: [shutil.rmtree(d, ignore_errors=True) for d in _TMP])
+    _TMP.append(tmp)
+    result = Fixture(name, materialize(tree, tmp), topo, query)
     _CACHE[name] = result
     return result

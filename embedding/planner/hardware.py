@@ -106,14 +106,13 @@ def load_host(spec: str):
             return data
         raise ValueError(f"fabric: {spec!r} holds no host topology")
     from topology.host import discover_host
-    from topology.snapshot import fixture, fixture_names
+    from topology.snapshot import fixture_names, materialized
     from topology.types import ProbeWarning
 
     if spec not in fixture_names():
         raise ValueError(f"fabric: expected one of {target_names()} or a topology JSON or "
                          f"fabric spec TOML file, got {spec!r}")
-    fx = fixture(spec)
-    with warnings.catch_warnings():
+    with materialized(spec) as fx, warnings.catch_warnings():
         warnings.simplefilter("ignore", ProbeWarning)
         return discover_host(fx.root, nvidia_smi_topo=fx.nvidia_smi_topo,
                              nvidia_smi_query=fx.nvidia_smi_query, live=False)

@@ -89,3 +89,16 @@ def test_synthetic_pooling_is_part_of_the_preset():
     light = plan_sharding(tables, Hardware(4, 4, 80 * GIB), Workload())
     assert report.step_seconds > light.step_seconds
     assert heavy in {t.table for t in report.tables}
+
+
+def test_a_captured_host_leaves_nothing_in_the_temporary_directory(tmp_path, monkeypatch):
+    """The planner probes a captured host's tree and keeps only what it found: a job
+    killed after planning (SIGKILL skips exit handlers) leaves no tree behind."""
+    import tempfile
+
+    from embedding.planner.hardware import load_host
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    host = load_host("cpu-host")
+    assert host.cpus > 0
+    assert list(tmp_path.iterdir()) == []
