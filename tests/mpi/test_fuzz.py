@@ -2,9 +2,9 @@
 
 Hypothesis draws the operation, the algorithm (or the default choice), the
 dtype, the reduce op, the sizes (0, 1, odd, prime, counts that do not
-divide evenly) and the group (the world or a subgroup of it) on every rank
-alike (derandomized), and each rank draws its own data from the case's
-seed. Results are compared bit for bit with native MPI (``mpi4py``) on the
+divide evenly) and the group (the world or a subgroup of it) on rank 0
+(derandomized), which sends each case to the others, and each rank draws its
+own data from the case's seed. Results are compared bit for bit with native MPI (``mpi4py``) on the
 same data: copies through byte views (every dtype), reductions through
 MPI's own ops for the types MPI reduces exactly as neocomm defines
 (float32/64, int32/64), else through NumPy on every rank's input (wrap-
@@ -190,23 +190,51 @@ def check(world, all_ranks, case, xp=np):
 
 
 def fuzz(world, all_ranks, xp=np, examples: int = EXAMPLES):
-    """Run ``examples`` drawn cases on ``xp`` arrays against native MPI."""
+    """Run ``examples`` drawn cases on ``xp`` arrays against native MPI.
+
+    Rank 0 alone runs Hypothesis and sends each case it draws (and, while it shrinks a
+    failure, each smaller one) to the others, which run what they receive until it says
+    it is done: Hypothesis's engine is not bound to take the same path on every rank
+    (derandomized or not), and one extra case on one rank would hang the job."""
+    comm = world.world.comm
     tried = []
+    REFUSED.clear()
+    if world.rank != 0:
+        failed = False
+        while True:
+            case = comm.bcast(None, root=0)
+            if case is None:
+                break
+            tried.append(case["op"])
+            try:
+                check(world, all_ranks, case, xp)
+            except AssertionError:
+                failed = True  # rank 0 shrinks it and reports the smallest case
+        outcome = comm.bcast(None, root=0)
+        assert not (failed or outcome), outcome or "rank 0 found a failing case"
+        return
 
     @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck), print_blob=False)
     @given(case=cases(world.size))
     def one(case):
+        comm.bcast(case, root=0)
         tried.append(case["op"])
         check(world, all_ranks, case, xp)
 
-    REFUSED.clear()
-    one()
-    if world.rank == 0:  # the figures docs/reliability.md reports
-        ops = {op: tried.count(op) for op in OPS}
-        print(f"\nfuzz ({xp.__name__}): {len(tried)} cases at {world.size} rank(s): {ops}; "
-              f"{len(REFUSED)} forced an algorithm that cannot run them (refused alike)")
-    all_ranks(len(tried) >= min(examples, 10), f"only {len(tried)} cases were tried")
+    outcome = None
+    try:
+        one()
+    except BaseException as exc:
+        outcome = f"rank 0 found a failing case: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+        raise
+    finally:
+        comm.bcast(None, root=0)
+        comm.bcast(outcome, root=0)
+    ops = {op: tried.count(op) for op in OPS}  # the figures docs/reliability.md reports
+    print(f"\nfuzz ({xp.__name__}): {len(tried)} cases at {world.size} rank(s): {ops}; "
+          f"{len(REFUSED)} forced an algorithm that cannot run them (refused alike)")
+    assert len(tried) >= min(examples, 10), f"only {len(tried)} cases were tried"
 
 
 def test_fuzz_against_native_mpi(world, all_ranks):
@@ -232,3 +260,16 @@ def test_a_wrong_result_is_reported_with_its_command(world, all_ranks, monkeypat
         check(world, all_ranks, case)
     all_ranks("differs from MPI" in str(err.value) and "FUZZ_CASE=" in str(err.value),
               str(err.value))
+
+
+def test_the_fuzzer_fails_on_every_rank_when_one_case_is_wrong(world, all_ranks, monkeypatch):
+    """A wrong answer for some drawn cases fails the fuzzer on every rank together, after
+    rank 0 has shrunk it (the other ranks follow every case it sends), without a hang."""
+    for name in ("all_gather", "broadcast"):
+        real = getattr(C, name)
+        monkeypatch.setattr(C, name, lambda x, real=real, **kw: real(x, **kw) + 1)
+    with pytest.raises(AssertionError) as err:
+        fuzz(world, all_ranks, examples=60)
+    text = str(err.value)
+    all_ranks(("differs from MPI" in text and "FUZZ_CASE=" in text) if world.rank == 0
+              else "rank 0 found a failing case" in text, text)
