@@ -232,8 +232,12 @@ def fuzz(world, all_ranks, xp=np, examples: int = EXAMPLES):
         comm.bcast(None, root=0)
         comm.bcast(outcome, root=0)
     ops = {op: tried.count(op) for op in OPS}  # the figures docs/reliability.md reports
-    print(f"\nfuzz ({xp.__name__}): {len(tried)} cases at {world.size} rank(s): {ops}; "
-          f"{len(REFUSED)} forced an algorithm that cannot run them (refused alike)")
+    figures = (f"fuzz ({xp.__name__}): {len(tried)} cases at {world.size} rank(s): {ops}; "
+               f"{len(REFUSED)} forced an algorithm that cannot run them (refused alike)")
+    print("\n" + figures)
+    if os.environ.get("FUZZ_REPORT"):  # a file that collects them (tests/cluster)
+        with open(os.environ["FUZZ_REPORT"], "a") as fh:
+            fh.write(figures + "\n")
     assert len(tried) >= min(examples, 10), f"only {len(tried)} cases were tried"
 
 
