@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os as _os
 
-__all__ = ["start_mpi", "without_shared_memory"]
+__all__ = ["start_mpi", "mpi", "without_shared_memory"]
 
 #: variables a process started by an MPI launcher (mpirun/prterun, Hydra, srun) inherits
 _LAUNCHED_BY = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID")
@@ -51,3 +51,13 @@ def start_mpi() -> None:
             del _os.environ["OMPI_MCA_btl"]
         else:
             _os.environ["OMPI_MCA_btl"] = mine
+
+
+def mpi():
+    """The ``mpi4py.MPI`` module, MPI started by :func:`start_mpi`: what any code that may be
+    the first in its process to touch MPI imports it through (a command run without a
+    launcher, an availability check), so that a singleton never leaves a segment behind."""
+    start_mpi()
+    from mpi4py import MPI
+
+    return MPI

@@ -104,6 +104,9 @@ def main(argv=None) -> int:
     cfg = load_config(args.config) if args.config else TrainConfig()
     if args.steps:
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=args.steps))
+    from embedding.train.batching import resolve_batches
+
+    cfg = resolve_batches(cfg, world.size)  # the default batch, fitted to the ranks
     data = open_data(cfg, world.world)
     tables = tables_of(cfg, data)
     m = cfg.model

@@ -304,7 +304,10 @@ def _plan_config(args) -> int:
             pack_rows=args.pack_rows or cfg.plan.pack_rows)
         train = dataclasses.replace(cfg.train, batch_size=args.batch_size or
                                     cfg.train.batch_size)
-        cfg = dataclasses.replace(cfg, plan=plan_cfg, train=train)
+        from embedding.train.batching import resolve_batches
+
+        cfg = resolve_batches(dataclasses.replace(cfg, plan=plan_cfg, train=train),
+                              args.world_size)
         data = open_data(cfg)
         tables = tables_of(cfg, data)
         report, hardware, workload = plan_for(cfg, tables, args.world_size, rpn,

@@ -40,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated input columns to copy beside the scores "
                         "(default: every column that is not a feature)")
     parser.add_argument("--batch-size", type=positive_int, default=None,
-                        help="rows scored per step over all ranks (default: the model's "
-                        "evaluation batch)")
+                        help="rows scored per step over all ranks, a multiple of the ranks "
+                        "(default: the model's evaluation batch, rounded down to a multiple "
+                        "of the ranks)")
     parser.add_argument("--tables", default=None, metavar="EXPORT",
                         help="an int8 export of the checkpoint (neocomm checkpoint export): "
                         "score with its tables instead of the float32 ones")

@@ -195,7 +195,12 @@ class _Job:
         self.dense = DenseConfig(num_dense=self.data.num_dense,
                                  num_sparse=len(self.data.feature_names),
                                  bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp, dtype=m.dtype)
-        self.batch = args.batch_size or self.cfg.train.batch_size
+        from embedding.train.batching import DEFAULT_BATCH_SIZE
+
+        #: the global batch; a default one (no --batch-size, train.batch_size 0) is
+        #: rounded down to a multiple of the ranks at each size
+        self.batch = args.batch_size or self.cfg.train.batch_size or DEFAULT_BATCH_SIZE
+        self.batch_given = bool(args.batch_size or self.cfg.train.batch_size)
         self.args = args
         from embedding.planner.hardware import load_target
 
@@ -227,8 +232,16 @@ class _Job:
             rpn = self.args.ranks_per_node or max(1, min(self.target.devices_per_host, ranks))
         if ranks % rpn or not rpn:
             raise ValueError(f"--ranks-per-node: {rpn} does not divide {ranks} ranks")
+        if batch % ranks and not self.batch_given:
+            from embedding.train.batching import global_batch
+
+            batch = global_batch(0, ranks)
         if batch % ranks:
-            raise ValueError(f"batch size: {batch} samples do not split over {ranks} ranks")
+            from embedding.train.batching import nearest_multiples
+
+            near = " or ".join(map(str, nearest_multiples(batch, ranks)))
+            raise ValueError(f"batch size: {batch} samples do not split evenly over {ranks} "
+                             f"ranks; use a multiple of {ranks} ({near})")
         cfg = dataclasses.replace(self.cfg, train=dataclasses.replace(self.cfg.train,
                                                                       batch_size=batch))
         given = getattr(self.args, "plan", None)
@@ -294,7 +307,7 @@ def _step(args) -> int:
     overlap = not args.no_overlap and job.cfg.train.overlap
     print(f"# neocomm simulate step: {args.config or 'the default config'}, {hw.world_size} "
           f"ranks ({hw.num_nodes} node(s) x {hw.ranks_per_node}) on {job.cfg.plan.fabric!r}, "
-          f"global batch {job.batch}, {'overlap on' if overlap else 'no overlap'}")
+          f"global batch {est.global_batch}, {'overlap on' if overlap else 'no overlap'}")
     print(f"# model: {hw.fabric.source}; dense FLOP/s {job.flops:.3g} "
           f"({job.flops_source}); predictions, not measurements")
     print(f"# {'part':<14} {'ms':>9} {'hidden ms':>9} {'share':>6}")

@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=_count, default=None,
                         help="train until this many steps are done (train.steps)")
     parser.add_argument("--batch-size", type=_count, default=None,
-                        help="global batch, samples per step over all ranks (train.batch_size)")
+                        help="global batch, samples per step over all ranks, a multiple of "
+                        "the ranks (train.batch_size; default 2048 rounded down to a multiple "
+                        "of the ranks)")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="output directory: metrics log, checkpoints, plot "
                         "(output.dir; default neocomm-out)")
@@ -91,6 +93,14 @@ def run(args) -> int:
     import neocomm
 
     world = neocomm.init()
+    if exc is None and args.batch_size:  # named as the user gave it
+        from embedding.train.batching import global_batch
+
+        try:
+            global_batch(args.batch_size, world.size, source="command line",
+                         key="--batch-size")
+        except ConfigError as e:
+            exc = e
     try:
         return _train(world, cfg, exc)
     except Exception as e:  # agreed errors end here; anything else aborts the job
@@ -137,7 +147,9 @@ def _header(trainer, world) -> None:
     plan = ", ".join(f"{k} x{len(v)}" for k, v in trainer.describe_plan().items())
     print(f"neocomm train: {world.size} rank(s), {len(trainer.tables)} tables "
           f"({rows:,} rows, dim {cfg.model.embedding_dim}), plan: {plan}")
-    print(f"  data: {data_source_name(cfg)}; global batch {cfg.train.batch_size}, "
+    from embedding.train.batching import batch_note
+
+    print(f"  data: {data_source_name(cfg)}; {batch_note(trainer.given_batch, world.size)}, "
           f"{cfg.train.steps} steps; overlap {'on' if cfg.train.overlap else 'off'}; "
           f"{trainer.threads} thread(s) per rank")
     sys.stdout.flush()

@@ -56,9 +56,10 @@ bottom_mlp = [64, 16]
 top_mlp = [64, 1]
 
 [train]
-steps = 400
-batch_size = 1024
-eval_every = 200
+steps = 200
+eval_every = 100
+# batch_size: the global batch, samples per step over all ranks; it must be a multiple
+# of the ranks. Left out (or 0) it is 2048 rounded down to a multiple of the ranks.
 """
 
 

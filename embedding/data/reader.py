@@ -212,6 +212,26 @@ class ShardedReader:
             raise ValueError(f"state: batch {batch} is outside [0, {self.num_batches})")
         self.epoch, self.batch = int(state["epoch"]), batch
 
+    def carry_over(self, state: dict) -> dict:
+        """This reader's position for ``state``, a position written with another global
+        batch (same seed): in record order, or records shuffled in windows, the first of
+        this reader's batches that starts at or after the records ``state`` had read of
+        its epoch (fewer than one batch of that epoch's records go unread); with whole
+        batches shuffled (their order depends on the batch size) the next epoch."""
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"state: written for seed {state['seed']}, this reader has "
+                             f"seed {self.seed}")
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        if batch and self.shuffle and self.records is None:
+            epoch, batch = epoch + 1, 0
+        else:
+            done = batch * int(state["global_batch_size"])  # records read of the epoch
+            batch = -(-done // self.global_batch_size)
+            if batch >= self.num_batches:
+                epoch, batch = epoch + 1, 0
+        return {"epoch": epoch, "batch": batch, "seed": self.seed,
+                "global_batch_size": self.global_batch_size}
+
 
 class BroadcastReader:
     """One reader rank reads whole global batches and sends each rank its slice.
@@ -266,6 +286,10 @@ class BroadcastReader:
         """Resume the root reader; other ranks ignore ``state``."""
         if self._reader is not None:
             self._reader.load_state_dict(state)
+
+    def carry_over(self, state: dict) -> dict:
+        """:meth:`ShardedReader.carry_over` of the root reader ({} elsewhere)."""
+        return self._reader.carry_over(state) if self._reader is not None else {}
 
 
 def one_to_many_transport(group=None) -> Transport:

@@ -234,7 +234,7 @@ SCHEMA: dict[str, dict[str, Check]] = {
                         "momentum": _float(0.0, below=1.0), "weight_decay": _float(0.0),
                         "eps": _float(positive=True), "beta1": _float(0.0, below=1.0),
                         "beta2": _float(0.0, below=1.0), "initial_accumulator": _float(0.0)},
-    "train": {"steps": _int(1), "batch_size": _int(1), "eval_every": _int(0),
+    "train": {"steps": _int(1), "batch_size": _int(0), "eval_every": _int(0),
               "eval_batch_size": _int(0), "log_every": _int(1), "overlap": _bool,
               "bucket_kib": _int(1), "dedup": _bool, "threads": _int(0), "seed": _int(0),
               "device": _str(["cpu", "cuda"])},
@@ -431,7 +431,7 @@ def apply_overrides(cfg: TrainConfig, *, steps: int | None = None,
                     device: str | None = None, plan: str | None = None) -> TrainConfig:
     """``cfg`` with command-line overrides (None: keep); ConfigError names the option."""
     train = {}
-    for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 1),
+    for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 0),
                                  ("seed", seed, 0)):
         if value is None:
             continue

@@ -332,7 +332,8 @@ def batches(config, split: str = "train", *, rank: int = 0, world_size: int = 1,
     ``split`` is ``"train"`` or the name of an evaluation set (a Parquet
     ``eval_path`` file's stem, or ``"held-out"``). Rank ``rank`` of
     ``world_size`` gets its slice of each global batch of
-    ``train.batch_size`` (``train.eval_batch_size`` for evaluation sets),
+    ``train.batch_size`` (``train.eval_batch_size`` for evaluation sets; 0, the
+    default, rounded down to a multiple of ``world_size`` as the trainer does),
     shuffled as ``[data] shuffle`` says; training batches come for
     ``epochs`` epochs (None: forever), the last partial global batch of an
     epoch dropped as in training; an evaluation set comes once, every record
@@ -346,13 +347,16 @@ def batches(config, split: str = "train", *, rank: int = 0, world_size: int = 1,
     from embedding.data.reader import ShardedReader
     from embedding.train.config import load_config
 
+    from embedding.train.batching import global_batch
+
     cfg = config if isinstance(config, TrainConfig) else load_config(config)
     shard_bounds(world_size, rank, world_size)  # checks rank and world_size
     data = data if data is not None else open_data(cfg)
     if split == "train":
         if data.train is None:
             raise ValueError("split: this data has no training records")
-        reader = ShardedReader(data.train, cfg.train.batch_size, rank, world_size,
+        gb = global_batch(cfg.train.batch_size, world_size, source=cfg.source)
+        reader = ShardedReader(data.train, gb, rank, world_size,
                                shuffle=cfg.data.shuffle, seed=cfg.train.seed,
                                shuffle_window=cfg.data.window)
         epoch = 0
@@ -365,7 +369,8 @@ def batches(config, split: str = "train", *, rank: int = 0, world_size: int = 1,
         raise ValueError(f"split: expected 'train' or one of the evaluation sets "
                          f"{list(sets)}, got {split!r}")
     ds = sets[split]
-    egb = cfg.train.eval_batch_size or cfg.train.batch_size
+    egb = (cfg.train.eval_batch_size or cfg.train.batch_size
+           or global_batch(0, world_size))  # (any size: the ranks' slices may differ by one)
     n = ds.num_records
     for first in range(0, n, egb):
         size = min(egb, n - first)

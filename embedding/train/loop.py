@@ -87,24 +87,25 @@ class Trainer:
                  stream=None, outputs: bool = True):
         from neocomm.world import group_or_world
 
+        from embedding.train.batching import resolve_batches
+
         group = group_or_world(group)
-        self.cfg = config
         self.group = group
         self.rank, self.size = int(group.rank), int(group.size)
         self.step = 0
-        tr = config.train
+        #: train.batch_size as configured (0: the default, fitted to the ranks)
+        self.given_batch = config.train.batch_size
+        self._given_eval_batch = config.train.eval_batch_size
         exc = None
         try:
-            for name, value in (("train.batch_size", tr.batch_size),
-                                ("train.eval_batch_size", tr.eval_batch_size)):
-                if value % self.size:
-                    raise ConfigError(config.source, name, f"{value} does not split over "
-                                      f"{self.size} ranks; use a multiple of {self.size}")
+            config = resolve_batches(config, self.size)
             if data is None:
                 data = open_data(config, group)
         except (ConfigError, ValueError, OSError) as e:
             exc = e
         fail_together(group, "opening the data", exc)
+        self.cfg = config
+        tr = config.train
         self.data = data
         self._setup_threads()
         self.tables = tables_of(config, data)
@@ -150,11 +151,7 @@ class Trainer:
         self._guard = self.reader = None
         if data.train is not None:
             self._guard = GuardedDataset(data.train, data.num_dense, data.feature_names)
-            self.reader = make_reader(self._guard, tr.batch_size, group,
-                                      broadcast=config.data.broadcast,
-                                      shuffle=config.data.shuffle, seed=tr.seed,
-                                      feature_names=data.feature_names,
-                                      shuffle_window=config.data.window)
+            self.reader = self._make_reader()
         self._check_sizes = (data.table_sizes if config.tables.id_policy == "error"
                              and not config.tables.dynamic else None)
         self.metrics = MetricsLog(out / "metrics.jsonl", enabled=outputs and self.rank == 0)
@@ -173,6 +170,25 @@ class Trainer:
         n = self.cfg.train.threads or default_threads(ranks_on_host(self.group.size))
         limit_blas_threads(n)
         self.threads = n
+
+    def _make_reader(self):
+        cfg = self.cfg
+        return make_reader(self._guard, cfg.train.batch_size, self.group,
+                           broadcast=cfg.data.broadcast, shuffle=cfg.data.shuffle,
+                           seed=cfg.train.seed, feature_names=self.data.feature_names,
+                           shuffle_window=cfg.data.window)
+
+    def use_batch(self, batch: int) -> None:
+        """Train with the global batch ``batch`` from here on (a multiple of the ranks): a
+        run on the default batch resuming a checkpoint written with another one."""
+        import dataclasses
+
+        tr = self.cfg.train
+        evb = self._given_eval_batch or batch
+        self.cfg = dataclasses.replace(self.cfg, train=dataclasses.replace(
+            tr, batch_size=int(batch), eval_batch_size=int(evb)))
+        if self.reader is not None:
+            self.reader = self._make_reader()
 
     def describe_plan(self) -> dict[str, list[str]]:
         """``{sharding type: [tables]}`` of the plan."""

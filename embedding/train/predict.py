@@ -33,7 +33,7 @@ from embedding.train.types import ConfigError, DataSource
 __all__ = ["predict", "find_checkpoint"]
 
 
-def _scoring_config(ckpt, data, batch_size):
+def _scoring_config(ckpt, data, batch_size, ranks: int):
     from embedding.train.config import parse_config
 
     raw = ckpt.state.get("config")
@@ -47,9 +47,12 @@ def _scoring_config(ckpt, data, batch_size):
                           f"{cfg.data.source.value!r} data; predictions read Parquet with the "
                           f"model's named columns (train on Parquet to use them)")
     paths = (data,) if isinstance(data, (str, os.PathLike)) else tuple(data)
-    train = cfg.train
-    if batch_size:
-        train = dataclasses.replace(train, eval_batch_size=int(batch_size))
+    # scores do not depend on the batch: without --batch-size the model's evaluation batch,
+    # rounded down to a multiple of the ranks when it does not split over them
+    evb = int(batch_size or cfg.train.eval_batch_size or cfg.train.batch_size)
+    if evb and evb % ranks:
+        evb = max(ranks, evb // ranks * ranks)
+    train = dataclasses.replace(cfg.train, batch_size=0, eval_batch_size=evb)
     return dataclasses.replace(
         cfg, data=dataclasses.replace(cfg.data, path=(), eval_path=tuple(map(str, paths)),
                                       broadcast=False),
@@ -92,7 +95,11 @@ def predict(checkpoint, data, out, *, keep=None, group=None, batch_size: int | N
                               f"the checkpoint it was made from as --checkpoint")
         if tables is not None:
             export = Int8Export(tables)
-        cfg = _scoring_config(ckpt, data, batch_size)
+        if batch_size:
+            from embedding.train.batching import global_batch
+
+            global_batch(int(batch_size), group.size, source="command line", key="--batch-size")
+        cfg = _scoring_config(ckpt, data, batch_size, group.size)
         if device is not None:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device=device))
         schema = cfg.data.schema()

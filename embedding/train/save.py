@@ -159,16 +159,33 @@ def _load(trainer, ckpt: Checkpoint) -> None:
         "dense/params": ((model.buffers.numel,), model.dtype.str)})
     check_state(ckpt, trainer.state_expectations())
     state = ckpt.state
-    if int(state.get("global_batch_size", -1)) != cfg.train.batch_size:
-        raise CheckpointMismatchError(
-            f"written with a global batch of {state.get('global_batch_size')}, this run has "
-            f"{cfg.train.batch_size}; the data position only carries over with the same "
-            f"global batch (train.batch_size)", path=str(ckpt.path), field="batch_size")
+    written = int(state.get("global_batch_size", -1))
+    carry = False  # the data position moves to this run's batches
+    if written != cfg.train.batch_size:
+        if trainer.given_batch or written <= 0:
+            raise CheckpointMismatchError(
+                f"written with a global batch of {state.get('global_batch_size')}, this run "
+                f"has {cfg.train.batch_size}; the data position only carries over with the "
+                f"same global batch (train.batch_size; 0 takes the checkpoint's when it "
+                f"splits over the ranks)", path=str(ckpt.path), field="batch_size")
+        # the default batch: the checkpoint's when it splits over this run's ranks
+        carry = bool(written % trainer.size)
     if int(state.get("seed", -1)) != cfg.train.seed:
         raise CheckpointMismatchError(
             f"written with seed {state.get('seed')}, this run has seed {cfg.train.seed}",
             path=str(ckpt.path), field="seed")
     load_shards(ckpt, trainer.coll, trainer.plan, trainer.rank)
     load_dense(ckpt, model, trainer.optimizer)
+    if written != cfg.train.batch_size and not carry:
+        trainer.use_batch(written)
+        trainer.progress.message(f"global batch {written}, as the checkpoint's")
     if trainer.reader is not None:  # (a model loaded for scoring has no training reader)
-        trainer.reader.load_state_dict(state["reader"])
+        position = state["reader"]
+        if carry:
+            position = trainer.reader.carry_over(position)
+        trainer.reader.load_state_dict(position)
+    if carry and trainer.reader is not None:
+        trainer.progress.message(
+            f"the checkpoint's global batch of {written} does not split over {trainer.size} "
+            f"ranks: training goes on with {cfg.train.batch_size} from epoch "
+            f"{position.get('epoch', '?')}, batch {position.get('batch', '?')}")

@@ -355,7 +355,10 @@ def planner_inputs(cfg: TrainConfig, tables, world_size: int, ranks_per_node: in
             kw["ids_per_sample"] = max(float(ids_per_sample[t.name]), 1e-3)
         if kw:
             constraints[t.name] = TableConstraints(**kw)
-    return hardware, Workload(batch_size=cfg.train.batch_size), constraints
+    from embedding.train.batching import global_batch
+
+    batch = global_batch(cfg.train.batch_size, world_size, source=cfg.source)
+    return hardware, Workload(batch_size=batch), constraints
 
 
 #: bytes kept free beside a checkpoint for the metrics log, manifests and the plot

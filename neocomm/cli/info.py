@@ -54,8 +54,10 @@ def _collect() -> tuple[dict, dict[str, str]]:
                  "numpy": numpy.__version__}
     try:
         import mpi4py
-        from mpi4py import MPI
 
+        from neocomm.mpistart import mpi
+
+        MPI = mpi()  # started as the runtime starts it (a singleton leaves no segment behind)
         out["mpi4py"] = mpi4py.__version__
         out["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
         out["mpi_standard"] = "%d.%d" % MPI.Get_version()

@@ -93,3 +93,21 @@ def test_processes_torchrun_started_are_refused_not_run_apart():
                          "print(neocomm.init(comm=MPI.COMM_SELF).size)"],
                         capture_output=True, text=True, env=env, timeout=120)
     assert ok.returncode == 0 and ok.stdout.strip() == "1", ok.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["info"], ["info", "--json"], ["topo"],
+    ["bench", "allreduce", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0"],
+])
+def test_commands_run_without_a_launcher_leave_nothing_in_dev_shm(argv):
+    """``neocomm COMMAND`` run alone is an MPI singleton: whichever command starts MPI, it
+    starts it as the runtime does and leaves no file in /dev/shm (only files that appear
+    while it runs count)."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY}
+    before = set(os.listdir("/dev/shm"))
+    out = subprocess.run([sys.executable, "-m", "neocomm.cli", *argv], capture_output=True,
+                         text=True, env=env, timeout=120)
+    new = sorted(set(os.listdir("/dev/shm")) - before)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip(), "the command printed nothing"
+    assert new == [], f"neocomm {' '.join(argv)} left {new} in /dev/shm"

@@ -176,3 +176,23 @@ def test_one_to_many_transport_wiring(monkeypatch):
         t(pieces[:2], 0)
     Group.size = 1
     assert t([pieces[0]], 0).tolist() == [1, 2]  # a group of one moves nothing
+
+
+@pytest.mark.parametrize("window", [0, 100])
+def test_a_position_carries_over_to_another_global_batch(window):
+    """Written with batches of 64 after 3 of them (192 records read), resumed with batches of
+    60: in record order (or records shuffled in windows) the 4th batch, the first at or after
+    record 192; with whole batches shuffled, the next epoch."""
+    ds = dataset()
+    old = ShardedReader(ds, 64, 0, 2, shuffle=bool(window), seed=7, shuffle_window=window)
+    for _ in range(3):
+        old.next()
+    new = ShardedReader(ds, 60, 1, 3, shuffle=bool(window), seed=7, shuffle_window=window)
+    assert new.carry_over(old.state_dict()) == {"epoch": 0, "batch": 4, "seed": 7,
+                                                "global_batch_size": 60}
+    whole = ShardedReader(ds, 60, 0, 3, shuffle=True, seed=7)  # whole batches shuffled
+    at = whole.carry_over(old.state_dict())
+    assert (at["epoch"], at["batch"]) == (1, 0)
+    old.epoch, old.batch = 0, 9  # 576 records read: past every batch of 60 that starts later
+    at = new.carry_over(old.state_dict())
+    assert (at["epoch"], at["batch"]) == (1, 0)

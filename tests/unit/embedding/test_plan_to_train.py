@@ -43,7 +43,7 @@ def test_the_plan_is_the_one_the_trainer_makes(example, tmp_path, capsys):
     assert sizes["city"] == len(data.vocabularies["city"].values) + 1
     # the data's pooling factor (genres holds 1-3 values) reaches the planner
     assert data.ids_per_sample["genres"] > 1.5 and "genres 1." in text
-    full = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=1024))
+    full = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=2048))
     report = plan_for(full, tables, 2, 2, data.ids_per_sample)[0]
     written = json.loads(out.read_text())
     assert set(written.pop("estimate")) >= {"ranks", "tables", "step_seconds"}

@@ -118,7 +118,8 @@ def test_scale_replans_at_each_size(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, match", [
     (["step", "-n", "16", "--fabric", "zionex", "--batch-size", "1000"],
-     "batch size: 1000 samples do not split over 16 ranks"),
+     "batch size: 1000 samples do not split evenly over 16 ranks; use a multiple of 16 "
+     "(992 or 1008)"),
     (["step", "-n", "12", "--fabric", "zionex"], "does not divide 12 ranks"),
     (["step", "-n", "2", "--fabric", "nosuch"], "nosuch"),
     (["step", "-n", "2", "--config", "/nonexistent/train.toml"], "/nonexistent/train.toml"),

@@ -175,3 +175,24 @@ def test_print_config_needs_no_mpi(tmp_path, capsys):
     p = write(tmp_path, "[train]\nsteps = -1\n")
     assert main(["train", "--print-config", "--config", str(p)]) == 2
     assert f"{p}: train.steps: expected an int >= 1" in capsys.readouterr().err
+
+
+def test_the_default_batch_fits_any_number_of_ranks_and_a_given_one_must_split():
+    from embedding.train.batching import global_batch, resolve_batches
+
+    assert [global_batch(0, n) for n in (1, 2, 3, 4, 5, 6, 4096)] == \
+        [2048, 2048, 2046, 2048, 2045, 2046, 4096]
+    assert global_batch(1536, 3) == 1536
+    with pytest.raises(ConfigError) as err:
+        global_batch(1024, 3, source="t.toml")
+    assert str(err.value) == ("t.toml: train.batch_size: 1024 samples do not split evenly over "
+                              "3 ranks; use a multiple of 3 (1023 or 1026), or 0 for the "
+                              "default (2048 rounded down to a multiple of the ranks)")
+    assert "use a multiple of 8 (8)" in str(pytest.raises(ConfigError, global_batch, 5, 8).value)
+    cfg = parse_config({"train": {"eval_batch_size": 100}}, "t.toml")
+    assert load_config(None).train.batch_size == 0
+    with pytest.raises(ConfigError, match=r"train.eval_batch_size: 100 samples .* \(99 or "
+                       r"102\), or 0 for the training batch"):
+        resolve_batches(cfg, 3)
+    tr = resolve_batches(parse_config({}, "t.toml"), 5).train
+    assert (tr.batch_size, tr.eval_batch_size) == (2045, 2045)

@@ -1,0 +1,80 @@
+"""The README's training job and the own-data walk-through run on any number of ranks.
+
+Real jobs through ``neocomm run``, a few steps each: ``neocomm train`` with its
+built-in defaults, then ``neocomm data example`` and the config it writes
+trained and used for predictions, at 1, 3 and 5 ranks (2048, the default
+global batch, splits over none of 3 and 5); and a checkpoint written on 2
+ranks resumed on 3.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from _jobs import run_job
+
+JOB_TIMEOUT = 240  # seconds; a hang shows up as exit 124
+AUC = re.compile(r"AUC (0\.\d{4})")
+
+
+def _run(cwd, args, n):
+    """The finished job (its /dev/shm is the launcher's, checked by the fault tests)."""
+    job = run_job(args, n=n, cwd=cwd, timeout=JOB_TIMEOUT)
+    assert job.returncode == 0, job.output
+    assert not job.left, f"processes {job.left} of the job outlived it:\n{job.output}"
+    return job
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """``neocomm data example`` (a small one): its directory, holding demo/train.toml."""
+    where = tmp_path_factory.mktemp("walkthrough")
+    out = subprocess.run([sys.executable, "-m", "neocomm.cli", "data", "example", "-o", "demo",
+                          "--records", "20000"], cwd=where, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (where / "demo" / "train.toml").is_file()
+    return where
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_the_readme_job_and_the_walkthrough_run_on_n_ranks(n, demo, tmp_path):
+    expected = 2048 // n * n
+    note = "(default)" if expected == 2048 else \
+        f"(default 2048 rounded down to a multiple of {n} ranks)"
+    job = _run(tmp_path, ["neocomm", "train", "--steps", "2"], n)
+    assert f"{n} rank(s)" in job.stdout and f"global batch {expected} {note}" in job.stdout, \
+        job.stdout
+    assert AUC.search(job.stdout), job.stdout
+    assert (tmp_path / "neocomm-out" / "checkpoints" / "step-000000000002").is_dir()
+
+    runs = tmp_path / "runs"
+    job = _run(demo, ["neocomm", "train", "--config", "demo/train.toml", "--steps", "2",
+                      "--out", str(runs)], n)
+    assert f"global batch {expected} {note}" in job.stdout, job.stdout
+    assert "test AUC" in job.stdout and AUC.search(job.stdout), job.stdout
+    scores = tmp_path / "scores.parquet"
+    job = _run(demo, ["neocomm", "predict", "--checkpoint", str(runs), "--data",
+                      "demo/test.parquet", "--out", str(scores)], n)
+    assert AUC.search(job.stdout), job.stdout
+    import pyarrow.parquet as pq
+
+    assert pq.read_metadata(scores).num_rows == 2000
+
+
+def test_a_checkpoint_written_on_2_ranks_resumes_on_3(demo, tmp_path):
+    """The default global batch (2048 on 2 ranks) does not split over 3: the resumed run
+    goes on with 2046 from where the checkpoint's data position falls in its batches."""
+    runs = str(tmp_path / "runs")
+    _run(demo, ["neocomm", "train", "--config", "demo/train.toml", "--steps", "2",
+                "--out", runs], 2)
+    job = _run(demo, ["neocomm", "train", "--config", "demo/train.toml", "--steps", "3",
+                      "--out", runs, "--resume"], 3)
+    out = job.stdout
+    assert "at step 2" in out and "trained 1 step(s)" in out, out
+    # 2 batches of 2048 read = 4096 records: the first batch of 2046 at or after them is the 3rd
+    assert "training goes on with 2046 from epoch 0, batch 3" in out, out
+    assert (tmp_path / "runs" / "checkpoints" / "step-000000000003").is_dir()
