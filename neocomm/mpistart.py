@@ -35,22 +35,32 @@ def start_mpi() -> None:
     never uses, so it is left out of the transports (the user's ``OMPI_MCA_btl``, if
     any, with ``sm`` taken from it) for the moment of the initialisation only: a job
     this process launches later must keep it (its ranks talk through shared memory), and
-    the user's own setting is put back as it was."""
+    the user's own setting is put back as it was. Likewise a singleton's Open MPI session
+    directory (``ompi.<host>.<uid>/jf.0/<job>``, which it leaves in the temporary directory
+    at exit) is made in a directory of the process's own, removed when it ends."""
+    import atexit
     import importlib
+    import shutil
     import sys
+    import tempfile
 
     if "mpi4py.MPI" in sys.modules or any(key in _os.environ for key in _LAUNCHED_BY):
         importlib.import_module("mpi4py.MPI")
         return
-    mine = _os.environ.get("OMPI_MCA_btl")
-    _os.environ["OMPI_MCA_btl"] = without_shared_memory(mine)
+    session = tempfile.mkdtemp(prefix="neocomm-mpi-")
+    # registered before MPI starts, so it runs after MPI has finalised
+    atexit.register(shutil.rmtree, session, ignore_errors=True)
+    saved = {key: _os.environ.get(key) for key in ("OMPI_MCA_btl", "TMPDIR")}
+    _os.environ["OMPI_MCA_btl"] = without_shared_memory(saved["OMPI_MCA_btl"])
+    _os.environ["TMPDIR"] = session
     try:
         importlib.import_module("mpi4py.MPI")
     finally:
-        if mine is None:
-            del _os.environ["OMPI_MCA_btl"]
-        else:
-            _os.environ["OMPI_MCA_btl"] = mine
+        for key, value in saved.items():
+            if value is None:
+                del _os.environ[key]
+            else:
+                _os.environ[key] = value
 
 
 def mpi():

@@ -20,7 +20,8 @@ class World(StateHolder):
     """This rank's place in the job.
 
     ``node``/``num_nodes`` come from MPI's shared-memory split, or from
-    ``NEOCOMM_RANKS_PER_NODE=K`` (emulated nodes of K consecutive ranks).
+    ``NEOCOMM_RANKS_PER_NODE=K`` (emulated nodes of K consecutive ranks; when K does
+    not divide the world, the last node holds the rest, as a host with fewer slots would).
     Groups: ``world``; ``intra_node`` (the ranks of this node); ``rail`` (the
     ranks with this local rank on every node — the ranks that share a NIC
     rail on ZionEX). ``device`` is the CUDA device bound to this rank, or None:
@@ -191,9 +192,6 @@ def init(comm=None, *, ranks_per_node: int | None = None) -> World:
     problem = None
     if k < 0:
         problem = Problem("ranks_per_node", f"ranks_per_node: expected >= 0, got {k}")
-    elif k > 0 and base.Get_size() % k:
-        problem = Problem("ranks_per_node", f"ranks_per_node: world size {base.Get_size()} is "
-                          f"not a multiple of NEOCOMM_RANKS_PER_NODE={k}")
     agree(base, "init", problem, [("ranks_per_node", k)])
     world = World(base, k)
     if settings["ABORT_ON_EXCEPTION"]:

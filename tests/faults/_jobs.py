@@ -15,8 +15,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from _shm import SHM, left_since
+
 TOKEN = "FAULT_JOB_TOKEN"
-SHM = "/dev/shm"
 
 
 @dataclass
@@ -80,7 +81,7 @@ def run_job(args: list[str], *, n: int = 2, cwd=None, env: dict | None = None,
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    shm_left = sorted(set(os.listdir(SHM)) - before)
+    shm_left = left_since(before)
     return Job(out.returncode, out.stdout, out.stderr, seconds, left, shm_left)
 
 

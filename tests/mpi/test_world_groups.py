@@ -12,13 +12,15 @@ from neocomm.types import GroupKind
 
 def test_world_layout_matches_setting(world, all_ranks):
     k = int(os.environ.get("NEOCOMM_RANKS_PER_NODE", "0") or 0)
-    if k:
+    if k:  # nodes of k consecutive ranks; where k does not divide the world, the last is short
         all_ranks(world.node == world.rank // k and world.local_rank == world.rank % k
-                  and world.local_size == k and world.num_nodes == world.size // k)
+                  and world.local_size == min(k, world.size - world.node * k)
+                  and world.num_nodes == -(-world.size // k))
+        assert world.uniform == (world.size % k == 0)
     else:  # one host: the shared-memory split finds one node
         all_ranks(world.num_nodes == 1 and world.local_rank == world.rank)
+        assert world.uniform
     assert world.ranks_of_node(world.node) == world.node_ranks
-    assert world.uniform
 
 
 def test_groups_hold_the_right_ranks(world, all_ranks):
@@ -35,7 +37,9 @@ def test_groups_hold_the_right_ranks(world, all_ranks):
         ok &= group.size == group.comm.Get_size() == len(members)
     # a node's members share its node index, and every node appears in a rail once
     ok &= set(intra.comm.allgather(world.node)) == {world.node}
-    ok &= sorted(rail.comm.allgather(world.node)) == list(range(world.num_nodes))
+    # (on nodes of different sizes, the nodes that hold this local rank)
+    ok &= sorted(rail.comm.allgather(world.node)) == [
+        n for n in range(world.num_nodes) if len(world.ranks_of_node(n)) > world.local_rank]
     ok &= set(rail.comm.allgather(world.local_rank)) == {world.local_rank}
     k = int(os.environ.get("NEOCOMM_RANKS_PER_NODE", "0") or 0)
     if not k:  # real nodes: the members of a node are the ranks on its host

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from _shm import left_since
 from neocomm import _LAUNCHED_BY
 from neocomm.mpistart import without_shared_memory
 
@@ -20,25 +21,29 @@ assert w.size == 1 and x[0] == 1
 with open("/proc/self/maps") as fh:
     shm = sorted({line.split()[-1] for line in fh if "/dev/shm/" in line})
 import os
-print("\\n".join(["ran", "btl=" + str(os.environ.get("OMPI_MCA_btl"))] + shm))
+print("\\n".join(["ran", "btl=" + str(os.environ.get("OMPI_MCA_btl")),
+                 "tmp=" + str(os.environ.get("TMPDIR"))] + shm))
 """
 
 
 @pytest.mark.parametrize("btl", [None, "^ofi", "self,sm,tcp"])
-def test_a_singleton_leaves_no_shared_memory_file(btl):
+def test_a_singleton_leaves_no_shared_memory_file(btl, tmp_path):
     """Whatever transports the user chose (``OMPI_MCA_btl``), a singleton starts MPI
-    without the shared-memory one, and the user's setting is as it was afterwards."""
+    without the shared-memory one, and the user's setting is as it was afterwards; nor
+    does it leave Open MPI's session directory in the temporary directory."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY
            and not k.startswith("OMPI_MCA_")}
+    env["TMPDIR"] = str(tmp_path)
     if btl is not None:
         env["OMPI_MCA_btl"] = btl
     out = subprocess.run([sys.executable, "-c", SINGLETON], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
-    assert lines[0] == "ran" and lines[1] == f"btl={btl}", lines
-    left = [path for path in lines[2:] if os.path.exists(path)]
+    assert lines[:3] == ["ran", f"btl={btl}", f"tmp={tmp_path}"], lines
+    left = [path for path in lines[3:] if os.path.exists(path)]
     assert left == [], f"the singleton left {left} in /dev/shm"
+    assert list(tmp_path.iterdir()) == [], f"the singleton left {list(tmp_path.rglob('*'))}"
 
 
 def test_the_shared_memory_transport_is_taken_out_of_any_choice():
@@ -107,7 +112,7 @@ def test_commands_run_without_a_launcher_leave_nothing_in_dev_shm(argv):
     before = set(os.listdir("/dev/shm"))
     out = subprocess.run([sys.executable, "-m", "neocomm.cli", *argv], capture_output=True,
                          text=True, env=env, timeout=120)
-    new = sorted(set(os.listdir("/dev/shm")) - before)
+    new = left_since(before)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip(), "the command printed nothing"
     assert new == [], f"neocomm {' '.join(argv)} left {new} in /dev/shm"
