@@ -3,14 +3,16 @@
 Real jobs through ``neocomm run``, a few steps each: ``neocomm train`` with its
 built-in defaults, then ``neocomm data example`` and the config it writes
 trained and used for predictions, at 1, 3 and 5 ranks (2048, the default
-global batch, splits over none of 3 and 5); and a checkpoint written on 2
-ranks resumed on 3.
+global batch, splits over none of 3 and 5); the same on emulated nodes of
+uneven size (2 + 1 ranks), with the PyTorch DLRM example; and a checkpoint
+written on 2 ranks resumed on 3.
 """
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,11 +22,11 @@ JOB_TIMEOUT = 240  # seconds; a hang shows up as exit 124
 AUC = re.compile(r"AUC (0\.\d{4})")
 
 
-def _run(cwd, args, n):
-    """The finished job (its /dev/shm is the launcher's, checked by the fault tests)."""
-    job = run_job(args, n=n, cwd=cwd, timeout=JOB_TIMEOUT)
+def _run(cwd, args, n, launcher_args=None):
+    """The finished job; no process and no /dev/shm file of it outlived it."""
+    job = run_job(args, n=n, cwd=cwd, timeout=JOB_TIMEOUT,
+                  launcher_args=launcher_args).check_clean()
     assert job.returncode == 0, job.output
-    assert not job.left, f"processes {job.left} of the job outlived it:\n{job.output}"
     return job
 
 
@@ -78,3 +80,20 @@ def test_a_checkpoint_written_on_2_ranks_resumes_on_3(demo, tmp_path):
     # 2 batches of 2048 read = 4096 records: the first batch of 2046 at or after them is the 3rd
     assert "training goes on with 2046 from epoch 0, batch 3" in out, out
     assert (tmp_path / "runs" / "checkpoints" / "step-000000000003").is_dir()
+
+
+def test_nodes_of_uneven_size_and_the_pytorch_example(demo, tmp_path):
+    """3 ranks on emulated nodes of 2 + 1 (two hosts of uneven size): the README's job and
+    the own-data config; then ``scripts/torch_dlrm.py`` (a PyTorch loop around the sharded
+    module) on 3 ranks, with the default batch fitted to them."""
+    uneven = ["--ranks-per-node", "2"]
+    job = _run(tmp_path, ["neocomm", "train", "--steps", "2"], 3, uneven)
+    assert "global batch 2046 (default 2048 rounded down to a multiple of 3 ranks)" \
+        in job.stdout and AUC.search(job.stdout), job.stdout
+    job = _run(demo, ["neocomm", "train", "--config", "demo/train.toml", "--steps", "2",
+                      "--out", str(tmp_path / "runs")], 3, uneven)
+    assert "test AUC" in job.stdout and AUC.search(job.stdout), job.stdout
+    script = Path(__file__).resolve().parents[2] / "scripts" / "torch_dlrm.py"
+    job = _run(tmp_path, [sys.executable, str(script), "--steps", "5"], 3)
+    found = re.search(r"neocomm embeddings: 5 steps .* held-out AUC (0\.\d+)", job.stdout)
+    assert found, job.output
