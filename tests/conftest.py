@@ -45,7 +45,8 @@ TRAINING_LAYOUTS = ("1x1", "1x2", "1x3", "2x2")
 
 def mpi_layout() -> str:
     """This job's layout, ``NODESxRANKS_PER_NODE`` (emulated nodes when
-    ``NEOCOMM_RANKS_PER_NODE`` is set, else the hosts MPI's shared-memory split finds)."""
+    ``NEOCOMM_RANKS_PER_NODE`` is set, else the hosts MPI's shared-memory split finds);
+    nodes of different sizes are named by their sizes (``2+1``)."""
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -54,7 +55,10 @@ def mpi_layout() -> str:
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
         per_node = world.allreduce(local.Get_size(), op=MPI.MAX)
         local.Free()
-    return f"{world.Get_size() // per_node}x{per_node}"
+    size = world.Get_size()
+    if size % per_node:
+        return "+".join([str(per_node)] * (size // per_node) + [str(size % per_node)])
+    return f"{size // per_node}x{per_node}"
 
 
 def pytest_collection_modifyitems(config, items):

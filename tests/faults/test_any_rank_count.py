@@ -3,8 +3,8 @@
 Real jobs through ``neocomm run``, a few steps each: ``neocomm train`` with its
 built-in defaults, then ``neocomm data example`` and the config it writes
 trained and used for predictions, at 1, 3 and 5 ranks (2048, the default
-global batch, splits over none of 3 and 5); the same on emulated nodes of
-uneven size (2 + 1 ranks), with the PyTorch DLRM example; and a checkpoint
+global batch, splits over none of 3 and 5; the 3 ranks on emulated nodes of
+uneven size, 2 + 1); the PyTorch DLRM example on 3 ranks; and a checkpoint
 written on 2 ranks resumed on 3.
 """
 from __future__ import annotations
@@ -42,12 +42,15 @@ def demo(tmp_path_factory):
     return where
 
 
-@pytest.mark.parametrize("n", [1, 3, 5])
-def test_the_readme_job_and_the_walkthrough_run_on_n_ranks(n, demo, tmp_path):
+@pytest.mark.parametrize("n, per_node", [(1, None), (3, 2), (5, None)],
+                         ids=["1", "3 on nodes of 2+1", "5"])
+def test_the_readme_job_and_the_walkthrough_run_on_n_ranks(n, per_node, demo, tmp_path):
+    """3 ranks run on emulated nodes of uneven size (2 + 1), as on two hosts of 2 and 1."""
     expected = 2048 // n * n
     note = "(default)" if expected == 2048 else \
         f"(default 2048 rounded down to a multiple of {n} ranks)"
-    job = _run(tmp_path, ["neocomm", "train", "--steps", "2"], n)
+    nodes = ["--ranks-per-node", str(per_node)] if per_node else None
+    job = _run(tmp_path, ["neocomm", "train", "--steps", "2"], n, nodes)
     assert f"{n} rank(s)" in job.stdout and f"global batch {expected} {note}" in job.stdout, \
         job.stdout
     assert AUC.search(job.stdout), job.stdout
@@ -55,12 +58,12 @@ def test_the_readme_job_and_the_walkthrough_run_on_n_ranks(n, demo, tmp_path):
 
     runs = tmp_path / "runs"
     job = _run(demo, ["neocomm", "train", "--config", "demo/train.toml", "--steps", "2",
-                      "--out", str(runs)], n)
+                      "--out", str(runs)], n, nodes)
     assert f"global batch {expected} {note}" in job.stdout, job.stdout
     assert "test AUC" in job.stdout and AUC.search(job.stdout), job.stdout
     scores = tmp_path / "scores.parquet"
     job = _run(demo, ["neocomm", "predict", "--checkpoint", str(runs), "--data",
-                      "demo/test.parquet", "--out", str(scores)], n)
+                      "demo/test.parquet", "--out", str(scores)], n, nodes)
     assert AUC.search(job.stdout), job.stdout
     import pyarrow.parquet as pq
 
@@ -82,17 +85,9 @@ def test_a_checkpoint_written_on_2_ranks_resumes_on_3(demo, tmp_path):
     assert (tmp_path / "runs" / "checkpoints" / "step-000000000003").is_dir()
 
 
-def test_nodes_of_uneven_size_and_the_pytorch_example(demo, tmp_path):
-    """3 ranks on emulated nodes of 2 + 1 (two hosts of uneven size): the README's job and
-    the own-data config; then ``scripts/torch_dlrm.py`` (a PyTorch loop around the sharded
-    module) on 3 ranks, with the default batch fitted to them."""
-    uneven = ["--ranks-per-node", "2"]
-    job = _run(tmp_path, ["neocomm", "train", "--steps", "2"], 3, uneven)
-    assert "global batch 2046 (default 2048 rounded down to a multiple of 3 ranks)" \
-        in job.stdout and AUC.search(job.stdout), job.stdout
-    job = _run(demo, ["neocomm", "train", "--config", "demo/train.toml", "--steps", "2",
-                      "--out", str(tmp_path / "runs")], 3, uneven)
-    assert "test AUC" in job.stdout and AUC.search(job.stdout), job.stdout
+def test_the_pytorch_example_runs_on_3_ranks(tmp_path):
+    """``scripts/torch_dlrm.py`` (a PyTorch loop around the sharded module) on 3 ranks, with
+    the default batch fitted to them."""
     script = Path(__file__).resolve().parents[2] / "scripts" / "torch_dlrm.py"
     job = _run(tmp_path, [sys.executable, str(script), "--steps", "5"], 3)
     found = re.search(r"neocomm embeddings: 5 steps .* held-out AUC (0\.\d+)", job.stdout)
