@@ -137,3 +137,58 @@ def test_cuda_kernels_run_through_the_opencl_device():
     np.testing.assert_array_equal(y.get(), 2 * np.arange(100, dtype=np.float32) + 1)
     with pytest.raises(TypeError, match="Python int"):
         kernel((4,), (32,), (x, y, np.float32(2), 100))
+
+
+def _read_on(stream, dev):
+    """Queue a kernel on ``stream`` that reads ``dev`` (behind a pending copy, so it waits
+    on the stream until something forces it); returns its output."""
+    host = _pinned(dev.size)
+    host[:] = 1
+    with stream:
+        out = cp.asarray(host)       # pending on ``stream``: the add below is queued behind
+        out += dev
+    return out
+
+
+def test_pool_block_reused_while_another_stream_reads_it_is_a_hazard():
+    a, b = cp.cuda.Stream(), cp.cuda.Stream()
+    with a:
+        dev = cp.full(64, 2, cp.float32)  # allocated on stream a: its block returns there
+    out = _read_on(b, dev)
+    del dev                           # freed while the add on stream b still reads it
+    with a:
+        with pytest.raises(cp.HazardError, match="memory pool reuse races with another "
+                                                 "stream") as err:
+            cp.empty(64, cp.float32)
+    assert repr(a._state) in str(err.value) and repr(b._state) in str(err.value)
+    b.synchronize()
+    np.testing.assert_array_equal(out.get(), np.full(64, 3, np.float32))
+
+
+def test_pool_block_reused_after_an_event_wait_is_fine():
+    a, b = cp.cuda.Stream(), cp.cuda.Stream()
+    with a:
+        dev = cp.full(64, 2, cp.float32)
+        ptr = dev.data.ptr
+    out = _read_on(b, dev)
+    a.wait_event(b.record())          # stream a's later work runs after the add on b
+    del dev
+    with a:
+        again = cp.empty(64, cp.float32)
+        again.fill(7)
+    assert again.data.ptr == ptr      # the same block, as CuPy's pool hands it out
+    np.testing.assert_array_equal(out.get(stream=b), np.full(64, 3, np.float32))
+    np.testing.assert_array_equal(again.get(stream=a), np.full(64, 7, np.float32))
+
+
+def test_pool_block_reused_on_its_own_stream_is_fine():
+    a = cp.cuda.Stream()
+    with a:
+        dev = cp.full(64, 2, cp.float32)
+        ptr = dev.data.ptr
+    out = _read_on(a, dev)            # same stream: the reuse is ordered after the read
+    del dev
+    with a:
+        again = cp.empty(16, cp.float32)  # smaller: the pool's best fit is the same block
+    assert again.data.ptr == ptr
+    np.testing.assert_array_equal(out.get(stream=a), np.full(64, 3, np.float32))
