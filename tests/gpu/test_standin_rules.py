@@ -192,3 +192,33 @@ def test_pool_block_reused_on_its_own_stream_is_fine():
         again = cp.empty(16, cp.float32)  # smaller: the pool's best fit is the same block
     assert again.data.ptr == ptr
     np.testing.assert_array_equal(out.get(stream=a), np.full(64, 3, np.float32))
+
+
+def test_float_kernels_flush_subnormals_to_zero_as_cuda_does():
+    """CuPy compiles raw kernels with -ftz=true (even when options ask for -ftz=false):
+    float32 operations flush subnormal inputs and results to a zero of the same sign;
+    float64 ones keep them."""
+    src = r'''
+    extern "C" __global__ void ops(const float* __restrict__ x, float* __restrict__ y,
+                                   const double* __restrict__ dx, double* __restrict__ dy) {
+        int i = threadIdx.x;
+        if (i < 4) {
+            y[i] = __fadd_rn(x[i], 0.0f);
+            y[4 + i] = __fmul_rn(x[i], 1.0f);
+            y[8 + i] = __fmul_rn(x[i], 1.0e-10f);   // a normal input, a subnormal result
+            dy[i] = __dadd_rn(dx[i], 0.0);
+        }
+    }'''
+    kernel = cp.RawModule(code=src, options=("-ftz=false",)).get_function("ops")
+    tiny = np.finfo(np.float32).smallest_normal
+    x = cp.asarray(np.array([tiny / 3, -tiny / 3, 1e-30, 1.5], np.float32))
+    y = cp.full(12, 7, cp.float32)
+    dx = cp.asarray(np.array([1e-310, -1e-310, 1e-300, 1.5]))
+    dy = cp.zeros(4, cp.float64)
+    kernel((1,), (32,), (x, y, dx, dy))
+    got = y.get()
+    want = np.array([0, 0, 1e-30, 1.5, 0, 0, 1e-30, 1.5, 0, 0, 0, 0], np.float32)
+    want[11] = np.float32(1.5) * np.float32(1e-10)
+    np.testing.assert_array_equal(got, want)
+    assert np.signbit(got[5]) and not np.signbit(got[4])  # -tiny/3 * 1 flushes to -0
+    np.testing.assert_array_equal(dy.get(), [1e-310, -1e-310, 1e-300, 1.5])
