@@ -316,3 +316,30 @@ def test_bfloat16_on_device_needs_cupy_14(monkeypatch):
     monkeypatch.setattr(cp, "__version__", "14.0.0")
     FusedTables([8], [4], sgd, dtype="bfloat16", device="cuda", names=["users"])
 
+
+def test_bfloat16_on_device_needs_numpy_2_1_2_with_cupy_14(monkeypatch):
+    """CuPy 14 registers its bfloat16 kernels only with NumPy 2.1.2 or later: with an older
+    NumPy a bf16 device table or bf16 device communication is refused up front, naming the
+    setting and the NumPy installed; with the NumPy installed here the check agrees with
+    what CuPy does (a bf16 device table trains)."""
+    from embedding.sharding.qcomm import CommPrecision, Wire
+    from neocomm.types import check_array_bfloat16
+
+    sgd = OptimizerConfig(OptimizerKind.SGD, lr=0.1)
+    monkeypatch.setattr(cp, "__version__", "14.0.0")
+    monkeypatch.setattr(np, "__version__", "2.1.1")
+    with pytest.raises(ValueError, match=r"dtype of table 'users': bfloat16 on CuPy arrays "
+                                         r"needs NumPy 2\.1\.2 or later.*NumPy 2\.1\.1 is "
+                                         r"installed.*pip install 'numpy>=2\.1\.2'"):
+        FusedTables([8], [4], sgd, dtype="bfloat16", device="cuda", names=["users"])
+    with pytest.raises(ValueError, match=r"qcomms.forward = 'bf16': .*NumPy 2\.1\.1"):
+        Wire(CommPrecision.BF16, cp, "float32", key="qcomms.forward")
+    FusedTables([8], [4], sgd, dtype="float16", device="cuda", names=["users"])
+    monkeypatch.undo()
+    try:
+        check_array_bfloat16(cp, "dtype")
+    except ValueError as exc:  # this host's CuPy or NumPy has no bfloat16: nothing to run
+        pytest.skip(str(exc))
+    table = FusedTables([8], [4], sgd, dtype="bfloat16", device="cuda", names=["users"])
+    table.weight(0)[...] = cp.asarray(np.ones((8, 4), storage_dtype("bfloat16")))
+    assert cp.asnumpy(table.weight(0)).astype(np.float32).sum() == 32
