@@ -203,7 +203,7 @@ def _pool_take(stream: "StreamState", size: int, nbytes: int) -> "_Block | None"
                 f"allocation on the stream that allocated it without synchronising: keep the "
                 f"array alive until that work has completed (record an event after it and "
                 f"release the array once the event is done), or make {stream!r} wait for that "
-                f"event (stream.wait_event) before the array is freed")
+                f"event (stream.wait_event) before it allocates again")
     return block
 
 
