@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import enum
+import re
 
 import numpy as np
 
 __all__ = ["ReduceOp", "REDUCE_CODES", "BackendKind", "GroupKind", "DTYPE_CODES", "dtype_code",
-           "dtype_from_code", "bfloat16", "SUPPORTED_DTYPES", "check_array_bfloat16"]
+           "dtype_from_code", "bfloat16", "SUPPORTED_DTYPES", "check_array_bfloat16",
+           "CUPY_BF16_MIN_NUMPY"]
 
 
 class ReduceOp(enum.Enum):
@@ -83,10 +85,30 @@ def dtype_from_code(code: int) -> str:
     return _CODE_NAMES.get(int(code), f"<unknown dtype code {code}>")
 
 
+#: The first NumPy release with which CuPy 14 registers its bfloat16 kernels (CuPy's bfloat16
+#: is ``ml_dtypes``'s, whose NumPy hooks it needs; with an older NumPy it has no bfloat16).
+CUPY_BF16_MIN_NUMPY = (2, 1, 2)
+
+
+def _release(version: str) -> tuple[int, int, int] | None:
+    """``(major, minor, patch)`` of a version string, one patch lower for a pre-release or
+    development build of it (``"2.1.2rc1"`` comes before 2.1.2); None when unreadable."""
+    m = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?(.*)", str(version))
+    if m is None:
+        return None
+    major, minor, patch = int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+    if re.match(r"\.?(a|b|rc|dev|alpha|beta|pre)", m.group(4) or "", re.IGNORECASE):
+        return (major, minor, patch - 1) if patch else (major, minor - 1, 999) if minor \
+            else (major - 1, 999, 999)
+    return major, minor, patch
+
+
 def check_array_bfloat16(xp, what: str) -> None:
     """ValueError naming ``what`` (the user's setting) when the array module ``xp`` cannot
-    hold bfloat16 arrays: NumPy needs ``ml_dtypes``; CuPy needs version 14 or later
-    (its bfloat16 is ``ml_dtypes``'s; CuPy 13 and older refuse the dtype)."""
+    hold bfloat16 arrays: NumPy needs ``ml_dtypes``; CuPy needs version 14 or later (its
+    bfloat16 is ``ml_dtypes``'s; CuPy 13 and older refuse the dtype) together with NumPy
+    2.1.2 or later (:data:`CUPY_BF16_MIN_NUMPY`: CuPy registers its bfloat16 kernels only
+    then)."""
     if bfloat16 is None:
         raise ValueError(f"{what}: bfloat16 needs the ml_dtypes package (pip install ml_dtypes)")
     if xp is np:
@@ -100,3 +122,10 @@ def check_array_bfloat16(xp, what: str) -> None:
         raise ValueError(f"{what}: bfloat16 on CuPy arrays needs CuPy 14 or later (bfloat16 "
                          f"through ml_dtypes); CuPy {version} is installed: use float16 or "
                          f"upgrade CuPy (pip install 'cupy-cuda12x>=14')")
+    have = _release(np.__version__)
+    if have is None or have < CUPY_BF16_MIN_NUMPY:
+        need = ".".join(map(str, CUPY_BF16_MIN_NUMPY))
+        raise ValueError(f"{what}: bfloat16 on CuPy arrays needs NumPy {need} or later (CuPy "
+                         f"{version} registers its bfloat16 kernels only with it); NumPy "
+                         f"{np.__version__} is installed: use float16 or upgrade NumPy "
+                         f"(pip install 'numpy>={need}')")

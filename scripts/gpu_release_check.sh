@@ -2,15 +2,20 @@
 # GPU release check: device, device tests, collective bandwidth, embedding kernels.
 #
 #   scripts/gpu_release_check.sh [--quick] [--out DIR] [--max SIZE] [--ranks N]
-#                                [--skip-tests]
+#                                [--skip-tests] [--list-first]
 #
 # On a machine with GPUs (pip install -e '.[gpu]'):
 #   1. prints the devices (nvidia-smi -L when present; CuPy's name and compute
 #      capability of each device);
-#   2. runs the device tests: python -m pytest -q tests/gpu;
-#   3. runs `neocomm bench OP --device -b 1K -e MAX -f 4` on NGPUS ranks for
+#   2. runs the first device checks on one rank (FIRST_TESTS below): fetch
+#      buffers outliving the scatters that read them (CuPy's pool reuses
+#      blocks by stream), bfloat16 refused with NumPy < 2.1.2 and working
+#      otherwise, asynchronous NCCL sends and receives issued on the stream
+#      they were posted on;
+#   3. runs the device tests: python -m pytest -q tests/gpu;
+#   4. runs `neocomm bench OP --device -b 1K -e MAX -f 4` on NGPUS ranks for
 #      every op of `neocomm bench --list` that has a native (NCCL) peer;
-#   4. measures the embedding kernels against a device memcpy
+#   5. measures the embedding kernels against a device memcpy
 #      (scripts/bench_device_kernels.py);
 # then prints one table and writes DIR/release_check.json (default
 # ./release-check). Exits non-zero if any step failed, naming the steps.
@@ -18,7 +23,8 @@
 # --quick: tiny sizes and few iterations (a smoke test). --max: largest
 # collective size (default 256M; 16K with --quick). --ranks: ranks of the
 # collective runs (default: the number of visible GPUs, at least 1).
-# --skip-tests: leave out step 2.
+# --skip-tests: leave out steps 2 and 3. --list-first: print the tests of
+# step 2 (pytest node ids, one a line) and exit.
 set -u
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,6 +35,12 @@ QUICK=0
 MAX=""
 RANKS=""
 SKIP_TESTS=0
+# step 2: the device checks run first (pytest node ids under the repository root)
+FIRST_TESTS=(
+  "tests/gpu/test_device_tiers.py::test_fetch_buffers_outlive_the_scatters_that_read_them"
+  "tests/gpu/test_half_kernels.py::test_bfloat16_on_device_needs_numpy_2_1_2_with_cupy_14"
+  "tests/gpu/test_backends_gpu.py::test_nccl_async_p2p_is_issued_on_the_stream_it_was_posted_on"
+)
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -37,7 +49,8 @@ while [ $# -gt 0 ]; do
     --max) MAX="$2"; shift ;;
     --ranks) RANKS="$2"; shift ;;
     --skip-tests) SKIP_TESTS=1 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --list-first) printf '%s\n' "${FIRST_TESTS[@]}"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_release_check: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -89,12 +102,18 @@ if [ -z "$RANKS" ]; then
           2>/dev/null || echo 1)
 fi
 
-# 2. the device tests
+# 2. the first device checks, on one rank (the NCCL one is marked mpi: under mpirun)
+if [ "$SKIP_TESTS" = 0 ]; then
+  step first-checks neocomm run -n 1 -- "$PY" "$HERE/mpi_pytest.py" \
+    "${FIRST_TESTS[@]/#/$ROOT/}"
+fi
+
+# 3. the device tests
 if [ "$SKIP_TESTS" = 0 ]; then
   step tests "$PY" -m pytest -q "$ROOT/tests/gpu"
 fi
 
-# 3. collective bandwidth on the device, one run per op with a native peer
+# 4. collective bandwidth on the device, one run per op with a native peer
 ITERS=()
 [ "$QUICK" = 1 ] && ITERS=(-n 2 -w 1 -r 1)
 OPS=$(neocomm bench --list | awk '{for (i = 2; i <= NF; i++) if ($i == "native") print $1}')
@@ -107,7 +126,7 @@ for op in $OPS; do
     -f 4 "${ITERS[@]}" --json "$OUT/bench_$op.json"
 done
 
-# 4. the embedding kernels against a device memcpy
+# 5. the embedding kernels against a device memcpy
 KQUICK=()
 [ "$QUICK" = 1 ] && KQUICK=(--quick)
 step kernels "$PY" "$HERE/bench_device_kernels.py" "${KQUICK[@]}" --json "$OUT/kernels.json"

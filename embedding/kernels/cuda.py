@@ -12,6 +12,11 @@ as their raw ``uint16`` bits; the kernels compute in float32 and round their
 stores as :mod:`embedding.precision` does (``rounding=`` of the update
 functions, as in :mod:`embedding.kernels.cpu`).
 
+Results agree with the NumPy twins as :mod:`embedding.kernels.cuda_src` says:
+bit for bit for lookups, gradient sums and SGD, except that float32 compute
+on the device flushes subnormal inputs and results to zero (CuPy compiles
+with ``-ftz=true``).
+
 ``wire=`` (a :class:`~embedding.sharding.qcomm.Wire`) builds the module for
 its format: the lookup writes the pooled rows encoded (float16 or bfloat16
 bits, int8 FUSED8BIT rows) and the backward reads float16 or bfloat16

@@ -7,14 +7,25 @@ bfloat16) is passed as its raw ``unsigned short`` bits: loads widen to float
 exactly (:func:`half_to_float`), stores round with the integer rounding of
 :mod:`embedding.precision` (nearest-even, or stochastic with the same
 splitmix64 bits of ``(seed, step, table, row, column)``), so a half table's
-rows come out bit for bit as the NumPy twin's. Arithmetic
-goes through round-to-nearest intrinsics (``__fadd_rn`` …) so the compiler
-cannot contract a multiply and an add into an FMA: each operation rounds
-like the NumPy twin in :mod:`embedding.kernels.cpu`, and sums run in the
-same order (bag order for the lookup, stable (table, row) order for the
+rows come out bit for bit as the NumPy twin's (up to flush-to-zero, below).
+Arithmetic goes through round-to-nearest intrinsics (``__fadd_rn`` …) so the
+compiler cannot contract a multiply and an add into an FMA: each operation
+rounds like the NumPy twin in :mod:`embedding.kernels.cpu`, and sums run in
+the same order (bag order for the lookup, stable (table, row) order for the
 backward), so the two agree to the last bit except where a reduction
-across a row is involved (row-wise AdaGrad's mean of squares) or ``pow``
-(Adam's bias corrections).
+across a row is involved (row-wise AdaGrad's mean of squares), ``pow``
+(Adam's bias corrections), or a subnormal float32 value.
+
+**Flush to zero.** CuPy compiles every ``RawModule`` with ``-ftz=true`` (an
+``-ftz=false`` option does not undo it), so on the device single-precision
+operations flush subnormal inputs and results (``|x| < 2**-126``, about
+1.2e-38) to a zero of the same sign; NumPy keeps them. Where a float32
+(float16 or bfloat16 table: float32 compute) weight, state value, gradient or
+intermediate result is subnormal, the device may therefore give a zero (or a
+value computed from one) where the twin gives a subnormal-derived value;
+everywhere else the agreement above holds. float64 tables compute in double
+precision, which is never flushed: they agree with the twin on subnormals
+too.
 
 Kernels (one warp per bag or per unique row, 32 lanes over the columns):
 

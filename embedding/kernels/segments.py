@@ -10,7 +10,8 @@ Two building blocks carry the CPU path:
   segment still running is one contiguous prefix, and each step is one
   gather plus one in-place add over that prefix. Rows are summed in segment
   order ``j = 0, 1, ...`` exactly like the CUDA kernels do, so the two
-  paths agree to the last bit where no fused multiply-add intervenes.
+  paths agree to the last bit where no fused multiply-add intervenes and no
+  float32 value is subnormal (the device flushes those to zero).
   ``np.add.reduceat`` along axis 0 has a per-row cost that makes it several
   times slower for ``[N, dim]`` rows, and the positional form never
   materialises the ``[N, dim]`` gathered rows.

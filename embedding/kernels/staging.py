@@ -14,6 +14,15 @@ until the copy is done.
 
 The pinned buffer is reused: before it is refilled, the host waits for the
 previous copy out of it (copies from pinned memory read it asynchronously).
+A device buffer outlives its fetch: CuPy's memory pool returns a freed block
+to the arena of the stream that allocated it (the side stream) at once, with
+no synchronisation, so the next ``start`` could get the same block and copy
+into it while the compute stream's scatter out of it is still queued.
+``land`` therefore records an event after the scatter and keeps the buffer;
+the next ``start`` makes the side stream wait for those events before it
+lets the buffers go and allocates, so a reused block is written only after
+every scatter out of it has run (the host never blocks on the compute
+stream).
 On NumPy (``device="cpu"``) ``land`` copies the rows straight from the host
 arrays: a fetched row is in use by its step alone, so its host copy does not
 change between ``start`` and ``land``.
@@ -60,6 +69,8 @@ class RowFetcher:
         self._pinned_mem = None
         self._last = None  # event of the last copy out of the pinned buffer
         self._stream = xp.cuda.Stream(non_blocking=True) if self._device else None
+        #: (event after the scatter, device buffer) of each fetch landed since the last start
+        self._landed: list = []
 
     def start(self, parts: list[Part]) -> Fetch | None:
         """Gather and queue the copy of ``parts`` (None when there is nothing to move)."""
@@ -80,6 +91,9 @@ class RowFetcher:
             np.take(p.source, p.rows, axis=0, out=view.view(p.source.dtype).reshape(shape))
         placed = [(p.key, p.slots, off, p.source.dtype, shape) for p, off, shape in layout]
         xp = self.xp
+        for done, _ in self._landed:  # reused blocks are written after the scatters read them
+            self._stream.wait_event(done)
+        self._landed.clear()          # the buffers go back to the side stream's pool arena
         with self._stream:
             buf = xp.empty(total, np.uint8)
             buf.set(host[:total], stream=self._stream)
@@ -88,7 +102,8 @@ class RowFetcher:
         return Fetch(event, buf, placed)
 
     def land(self, fetch: Fetch | None, target) -> None:
-        """Scatter ``fetch``'s parts into ``target(key)[slots]`` on the current stream."""
+        """Scatter ``fetch``'s parts into ``target(key)[slots]`` on the current stream; the
+        device buffer is kept until the side stream has waited for the scatter (module doc)."""
         if fetch is None:
             return
         xp = self.xp
@@ -101,6 +116,7 @@ class RowFetcher:
             n = int(np.prod(shape)) * dtype.itemsize
             rows = fetch.buffer[off:off + n].view(dtype).reshape(shape)
             target(key)[xp.asarray(slots)] = rows
+        self._landed.append((xp.cuda.get_current_stream().record(), fetch.buffer))
 
     def _host_buffer(self, nbytes: int) -> np.ndarray:
         """The pinned buffer, at least ``nbytes``, free to refill."""

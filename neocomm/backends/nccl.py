@@ -17,7 +17,13 @@ sends and receives (``async_op=True``, and every send and receive of the
 collectives' algorithms through :meth:`NcclBackend.post`) are therefore
 *posted* and issued as one group when any of them is first waited for or
 tested (:meth:`NcclBackend.flush`); every rank posts them in the same
-order, so the groups match. A collective flushes what is posted first.
+order, so the groups match. A collective flushes what is posted first. Each
+post is issued on the stream that was current when it was posted (the
+``stream=`` of ``send``/``recv``), whatever stream is current at the flush:
+one NCCL group may hold calls on several streams (NCCL then orders the
+group after the work queued so far on each of them, and each stream's later
+work after the group), and a handle's ``wait()`` synchronises with its
+post's stream.
 
 Datatypes: copies (AlltoAll(v), AllGather, Broadcast, send/recv) move
 bytes, so every dtype travels. Reductions use NCCL's types; int16 and
@@ -57,13 +63,15 @@ UNIQUE_ID_BYTES = 128
 class _Posted:
     """A posted send or receive. Testing or waiting for it issues every operation posted
     so far as one NCCL group, unless an earlier flush already issued it (then nothing
-    more is issued: later posts wait for their own round). Completion is stream-ordered:
-    work queued on the stream afterwards sees the data, the host does after a sync."""
+    more is issued: later posts wait for their own round). Completion is stream-ordered
+    on ``stream`` (the stream current at the post): work queued on it afterwards sees the
+    data, the host does after a sync."""
 
-    __slots__ = ("_backend", "done")
+    __slots__ = ("_backend", "done", "stream")
 
-    def __init__(self, backend: "NcclBackend"):
+    def __init__(self, backend: "NcclBackend", stream):
         self._backend = backend
+        self.stream = stream  # the CuPy stream the operation is issued on
         self.done = False  # True once issued
 
     def test(self) -> bool:
@@ -165,9 +173,10 @@ class NcclBackend(Backend):
     def _stream(self) -> int:
         return self._cupy.cuda.get_current_stream().ptr
 
-    def _enqueued(self, what: str, result=None) -> Handle:
+    def _enqueued(self, what: str, result=None, stream=None) -> Handle:
+        """A handle on the work queued so far on ``stream`` (default: the current one)."""
         event = self._cupy.cuda.Event(disable_timing=True)
-        event.record()
+        event.record(stream)
 
         def wait():
             with watchdog.guard(what):
@@ -178,21 +187,24 @@ class NcclBackend(Backend):
     # -- point to point ----------------------------------------------
     def post(self, kind: str, buf, peer: int) -> _Posted:
         """Post a send (``kind`` "send") or receive of all of ``buf`` with group rank
-        ``peer``; it is issued, grouped with every other posted one, by :meth:`flush`."""
-        handle = _Posted(self)
+        ``peer`` on the current stream; it is issued there, grouped with every other posted
+        one, by :meth:`flush`."""
+        handle = _Posted(self, self._cupy.cuda.get_current_stream())
         self._posted.append((kind == "send", buf, peer, handle))
         return handle
 
     def flush(self) -> None:
-        """Issue every posted send and receive as one NCCL group, in posting order."""
+        """Issue every posted send and receive as one NCCL group, in posting order, each on
+        the stream it was posted on."""
         posted, self._posted = self._posted, []
         if not posted:
             return
-        stream, send, recv = self._stream(), self._comm.send, self._comm.recv
+        send, recv = self._comm.send, self._comm.recv
         self._nccl.groupStart()
         try:
             for is_send, buf, peer, handle in posted:
-                (send if is_send else recv)(buf.data.ptr, buf.nbytes, _UINT8, peer, stream)
+                (send if is_send else recv)(buf.data.ptr, buf.nbytes, _UINT8, peer,
+                                            handle.stream.ptr)
                 handle.done = True
         finally:
             self._nccl.groupEnd()
@@ -210,7 +222,7 @@ class NcclBackend(Backend):
 
         def wait():
             posted.wait()
-            self._enqueued(what).wait()
+            self._enqueued(what, stream=posted.stream).wait()
         return Handle(wait, None, result)
 
     # -- collectives --------------------------------------------------

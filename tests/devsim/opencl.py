@@ -22,7 +22,9 @@ device functions, locals, casts)               no shared memory)
 ``__fadd_rn`` … ``__fsqrt_rn``, ``__dadd_rn``  one operator per call, no FMA contraction
 … ``__dsqrt_rn``                               (``#pragma OPENCL FP_CONTRACT OFF``;
                                                built with ``-cl-fp32-correctly-rounded-
-                                               divide-sqrt``): round-to-nearest like CUDA
+                                               divide-sqrt``): round-to-nearest like CUDA;
+                                               the float ones flush subnormal inputs and
+                                               results to zero (below)
 ``pow`` on doubles                             OpenCL ``pow`` (``cl_khr_fp64`` enabled)
 ``__float_as_uint``, ``__uint_as_float``       ``as_uint``, ``as_float`` (bit casts)
 ``__shfl_xor_sync(full mask, v, o[, 32])``     exchange through a ``__local`` scratch of
@@ -33,6 +35,17 @@ device functions, locals, casts)               no shared memory)
 ``__syncwarp([full mask])``                    ``barrier(CLK_LOCAL_MEM_FENCE |
                                                CLK_GLOBAL_MEM_FENCE)``
 =============================================  =======================================
+
+**Flush to zero.** CuPy compiles every ``RawModule`` with ``-ftz=true``
+(whatever ``options`` say), so on a GPU single-precision operations flush
+subnormal inputs and results (``|x| < 2**-126``) to a zero of the same sign,
+and double precision keeps them. The translation does the same in the float
+intrinsics (``__fadd_rn`` … ``__fsqrt_rn``, through ``__nc_ftz``), exactly.
+It does not use OpenCL's ``-cl-denorms-are-zero``: PoCL applies it to double
+precision too (``1e-310 + 0.0`` gives 0), which CUDA never flushes. Other
+single-precision operations (comparisons, conversions from double) keep
+subnormals here; the kernels do their float arithmetic through the
+intrinsics.
 
 Refused (examples): ``__shared__``, ``__syncthreads``, atomics, any other
 ``__`` identifier (``__ldg``, ``__launch_bounds__``, ``__CUDA_ARCH__`` …),
@@ -198,6 +211,13 @@ static inline float __uint_as_float(uint x) { return as_float(x); }
 """
 _ARITH = "static inline {t} __{p}{op}_rn({t} a, {t} b) {{ return a {sym} b; }}\n"
 _SQRT = "static inline {t} __{p}sqrt_rn({t} a) {{ return sqrt(a); }}\n"
+#: CuPy compiles every RawModule with ``-ftz=true``: single-precision operations flush
+#: subnormal inputs and results to zero (sign kept); double precision keeps them.
+_FTZ = ("static inline float __nc_ftz(float x) "
+        "{ return fabs(x) < FLT_MIN ? copysign(0.0f, x) : x; }\n")
+_ARITH_FTZ = ("static inline float __f{op}_rn(float a, float b) "
+              "{{ return __nc_ftz(__nc_ftz(a) {sym} __nc_ftz(b)); }}\n")
+_SQRT_FTZ = "static inline float __fsqrt_rn(float a) { return __nc_ftz(sqrt(__nc_ftz(a))); }\n"
 _SHFL = """static inline {t} __attribute__((overloadable)) __nc_shfl_xor(
         __local ulong* s, {t} v, int o) {{
     const uint l = (uint)get_local_id(0), src = l ^ (uint)o;
@@ -215,11 +235,12 @@ _SHFL_TYPES = {"float": ("(ulong)as_uint(v)", "as_float((uint)x)"),
 
 
 def _prelude() -> str:
-    parts = [_PRELUDE]
-    for p, t in (("f", "float"), ("d", "double")):
-        for op, sym in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/")):
-            parts.append(_ARITH.format(t=t, p=p, op=op, sym=sym))
-        parts.append(_SQRT.format(t=t, p=p))
+    parts = [_PRELUDE, _FTZ]
+    for op, sym in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/")):
+        parts.append(_ARITH_FTZ.format(op=op, sym=sym))
+        parts.append(_ARITH.format(t="double", p="d", op=op, sym=sym))
+    parts.append(_SQRT_FTZ)
+    parts.append(_SQRT.format(t="double", p="d"))
     for t, (to, back) in _SHFL_TYPES.items():
         parts.append(_SHFL.format(t=t, to=to, back=back))
     return "".join(parts) + "/* ---- translated source ---- */\n"

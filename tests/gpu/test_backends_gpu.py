@@ -135,3 +135,54 @@ def test_staged_two_ranks_match_numpy(tmp_path):
                          env={**__import__("os").environ, "NEOCOMM_STAGING_BYTES": "1MiB"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("staged ok") == 2
+
+
+def _keep_busy(cp, stream) -> None:
+    """On a GPU: queue some tens of milliseconds of work on ``stream`` (on the stand-in,
+    where work runs only when forced, nothing is needed)."""
+    if getattr(cp, "STANDIN", False):
+        return
+    with stream:
+        a = cp.ones((4096, 4096), cp.float32)
+        for _ in range(40):
+            a = a @ a * np.float32(1 / 4096)
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi(min_size=1)
+def test_nccl_async_p2p_is_issued_on_the_stream_it_was_posted_on(world, all_ranks):
+    """Asynchronous sends and receives posted with ``stream=S`` and flushed while another
+    stream is current (kept busy) are issued on S: work queued on S after the flush sees the
+    received data, and each handle's wait() synchronises S. On the stand-in, NCCL records
+    the stream of every call; on a GPU, a receive queued on the busy stream would land long
+    after S had read the buffer."""
+    import cupy as cp
+    from gpu_cases import skip_unless_usable
+
+    skip_unless_usable("nccl", world)
+    be = world.world.backend(kind="nccl")
+    n, r = be.size, be.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    s, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    x = cp.full(4096, r + 1, cp.float32)
+    got = cp.full(4096, -1, cp.float32)
+    cp.cuda.get_current_stream().synchronize()
+    receive = be.recv(got, left, async_op=True, stream=s)
+    send = be.send(x, right, async_op=True, stream=s)
+    _keep_busy(cp, other)
+    with other:
+        be.flush()                 # issued now, with ``other`` current
+        with s:
+            seen = got * 2         # stream-ordered after the receive when it is on s
+    streams = ({ptr for _, _, ptr in list(be._comm.issued)[-2:]}
+               if getattr(cp, "STANDIN", False) else {s.ptr})
+    with other:
+        receive.wait()
+        send.wait()
+        out = got.get()            # the handle's wait() synchronised the receive's stream
+    s.synchronize()
+    other.synchronize()
+    all_ranks(streams == {s.ptr} and (seen.get() == 2 * (left + 1)).all()
+              and (out == left + 1).all(),
+              f"rank {r}: calls on streams {sorted(map(hex, streams))}, posted on {s.ptr:#x}; "
+              f"S saw {seen.get()[:4]}, the host {out[:4]} (want {left + 1})")

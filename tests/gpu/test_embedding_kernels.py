@@ -3,7 +3,9 @@
 Sums run in the same order on both sides and every device operation is
 rounded like NumPy's, so lookups and SGD agree to the last bit; row-wise
 AdaGrad (a warp reduction of the squares) and Adam (device ``pow``) agree
-to a few ulps.
+to a few ulps. The one exception: float32 arithmetic on the device flushes
+subnormal inputs and results to zero (CuPy compiles with ``-ftz=true``),
+NumPy keeps them.
 """
 from __future__ import annotations
 
@@ -34,6 +36,26 @@ def test_lookup_matches_numpy_bitwise(dtype, weighted):
     host = cpu.pooled_lookup(layout, weights, bags)
     dev = cuda.pooled_lookup(layout, cp.asarray(weights), bags)
     np.testing.assert_array_equal(cp.asnumpy(dev), host)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_subnormal_weights_are_flushed_in_float32_only(dtype):
+    """Every weight subnormal: the float32 device lookup flushes them (each pooled value is
+    a zero) where the NumPy twin keeps them; float64 keeps subnormals on the device too and
+    agrees with the twin bit for bit."""
+    from embedding.kernels import cuda
+
+    layout, bags, weights, _ = _case(dtype, weighted=True)
+    tiny = np.finfo(dtype).smallest_normal
+    weights = (weights / np.abs(weights).max() * (tiny * 0.75)).astype(dtype)
+    assert np.all(np.abs(weights) < tiny) and np.any(weights != 0)
+    host = cpu.pooled_lookup(layout, weights, bags)
+    dev = cp.asnumpy(cuda.pooled_lookup(layout, cp.asarray(weights), bags))
+    assert np.any(host != 0)
+    if dtype == np.float32:
+        np.testing.assert_array_equal(dev, np.zeros_like(host))
+    else:
+        np.testing.assert_array_equal(dev, host)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

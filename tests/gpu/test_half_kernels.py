@@ -133,8 +133,10 @@ def test_lookup_widens_every_half_bit_pattern_exactly(name):
 @pytest.mark.parametrize("name", HALVES)
 def test_stores_round_float32_as_numpy(name, rounding):
     """SGD with lr 1 on zero rows stores ``-g`` rounded: float32 values of every magnitude
-    (subnormal in float32 and in float16, overflowing, inf, signed zeros) round to the
-    same bits as NumPy's; NaN stays a NaN of its sign (its payload is not specified)."""
+    (subnormal in float16, overflowing, inf, signed zeros) round to the same bits as
+    NumPy's; NaN stays a NaN of its sign (its payload is not specified). Gradients
+    subnormal in float32 are flushed to zero by the device's float32 arithmetic (CuPy
+    compiles with -ftz=true), so NumPy gets them flushed."""
     rng = np.random.default_rng(1)
     n, d = 4096, 40
     x = rng.integers(0, 2 ** 32, n * d, dtype=np.uint64).astype(np.uint32).view(np.float32)
@@ -146,8 +148,11 @@ def test_stores_round_float32_as_numpy(name, rounding):
     config = OptimizerConfig(OptimizerKind.SGD, lr=1.0)
     host, dev = _pair(layout, config, name, rounding=rounding, seeds=[11])
     rows = rng.permutation(n)
+    flushed = np.where(np.abs(g) < np.finfo(np.float32).smallest_normal,
+                       np.copysign(np.float32(0), g), g)
+    assert np.count_nonzero(flushed != g) > 100  # float32 subnormals among the gradients
     with np.errstate(over="ignore", invalid="ignore"):
-        host.update([(rows, g)])
+        host.update([(rows, flushed)])
     dev.update([(cp.asarray(rows), cp.asarray(g))])
     nan = np.isnan(host.weights.astype(np.float32))
     dw = cp.asnumpy(dev.weights)
@@ -310,3 +315,31 @@ def test_bfloat16_on_device_needs_cupy_14(monkeypatch):
             cp.zeros(4, storage_dtype("bfloat16"))
     monkeypatch.setattr(cp, "__version__", "14.0.0")
     FusedTables([8], [4], sgd, dtype="bfloat16", device="cuda", names=["users"])
+
+
+def test_bfloat16_on_device_needs_numpy_2_1_2_with_cupy_14(monkeypatch):
+    """CuPy 14 registers its bfloat16 kernels only with NumPy 2.1.2 or later: with an older
+    NumPy a bf16 device table or bf16 device communication is refused up front, naming the
+    setting and the NumPy installed; with the NumPy installed here the check agrees with
+    what CuPy does (a bf16 device table trains)."""
+    from embedding.sharding.qcomm import CommPrecision, Wire
+    from neocomm.types import check_array_bfloat16
+
+    sgd = OptimizerConfig(OptimizerKind.SGD, lr=0.1)
+    monkeypatch.setattr(cp, "__version__", "14.0.0")
+    monkeypatch.setattr(np, "__version__", "2.1.1")
+    with pytest.raises(ValueError, match=r"dtype of table 'users': bfloat16 on CuPy arrays "
+                                         r"needs NumPy 2\.1\.2 or later.*NumPy 2\.1\.1 is "
+                                         r"installed.*pip install 'numpy>=2\.1\.2'"):
+        FusedTables([8], [4], sgd, dtype="bfloat16", device="cuda", names=["users"])
+    with pytest.raises(ValueError, match=r"qcomms.forward = 'bf16': .*NumPy 2\.1\.1"):
+        Wire(CommPrecision.BF16, cp, "float32", key="qcomms.forward")
+    FusedTables([8], [4], sgd, dtype="float16", device="cuda", names=["users"])
+    monkeypatch.undo()
+    try:
+        check_array_bfloat16(cp, "dtype")
+    except ValueError as exc:  # this host's CuPy or NumPy has no bfloat16: nothing to run
+        pytest.skip(str(exc))
+    table = FusedTables([8], [4], sgd, dtype="bfloat16", device="cuda", names=["users"])
+    table.weight(0)[...] = cp.asarray(np.ones((8, 4), storage_dtype("bfloat16")))
+    assert cp.asnumpy(table.weight(0)).astype(np.float32).sum() == 32

@@ -58,3 +58,27 @@ def test_release_check_quick(tmp_path):
     assert set(kernels) == {"pooled_lookup", "backward_update"}
     for name, k in kernels.items():
         assert k["gbps"] > 0 and k["memcpy_gbps"] > 0, name
+
+
+def test_first_checks_name_existing_device_tests():
+    """Step 2's selection (``--list-first``) names device tests that exist: pytest collects
+    at least one test for every node id, and nothing else, so a renamed or removed test
+    fails here instead of passing the release check unseen."""
+    script = os.path.join(ROOT, "scripts", "gpu_release_check.sh")
+    listed = subprocess.run(["bash", script, "--list-first"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    ids = listed.stdout.split()
+    assert len(ids) >= 3 and all(i.startswith("tests/gpu/") and "::" in i for i in ids), ids
+    env = dict(os.environ)
+    if STANDIN:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (DEVSIM, env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "no:cacheprovider", *ids],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    collected = [line for line in proc.stdout.splitlines() if "::" in line]
+    for node in ids:
+        assert any(line == node or line.startswith(node + "[") for line in collected), \
+            (node, collected)
+    assert all(any(line == n or line.startswith(n + "[") for n in ids) for line in collected)

@@ -118,3 +118,29 @@ def test_nccl_has_no_int16(world):
     x = cp.ones(4, cp.int16)
     with pytest.raises(nccl.NcclError, match="invalid datatype"):
         c.allReduce(x.data.ptr, x.data.ptr, 4, 10, nccl.NCCL_SUM, 0)
+
+
+def test_a_group_may_span_streams(world, all_ranks):
+    """NCCL allows a group's calls on several streams: the launch follows the work queued
+    so far on each, and each stream's later work follows the launch."""
+    from cupy.cuda import nccl
+
+    c = _comm(world)
+    right, left = (world.rank + 1) % world.size, (world.rank - 1) % world.size
+    a, b = cp.cuda.Stream(), cp.cuda.Stream()
+    send, got = cp.full(6, world.rank, cp.int32), cp.empty(6, cp.int32)
+    cp.cuda.get_current_stream().synchronize()
+    nccl.groupStart()
+    c.send(send.data.ptr, 6, nccl.NCCL_INT32, right, a.ptr)
+    c.recv(got.data.ptr, 6, nccl.NCCL_INT32, left, b.ptr)
+    nccl.groupEnd()
+    with b:
+        twice = got * 2  # queued behind the group on b
+    with a:
+        send += 1        # after the group on a: the send read the old values
+    issued = [(kind, ptr) for kind, _, ptr in list(c.issued)[-2:]]
+    b.synchronize()
+    a.synchronize()
+    all_ranks(issued == [("send", a.ptr), ("recv", b.ptr)]
+              and (twice.get(stream=b) == 2 * left).all()
+              and (send.get(stream=a) == world.rank + 1).all(), f"{issued}")

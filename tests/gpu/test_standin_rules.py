@@ -137,3 +137,88 @@ def test_cuda_kernels_run_through_the_opencl_device():
     np.testing.assert_array_equal(y.get(), 2 * np.arange(100, dtype=np.float32) + 1)
     with pytest.raises(TypeError, match="Python int"):
         kernel((4,), (32,), (x, y, np.float32(2), 100))
+
+
+def _read_on(stream, dev):
+    """Queue a kernel on ``stream`` that reads ``dev`` (behind a pending copy, so it waits
+    on the stream until something forces it); returns its output."""
+    host = _pinned(dev.size)
+    host[:] = 1
+    with stream:
+        out = cp.asarray(host)       # pending on ``stream``: the add below is queued behind
+        out += dev
+    return out
+
+
+def test_pool_block_reused_while_another_stream_reads_it_is_a_hazard():
+    a, b = cp.cuda.Stream(), cp.cuda.Stream()
+    with a:
+        dev = cp.full(64, 2, cp.float32)  # allocated on stream a: its block returns there
+    out = _read_on(b, dev)
+    del dev                           # freed while the add on stream b still reads it
+    with a:
+        with pytest.raises(cp.HazardError, match="memory pool reuse races with another "
+                                                 "stream") as err:
+            cp.empty(64, cp.float32)
+    assert repr(a._state) in str(err.value) and repr(b._state) in str(err.value)
+    b.synchronize()
+    np.testing.assert_array_equal(out.get(), np.full(64, 3, np.float32))
+
+
+def test_pool_block_reused_after_an_event_wait_is_fine():
+    a, b = cp.cuda.Stream(), cp.cuda.Stream()
+    with a:
+        dev = cp.full(64, 2, cp.float32)
+        ptr = dev.data.ptr
+    out = _read_on(b, dev)
+    a.wait_event(b.record())          # stream a's later work runs after the add on b
+    del dev
+    with a:
+        again = cp.empty(64, cp.float32)
+        again.fill(7)
+    assert again.data.ptr == ptr      # the same block, as CuPy's pool hands it out
+    np.testing.assert_array_equal(out.get(stream=b), np.full(64, 3, np.float32))
+    np.testing.assert_array_equal(again.get(stream=a), np.full(64, 7, np.float32))
+
+
+def test_pool_block_reused_on_its_own_stream_is_fine():
+    a = cp.cuda.Stream()
+    with a:
+        dev = cp.full(64, 2, cp.float32)
+        ptr = dev.data.ptr
+    out = _read_on(a, dev)            # same stream: the reuse is ordered after the read
+    del dev
+    with a:
+        again = cp.empty(16, cp.float32)  # smaller: the pool's best fit is the same block
+    assert again.data.ptr == ptr
+    np.testing.assert_array_equal(out.get(stream=a), np.full(64, 3, np.float32))
+
+
+def test_float_kernels_flush_subnormals_to_zero_as_cuda_does():
+    """CuPy compiles raw kernels with -ftz=true (even when options ask for -ftz=false):
+    float32 operations flush subnormal inputs and results to a zero of the same sign;
+    float64 ones keep them."""
+    src = r'''
+    extern "C" __global__ void ops(const float* __restrict__ x, float* __restrict__ y,
+                                   const double* __restrict__ dx, double* __restrict__ dy) {
+        int i = threadIdx.x;
+        if (i < 4) {
+            y[i] = __fadd_rn(x[i], 0.0f);
+            y[4 + i] = __fmul_rn(x[i], 1.0f);
+            y[8 + i] = __fmul_rn(x[i], 1.0e-10f);   // a normal input, a subnormal result
+            dy[i] = __dadd_rn(dx[i], 0.0);
+        }
+    }'''
+    kernel = cp.RawModule(code=src, options=("-ftz=false",)).get_function("ops")
+    tiny = np.finfo(np.float32).smallest_normal
+    x = cp.asarray(np.array([tiny / 3, -tiny / 3, 1e-30, 1.5], np.float32))
+    y = cp.full(12, 7, cp.float32)
+    dx = cp.asarray(np.array([1e-310, -1e-310, 1e-300, 1.5]))
+    dy = cp.zeros(4, cp.float64)
+    kernel((1,), (32,), (x, y, dx, dy))
+    got = y.get()
+    want = np.array([0, 0, 1e-30, 1.5, 0, 0, 1e-30, 1.5, 0, 0, 0, 0], np.float32)
+    want[11] = np.float32(1.5) * np.float32(1e-10)
+    np.testing.assert_array_equal(got, want)
+    assert np.signbit(got[5]) and not np.signbit(got[4])  # -tiny/3 * 1 flushes to -0
+    np.testing.assert_array_equal(dy.get(), [1e-310, -1e-310, 1e-300, 1.5])

@@ -481,8 +481,8 @@ def _to_host(arr: ndarray, stream, out, blocking):
         _engine.enqueue(s, run, reads={arr._alloc.id}, what="device-to-host copy", site=site)
         return out
     # pageable memory (or blocking): the copy completes before the call returns
-    s.wait_upto(s.last)
-    s.raise_error()
+    _engine.note_use(s, {arr._alloc.id}, "device-to-host copy", _engine.call_site())
+    s.synchronize()
     _engine._check_races(s, {arr._alloc.id}, set(), "device-to-host copy")
     out[...] = arr._a
     return out

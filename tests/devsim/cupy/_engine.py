@@ -18,6 +18,20 @@ Rules this module enforces (the ones real hardware punishes):
 - **Streams race.** Work on one stream that touches memory with work still
   pending on another stream (and no event ordering them) raises
   :class:`HazardError`.
+- **The memory pool recycles by stream.** As in CuPy's pool, every
+  allocation belongs to the stream that was current when it was made, and
+  freeing it (the last array viewing it dropped) puts its block back in that
+  stream's arena at once, with no synchronisation; the next allocation of a
+  fitting size on that stream gets the same block (and device address). The
+  reuse raises :class:`HazardError`, naming both streams, when another
+  stream used the block's last allocation in work that is not known to have
+  completed: neither did the host synchronise with that work (a stream or
+  event ``synchronize()``, an event or stream found ``done``, a blocking
+  copy to the host) nor does the allocating stream wait for it (an event
+  wait, directly or through other streams). Whether the stand-in happened
+  to run that work already does not matter: on a GPU it may still be
+  queued, and the new owner would overwrite memory it reads (or have its
+  data overwritten).
 
 Errors raised on a worker thread are kept by the stream and raised by its
 next synchronisation (as CUDA reports asynchronous errors).
@@ -37,6 +51,7 @@ import weakref
 import numpy as np
 
 __all__ = ["HazardError", "CudaError", "Allocation", "StreamState", "num_devices",
+           "pool_round", "note_use", "note_wait", "host_knows_done",
            "current_device", "set_device", "current_stream", "set_current_stream",
            "null_stream", "adopt", "resolve", "register_pinned", "is_pinned", "call_site",
            "before_compute", "enqueue", "synchronize_device"]
@@ -89,9 +104,11 @@ _alloc_bump = [_ADDRESS_BASE]
 
 
 class Allocation:
-    """One device allocation: its device address, device and backing bytes."""
+    """One device allocation: its device address, device, backing bytes, the stream whose
+    pool arena its block returns to when it is freed, and the stream work that used it."""
 
-    __slots__ = ("ptr", "nbytes", "device", "host", "host_addr", "id", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "device", "host", "host_addr", "id", "stream", "block",
+                 "uses", "__weakref__")
     _ids = itertools.count(1)
 
     def __init__(self, host: np.ndarray, device: int):
@@ -100,12 +117,19 @@ class Allocation:
         self.host_addr = host.__array_interface__["data"][0]
         self.device = device
         self.id = next(Allocation._ids)
+        self.stream = current_stream() if device == current_device() else null_stream(device)
+        self.uses: dict = {}  # stream -> (tick, what, site): its last work on this memory
+        size = pool_round(self.nbytes)
+        block = _pool_take(self.stream, size, self.nbytes)
         with _lock:
-            self.ptr = _alloc_bump[0]
-            _alloc_bump[0] += max(_ALIGN, -(-self.nbytes // _ALIGN) * _ALIGN)
+            if block is None:
+                block = _Block(_alloc_bump[0], size)
+                _alloc_bump[0] += size
+            self.ptr, self.block = block.ptr, block
             bisect.insort(_bases, self.ptr)
             _live[self.ptr] = weakref.ref(self)
-        weakref.finalize(self, _forget, self.ptr)
+            _by_id[self.id] = self
+        weakref.finalize(self, _free, self.ptr, block, self.uses, self.stream)
 
     def address_of(self, view: np.ndarray) -> int:
         """Device address of ``view`` (a view of this allocation's bytes)."""
@@ -118,6 +142,100 @@ def _forget(ptr: int) -> None:
         i = bisect.bisect_left(_bases, ptr)
         if i < len(_bases) and _bases[i] == ptr:
             del _bases[i]
+
+
+# -- the memory pool --------------------------------------------------------------
+
+_by_id: "weakref.WeakValueDictionary[int, Allocation]" = weakref.WeakValueDictionary()
+
+
+def pool_round(nbytes: int) -> int:
+    """The block size the pool gives an allocation of ``nbytes`` (CuPy rounds every
+    allocation up to a multiple of 512 bytes)."""
+    return max(_ALIGN, -(-int(nbytes) // _ALIGN) * _ALIGN)
+
+
+class _Block:
+    """A block of the pool: its device address and size; while free, the stream work that
+    used the allocation that held it last (``{stream: (tick, what, site)}``)."""
+
+    __slots__ = ("ptr", "size", "last_uses")
+
+    def __init__(self, ptr: int, size: int):
+        self.ptr, self.size, self.last_uses = ptr, size, {}
+
+
+def _free(ptr: int, block: _Block, uses: dict, stream: "StreamState") -> None:
+    """The allocation at ``ptr`` was freed: its block goes back to the arena of the stream
+    that allocated it, at once (CuPy's ``free`` inserts the chunk with no synchronisation)."""
+    _forget(ptr)
+    with _lock:
+        block.last_uses = dict(uses)
+        arena = stream.arena
+        if block.size not in arena:
+            bisect.insort(stream.arena_sizes, block.size)
+        arena.setdefault(block.size, []).append(block)
+
+
+def _pool_take(stream: "StreamState", size: int, nbytes: int) -> "_Block | None":
+    """The free block of ``stream``'s arena that the next allocation of ``size`` bytes gets
+    (the smallest that fits, the most recently freed of that size), or None; HazardError
+    when another stream used the block in work not known to have completed (module doc)."""
+    with _lock:
+        sizes = stream.arena_sizes
+        i = bisect.bisect_left(sizes, size)
+        if i == len(sizes):
+            return None
+        fit = sizes[i]
+        blocks = stream.arena[fit]
+        block = blocks.pop()
+        if not blocks:
+            del stream.arena[fit]
+            del sizes[i]
+        for other, (tick, what, site) in block.last_uses.items():
+            if other is stream or other.known_done >= tick or stream.waited.get(other, 0) >= tick:
+                continue
+            raise HazardError(
+                f"memory pool reuse races with another stream: an allocation of {nbytes} bytes "
+                f"on {stream!r} (at {call_site()}) gets the block at {block.ptr:#x}, freed from "
+                f"an array that {what} (issued at {site}) on {other!r} used, and that work is "
+                f"not known to have completed. CuPy's pool hands a freed block to the next "
+                f"allocation on the stream that allocated it without synchronising: keep the "
+                f"array alive until that work has completed (record an event after it and "
+                f"release the array once the event is done), or make {stream!r} wait for that "
+                f"event (stream.wait_event) before it allocates again")
+    return block
+
+
+def note_use(stream: "StreamState", ids, what: str, site: str) -> None:
+    """Work ``what`` issued on ``stream`` uses the allocations ``ids`` (for the pool)."""
+    with _lock:
+        stream.tick += 1
+        for i in ids:
+            alloc = _by_id.get(i)
+            if alloc is not None:
+                alloc.uses[stream] = (stream.tick, what, site)
+
+
+def host_knows_done(stream: "StreamState", tick: int | None = None,
+                    waited: dict | None = None) -> None:
+    """The host saw ``stream``'s work up to ``tick`` (default: all issued) complete, and
+    with it the work of other streams that work waited for (``waited``: its waits then)."""
+    with _lock:
+        if tick is None:
+            tick, waited = stream.tick, dict(stream.waited)
+        stream.known_done = max(stream.known_done, tick)
+        for other, t in (waited or {}).items():
+            other.known_done = max(other.known_done, t)
+
+
+def note_wait(stream: "StreamState", other: "StreamState", tick: int, waited: dict) -> None:
+    """``stream``'s later work runs after ``other``'s up to ``tick`` and, through it, after
+    the work ``waited`` (``other``'s waits when its event was recorded)."""
+    with _lock:
+        for s, t in list(waited.items()) + [(other, tick)]:
+            if s is not stream and stream.waited.get(s, 0) < t:
+                stream.waited[s] = t
 
 
 def adopt(host: np.ndarray, device: int | None = None) -> Allocation:
@@ -246,6 +364,11 @@ class StreamState:
         self._executed = 0     # seq of the last finished item
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self.arena: dict[int, list] = {}   # the pool's free blocks of this stream, by size
+        self.arena_sizes: list[int] = []  # their sizes, sorted
+        self.tick = 0                     # work issued on this stream (queued or run at once)
+        self.known_done = 0               # the last tick the host knows completed
+        self.waited: dict = {}            # stream -> tick its work here waits for (events)
         _ALL_STREAMS.add(self)
 
     def __repr__(self) -> str:
@@ -253,6 +376,8 @@ class StreamState:
 
     # the host side
     def enqueue(self, item: _Item) -> int:
+        if item.reads or item.writes:
+            note_use(self, item.reads | item.writes, item.what, item.site)
         with self._cv:
             self._seq += 1
             item.seq = self._seq
@@ -286,8 +411,12 @@ class StreamState:
                 self._cv.wait(0.05)
 
     def synchronize(self) -> None:
-        """Run everything queued, then raise the first error any of it raised."""
+        """Run everything queued, then raise the first error any of it raised (the host
+        waits: everything issued so far is known to have completed)."""
+        with _lock:
+            tick, waited = self.tick, dict(self.waited)
         self.wait_upto(self.last)
+        host_knows_done(self, tick, waited)
         self.raise_error()
 
     def raise_error(self) -> None:
@@ -324,6 +453,8 @@ class StreamState:
                 self._q.popleft()
                 self._executed = item.seq
                 self._cv.notify_all()
+            # what the item held (arrays its closure kept) is freed now, outside the lock
+            item = None
 
 
 def enqueue(stream: StreamState, run, **kw) -> int:
@@ -340,6 +471,8 @@ def before_compute(reads: set, writes: set, what: str) -> bool:
     """
     stream = current_stream()
     ids = reads | writes
+    if ids:
+        note_use(stream, ids, what, call_site())
     if not ids:
         return bool(stream.pending(waits=True))
     mine = stream.pending(ids, waits=True)

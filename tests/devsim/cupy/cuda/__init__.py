@@ -80,8 +80,13 @@ class Stream:
     @property
     def done(self) -> bool:
         """Whether all queued work has run (asks the stream to run it)."""
-        self._state.force()
-        return self._state.done_upto(self._state.last)
+        state = self._state
+        tick, waited = state.tick, dict(state.waited)
+        state.force()
+        if not state.done_upto(state.last):
+            return False
+        _engine.host_knows_done(state, tick, waited)
+        return True
 
     def record(self, event: "Event | None" = None) -> "Event":
         event = event or Event()
@@ -94,6 +99,7 @@ class Stream:
             return
         other, seq = event._state, event._seq
         site = _engine.call_site()
+        _engine.note_wait(self._state, other, event._tick, event._waited)
 
         def run():
             other.wait_upto(seq)
@@ -136,18 +142,23 @@ class Event:
                  interprocess: bool = False):
         self._state = None
         self._seq = 0
+        self._tick, self._waited = 0, {}  # the stream's work it follows (the memory pool)
 
     def record(self, stream: Stream | None = None) -> None:
         state = _stream_state(stream)
         self._state = state
         self._seq = state.last  # complete once everything queued before it has run
+        self._tick, self._waited = state.tick, dict(state.waited)
 
     @property
     def done(self) -> bool:
         if self._state is None:
             return True
         self._state.force(self._seq)
-        return self._state.done_upto(self._seq)
+        if not self._state.done_upto(self._seq):
+            return False
+        _engine.host_knows_done(self._state, self._tick, self._waited)
+        return True
 
     def query(self) -> bool:
         return self.done
@@ -155,6 +166,7 @@ class Event:
     def synchronize(self) -> None:
         if self._state is not None:
             self._state.wait_upto(self._seq)
+            _engine.host_knows_done(self._state, self._tick, self._waited)
             self._state.raise_error()
 
 

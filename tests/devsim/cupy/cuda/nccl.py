@@ -20,6 +20,10 @@ What it enforces, where real NCCL would hang, corrupt or refuse:
   bare send, a collective facing a send) are detected as a deadlock and
   every rank involved fails with both call sites; a wait that makes no
   progress for ``DEVSIM_STALL`` seconds (default 60) fails too.
+- **Groups may span streams.** A group's calls may be on several streams, as
+  NCCL allows: the launch waits for the work queued so far on each of them,
+  and each stream's later work waits for the launch. ``issued`` records the
+  stream every call was queued on.
 - **Tables.** Only NCCL's datatypes (no int16, no complex) and reductions;
   a receive of another byte count than the matching send is an error.
 
@@ -233,6 +237,9 @@ class NcclCommunicator:
         self._sent_to = collections.Counter()    # sends issued to each peer, all units
         self._recvd_from = collections.Counter()  # receives issued from each peer, all units
         self._outbox: list = []
+        #: (kind, peer, stream pointer) of the latest calls, in issue order: which stream
+        #: each call was queued on (the stand-in's record, for tests)
+        self.issued: collections.deque = collections.deque(maxlen=4096)
 
     # -- introspection -----------------------------------------------------------
     def device_id(self) -> int:
@@ -341,10 +348,18 @@ class NcclCommunicator:
         return alloc.id, view.view(o.dtype)
 
     def _submit(self, ops: list) -> None:
-        streams = {id(o.stream) for o in ops}
-        if len(streams) > 1:
-            raise NcclError(ncclInvalidUsage, "stand-in: one group's calls on one communicator "
-                                              "use several streams (not modelled)")
+        """Queue one launch: a bare call, or a group's calls. A group may hold calls on
+        several streams (NCCL allows it): the launch runs on the first call's stream once
+        every other stream has run the work queued on it so far, and the work each other
+        stream queues afterwards waits for the launch (NCCL joins the streams with events)."""
+        streams: list = []
+        for o in ops:
+            if not any(o.stream is s for s in streams):
+                streams.append(o.stream)
+            self.issued.append((o.kind, o.peer, o.stream.ptr))
+        launch, others = streams[0], streams[1:]
+        for other in others:
+            self._join(launch, other, "waits for the work queued on the group's other streams")
         seq = next(self._issued)
         for o in ops:
             if o.kind == "send":
@@ -356,13 +371,23 @@ class NcclCommunicator:
         what = ops[0].describe() if len(ops) == 1 else \
             f"group of {len(ops)} NCCL calls from {ops[0].site}"
         try:
-            _engine.enqueue(ops[0].stream, lambda: self._run_in_turn(seq, ops), eager=True,
+            _engine.enqueue(launch, lambda: self._run_in_turn(seq, ops), eager=True,
                             reads=reads, writes=writes, what=what, site=ops[0].site)
         except BaseException:
             with self._lock:
                 self._skipped.add(seq)
                 self._lock.notify_all()
             raise
+        for other in others:
+            self._join(other, launch, "later work waits for the NCCL group")
+
+    @staticmethod
+    def _join(stream, other, what: str) -> None:
+        """``stream``'s work from now on runs after the work queued on ``other`` so far."""
+        upto, site = other.last, _engine.call_site()
+        _engine.note_wait(stream, other, other.tick, dict(other.waited))
+        _engine.enqueue(stream, lambda: other.wait_upto(upto), eager=True, waits=True,
+                        what=f"NCCL group: {what}", site=site)
 
     # -- execution (on the stream's worker) --------------------------------------------
     def _run_in_turn(self, seq: int, ops: list) -> None:
