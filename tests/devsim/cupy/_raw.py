@@ -1,6 +1,6 @@
 """The stand-in's raw kernels: the CUDA source runs on a CPU OpenCL device.
 
-``RawModule(code=...)`` (keyword-only, as in CuPy) translates the source mechanically to OpenCL C and
+``RawModule(code=...)`` translates the source mechanically to OpenCL C and
 compiles it for PoCL (``tests/devsim/opencl.py``), or for Oclgrind when
 :data:`OPENCL_DEVICE` says so (every access checked; slow); a launch copies its
 array arguments in and out of the OpenCL buffers. A launch is a compute
