@@ -175,7 +175,8 @@ def test_raw_kernel_is_built_from_source_and_a_name():
     np.testing.assert_array_equal(y.get(), 2 * np.arange(100, dtype=np.float32) + 1)
 
 
-@pytest.mark.parametrize("sort", [lambda a, k: cp.sort(a, kind=k), lambda a, k: cp.argsort(a, kind=k),
+@pytest.mark.parametrize("sort", [lambda a, k: cp.sort(a, kind=k),
+                                  lambda a, k: cp.argsort(a, kind=k),
                                   lambda a, k: a.sort(kind=k), lambda a, k: a.argsort(kind=k)])
 def test_sorting_takes_no_kind_but_stable(sort):
     a = cp.asarray(np.array([3, 1, 2, 1], np.int32))
