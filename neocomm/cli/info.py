@@ -10,7 +10,7 @@ import warnings
 
 __all__ = ["HELP", "INFO_GROUP", "add_arguments", "run", "collect", "contributions"]
 
-HELP = "versions, MPI library, backends available and why not, settings"
+HELP = "versions, MPI library, NCCL and NVRTC loaded, backends available and why not, settings"
 #: entry-point group of the lines packages above the core add to the report
 INFO_GROUP = "neocomm.info"
 
