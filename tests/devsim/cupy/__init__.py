@@ -39,6 +39,7 @@ for _name in ("bool_", "int8", "uint8", "int16", "uint16", "int32", "uint32", "i
     if hasattr(_np, _name):
         globals()[_name] = getattr(_np, _name)
 
+
 def iinfo(type):  # noqa: A002 - CuPy's parameter name
     return _np.iinfo(type)
 

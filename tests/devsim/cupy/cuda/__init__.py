@@ -251,7 +251,7 @@ class PinnedMemoryPointer:
 
 
 def alloc_pinned_memory(size: int):
-    """Allocate ``nbytes`` of pinned host memory (a buffer ``numpy.frombuffer`` can view);
+    """Allocate ``size`` bytes of pinned host memory (a buffer ``numpy.frombuffer`` can view);
     as CuPy's ``PinnedMemoryPointer``, it has ``ptr`` and a method ``size()``."""
     if operator.index(size) < 0:
         raise OverflowError("can't convert negative value to size_t")
