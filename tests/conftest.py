@@ -21,6 +21,13 @@ def _in_ci() -> bool:
 
 
 def pytest_terminal_summary(terminalreporter):
+    # what tests/unit/test_cupy_conformance.py compared with the real CuPy (record_property)
+    for status in ("passed", "failed"):
+        for report in terminalreporter.stats.get(status, []):
+            for key, value in getattr(report, "user_properties", ()):
+                if key == "conformance" and getattr(report, "when", "") == "call":
+                    name = report.nodeid.rsplit("::", 1)[-1]
+                    terminalreporter.write_line(f"CuPy conformance, {name} ({status}): {value}")
     if not _has_torch():
         terminalreporter.write_line(
             "not collected: the torch tests (" + ", ".join(_TORCH_TESTS) + "): torch is not "

@@ -1,4 +1,5 @@
-"""``neocomm info``: versions, MPI library, backends and why not, settings."""
+"""``neocomm info``: versions, MPI library, the NCCL and NVRTC CuPy loads, backends and why
+not, settings."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ import warnings
 
 __all__ = ["HELP", "INFO_GROUP", "add_arguments", "run", "collect", "contributions"]
 
-HELP = "versions, MPI library, backends available and why not, settings"
+HELP = "versions, MPI library, NCCL and NVRTC loaded, backends available and why not, settings"
 #: entry-point group of the lines packages above the core add to the report
 INFO_GROUP = "neocomm.info"
 
@@ -69,6 +70,11 @@ def _collect() -> tuple[dict, dict[str, str]]:
         out["cupy"] = cupy.__version__
     except ImportError:
         out["cupy"] = "not installed"
+    from neocomm.cuda_libs import cuda_headers, nccl_state, nvrtc_state
+
+    out["nccl"] = nccl_state().describe()
+    out["nvrtc"] = nvrtc_state().describe()
+    out["cuda_headers"] = cuda_headers()
     try:
         from neocomm.launcher import find_launcher
 
@@ -97,7 +103,7 @@ def run(args) -> int:
         print()
         return 0
     for key in ("neocomm", "python", "numpy", "mpi4py", "mpi_library", "mpi_standard", "cupy",
-                "launcher"):
+                "nccl", "nvrtc", "cuda_headers", "launcher"):
         if key in info:
             print(f"{key:<13} {info[key]}")
     print("\nbackends")

@@ -1,7 +1,9 @@
 """Put the device stand-in in place of CuPy, unless a real GPU is usable.
 
-``use_standin()`` decides once per process: a real CuPy that sees a CUDA
-device wins (the device tests then run on the GPU); otherwise
+``use_standin()`` decides once per process, by whether there is a usable GPU
+(never by whether CuPy imports: the real CuPy is installed for the tests that
+check the stand-in against it): a real CuPy that sees a CUDA device wins (the
+device tests then run on the GPU); otherwise
 ``tests/devsim`` goes first on ``sys.path`` (and into ``PYTHONPATH`` for
 the processes a test starts), so ``import cupy`` gets the stand-in.
 ``DEVSIM=1`` forces the stand-in, ``DEVSIM=0`` forbids it.
@@ -14,7 +16,29 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def driver_devices() -> int:
+    """CUDA devices the driver reports: 0 without a driver (``libcuda``) or a device.
+
+    Asked of the driver itself (``cuInit``, ``cuDeviceGetCount``), so that a real
+    CuPy that is installed (the test extra brings it) is not imported where it
+    cannot be used: whether it imports says nothing about a GPU.
+    """
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
 def _real_gpu() -> bool:
+    """A real CuPy that sees a CUDA device (decided by the device, never by the import)."""
+    if driver_devices() < 1:
+        return False
     try:
         import cupy
     except ImportError:
@@ -23,7 +47,7 @@ def _real_gpu() -> bool:
         return False
     try:
         return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - no driver
+    except Exception:  # noqa: BLE001 - driver and runtime disagree
         return False
 
 
@@ -36,7 +60,8 @@ def use_standin() -> bool:
         return False
     mod = sys.modules.get("cupy")
     if mod is not None and not getattr(mod, "STANDIN", False):
-        for name in [n for n in sys.modules if n == "cupy" or n.startswith("cupy.")]:
+        for name in [n for n in sys.modules
+                     if n.split(".")[0] in ("cupy", "cupyx", "cupy_backends")]:
             del sys.modules[name]
     if HERE not in sys.path:
         sys.path.insert(0, HERE)

@@ -222,3 +222,147 @@ def test_float_kernels_flush_subnormals_to_zero_as_cuda_does():
     np.testing.assert_array_equal(got, want)
     assert np.signbit(got[5]) and not np.signbit(got[4])  # -tiny/3 * 1 flushes to -0
     np.testing.assert_array_equal(dy.get(), [1e-310, -1e-310, 1e-300, 1.5])
+
+
+# -- CuPy's argument rules (each checked against the real CuPy 14 package) ------------------
+
+_AXPY = r'''
+extern "C" __global__ void axpy(const float* __restrict__ x, float* __restrict__ y,
+                                const float a, const long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __fadd_rn(__fmul_rn(a, x[i]), y[i]);
+}'''
+
+
+def test_raw_module_takes_its_code_by_keyword_only():
+    with pytest.raises(TypeError, match="positional"):
+        cp.RawModule(_AXPY)
+    with pytest.raises(TypeError, match="Argument 'code' has incorrect type"):
+        cp.RawModule(code=b"not text")
+    assert cp.RawModule(code=_AXPY).get_function("axpy").name == "axpy"
+
+
+@pytest.mark.parametrize("grid, block", [(4, (32,)), ([4], (32,)), ((4,), 32), ((4,), [32])])
+def test_a_launch_takes_grid_and_block_as_tuples(grid, block):
+    kernel = cp.RawModule(code=_AXPY).get_function("axpy")
+    x, y = cp.arange(100, dtype=cp.float32), cp.ones(100, cp.float32)
+    with pytest.raises(TypeError, match="Argument '(grid|block)' has incorrect type "
+                                        r"\(expected tuple"):
+        kernel(grid, block, (x, y, np.float32(2), np.int64(100)))
+
+
+def test_raw_kernel_is_built_from_source_and_a_name():
+    with pytest.raises(TypeError, match="Argument 'code' has incorrect type"):
+        cp.RawKernel(cp.RawModule(code=_AXPY), "axpy")  # a module is not source
+    kernel = cp.RawKernel(_AXPY, "axpy")
+    x, y = cp.arange(100, dtype=cp.float32), cp.ones(100, cp.float32)
+    kernel((4,), (32,), (x, y, np.float32(2), np.int64(100)))
+    np.testing.assert_array_equal(y.get(), 2 * np.arange(100, dtype=np.float32) + 1)
+
+
+@pytest.mark.parametrize("sort", [lambda a, k: cp.sort(a, kind=k),
+                                  lambda a, k: cp.argsort(a, kind=k),
+                                  lambda a, k: a.sort(kind=k), lambda a, k: a.argsort(kind=k)])
+def test_sorting_takes_no_kind_but_stable(sort):
+    a = cp.asarray(np.array([3, 1, 2, 1], np.int32))
+    for kind in ("quicksort", "mergesort", "heapsort"):
+        with pytest.raises(ValueError, match="kind can only be None or 'stable'"):
+            sort(a, kind)
+    sort(a, "stable")
+    sort(a, None)
+
+
+def test_in_place_sort_sorts_the_array():
+    a = cp.asarray(np.array([3, 1, 2, 1], np.int32))
+    a.sort()
+    np.testing.assert_array_equal(a.get(), [1, 1, 2, 3])
+
+
+def test_current_stream_takes_an_integer_device():
+    with pytest.raises(TypeError, match="an integer is required"):
+        cp.cuda.get_current_stream(device_id=None)
+    assert cp.cuda.get_current_stream(-1) == cp.cuda.get_current_stream()
+    s = cp.cuda.Stream()
+    with s:
+        assert cp.cuda.get_current_stream(cp.cuda.Device().id) == s
+
+
+def test_a_stream_of_another_device_cannot_be_made_current():
+    with cp.cuda.Device(1):
+        other = cp.cuda.Stream()
+    with pytest.raises(RuntimeError, match=r"created on \(1\) does not match with the current "
+                                           r"device \(0\)"):
+        with other:
+            pass
+    with pytest.raises(RuntimeError, match="does not match with the current device"):
+        other.use()
+    with cp.cuda.Device(1), other:  # on its own device it is fine
+        assert cp.cuda.get_current_stream() == other
+    with cp.cuda.Stream.null:  # the null stream is the current device's
+        pass
+
+
+def test_pinned_memory_size_is_a_method():
+    mem = cp.cuda.alloc_pinned_memory(64)
+    assert mem.size() == 64
+    assert np.frombuffer(mem, np.uint8, 64).nbytes == 64
+
+
+def test_names_real_cupy_lacks_are_missing_not_numpy():
+    with pytest.raises(AttributeError, match="has no attribute 'nanpercentile'"):
+        cp.nanpercentile
+    with pytest.raises(AttributeError, match="has no attribute 'insert'"):
+        cp.insert
+    dev = cp.arange(4, dtype=cp.float32)
+    with pytest.raises(AttributeError, match="has no attribute 'setflags'"):
+        dev.setflags
+    with pytest.raises(TypeError, match="no implementation found"):
+        np.insert(dev, 0, 1)  # CuPy has no twin, so NumPy's dispatch finds none
+    assert isinstance(cp.cumsum(dev), cp.ndarray) and isinstance(dev.cumsum(), cp.ndarray)
+
+
+def test_no_device_is_a_cuda_error_not_zero(monkeypatch):
+    monkeypatch.setenv("DEVSIM_DEVICES", "0")
+    with pytest.raises(cp.cuda.runtime.CUDARuntimeError, match="cudaErrorNoDevice"):
+        cp.cuda.runtime.getDeviceCount()
+    assert cp.cuda.is_available() is False
+    from neocomm.backends.base import cuda_availability
+
+    ok, why = cuda_availability()
+    assert not ok and "cudaErrorNoDevice" in why
+
+
+def test_nccl_unique_id_must_be_bytes_of_length_128():
+    from cupy.cuda import nccl
+
+    uid = nccl.get_unique_id()
+    with pytest.raises(TypeError, match=r"Argument 'commId' has incorrect type \(expected "
+                                        r"bytes, got bytearray\)"):
+        nccl.NcclCommunicator(1, bytearray(uid), 0)
+    with pytest.raises(ValueError, match="commId length 10 != 128"):
+        nccl.NcclCommunicator(1, uid[:10], 0)
+
+
+def test_nccl_negative_count_is_an_overflow_error():
+    from cupy.cuda import nccl
+
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    try:
+        dev = cp.zeros(4, cp.float32)
+        stream = cp.cuda.get_current_stream().ptr
+        with pytest.raises(OverflowError, match="can't convert negative value to size_t"):
+            comm.allReduce(dev.data.ptr, dev.data.ptr, -1, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                           stream)
+        with pytest.raises(OverflowError):
+            comm.send(dev.data.ptr, -4, nccl.NCCL_FLOAT32, 0, stream)
+    finally:
+        comm.destroy()
+
+
+def test_streams_and_events_have_cupys_attributes_only():
+    assert cp.cuda.Stream.null.device_id == -1  # CuPy's singleton belongs to no device
+    with cp.cuda.Device(1):
+        assert cp.cuda.Stream().device_id == 1
+    with pytest.raises(AttributeError):
+        cp.cuda.Event().query  # CuPy's events have ``done``, not ``query()``
+    assert not hasattr(cp.cuda, "CudaError")  # CuPy's is cupy.cuda.runtime.CUDARuntimeError

@@ -21,6 +21,7 @@ import numpy as _np
 
 from cupy import _engine
 from cupy._engine import HazardError  # noqa: F401  (re-exported for tests)
+from cupy._names import FUNCTIONS as _FUNCTIONS, NDARRAY_ATTRIBUTES as _NDARRAY_ATTRIBUTES
 
 __version__ = "14.0.0"  # DEVSIM_CUPY_VERSION overrides (see cuda.nccl's unique ids)
 import os as _os
@@ -37,6 +38,11 @@ for _name in ("bool_", "int8", "uint8", "int16", "uint16", "int32", "uint32", "i
               "ulonglong", "half", "single", "double", "float_", "int_", "uint"):
     if hasattr(_np, _name):
         globals()[_name] = getattr(_np, _name)
+
+
+def iinfo(type):  # noqa: A002 - CuPy's parameter name
+    return _np.iinfo(type)
+
 
 def _supported(dtype: _np.dtype) -> _np.dtype:
     """``dtype``, or CuPy's error for a dtype the version in use does not have: bfloat16
@@ -123,7 +129,12 @@ class ndarray:
                         "Please use `.get()` to construct a NumPy array explicitly.")
 
     def __array_function__(self, func, types, args, kwargs):
-        fn = globals().get(func.__name__) or _function(func.__name__)
+        name = func.__name__
+        fn = globals().get(name) if not name.startswith("_") else None
+        if fn is None:
+            if name not in _FUNCTIONS:  # CuPy has no twin: NumPy then raises TypeError
+                return NotImplemented
+            fn = _function(name)
         return fn(*args, **kwargs)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
@@ -219,10 +230,16 @@ class ndarray:
     def argsort(self, axis=-1, kind=None):
         return argsort(self, axis, kind)
 
+    def sort(self, axis=-1, kind=None):
+        """In place, stably (CuPy takes ``kind`` None or "stable" only)."""
+        _check_kind(kind)
+        _apply(lambda a: a.sort(axis=axis, kind="stable"), (self,), {}, "sort", writes=(self,))
+
     def __getattr__(self, name):
         attr = getattr(_np.ndarray, name, None)
-        if attr is None or name.startswith("_"):
-            raise AttributeError(f"stand-in cupy.ndarray has no attribute {name!r}")
+        if attr is None or name.startswith("_") or name not in _NDARRAY_ATTRIBUTES:
+            raise AttributeError(f"'cupy.ndarray' object has no attribute {name!r} (stand-in: "
+                                 f"nor has real CuPy's)")
         if not callable(attr):
             return _apply(lambda a: getattr(a, name), (self,), {}, name)
         writes = (self,) if name in _INPLACE else ()
@@ -416,8 +433,9 @@ def _maybe_view(arr, fn, what):
 
 def _function(name: str):
     fn = getattr(_np, name, None)
-    if fn is None or not callable(fn):
-        raise AttributeError(f"module 'cupy' (stand-in) has no attribute {name!r}")
+    if fn is None or not callable(fn) or name not in _FUNCTIONS:
+        raise AttributeError(f"module 'cupy' has no attribute {name!r} (stand-in: nor has "
+                             f"real CuPy)")
     return lambda *args, **kwargs: _apply(fn, args, kwargs, name)
 
 
@@ -494,11 +512,12 @@ def empty(shape, dtype=float, order="C"):
     return ndarray(shape, dtype, order=order)
 
 
-def empty_like(a, dtype=None, order="K", shape=None):
-    return ndarray(a.shape if shape is None else shape, a.dtype if dtype is None else dtype)
+def empty_like(prototype, dtype=None, order="K", subok=None, shape=None):
+    return ndarray(prototype.shape if shape is None else shape,
+                   prototype.dtype if dtype is None else dtype)
 
 
-def array(obj, dtype=None, copy=True, order="K", ndmin=0, *, blocking=False):
+def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, *, blocking=False):
     if isinstance(obj, ndarray):
         return obj.astype(dtype or obj.dtype, copy=copy)
     return _from_host(_np.array(obj, dtype=dtype, copy=None, ndmin=ndmin, order="C"), blocking)
@@ -586,12 +605,20 @@ def asnumpy(a, stream=None, order="C", out=None, *, blocking=True):
     return _np.asarray(a)
 
 
+def _check_kind(kind) -> None:
+    """CuPy sorts stably and takes no other ``kind``: ``ValueError`` as CuPy raises."""
+    if kind is not None and kind != "stable":
+        raise ValueError("kind can only be None or 'stable'")
+
+
 def argsort(a, axis=-1, kind=None):
-    """CuPy sorts stably whatever ``kind`` says (a radix sort); so does the stand-in."""
+    """Stable, as CuPy's (a radix sort); ``kind`` None or "stable" only."""
+    _check_kind(kind)
     return _apply(lambda x: _np.argsort(x, axis=axis, kind="stable"), (a,), {}, "argsort")
 
 
 def sort(a, axis=-1, kind=None):
+    _check_kind(kind)
     return _apply(lambda x: _np.sort(x, axis=axis, kind="stable"), (a,), {}, "sort")
 
 

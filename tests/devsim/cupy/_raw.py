@@ -25,11 +25,20 @@ def _opencl():
     return opencl
 
 
-class RawModule:
-    """A module of kernels compiled from CUDA source (``code=``)."""
+def _check_str(name: str, value) -> None:
+    """CuPy's typed ``str`` arguments: anything else is a ``TypeError``."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"Argument '{name}' has incorrect type (expected str, got "
+                        f"{type(value).__name__})")
 
-    def __init__(self, code: str | None = None, *, path=None, options=(), backend="nvrtc",
-                 translate_cucomplex=False, name_expressions=None, jitify=False):
+
+class RawModule:
+    """A module of kernels compiled from CUDA source (keyword-only ``code=``, as CuPy's)."""
+
+    def __init__(self, *, code: str | None = None, path=None, options=(), backend="nvrtc",
+                 translate_cucomplex=False, enable_cooperative_groups=False,
+                 name_expressions=None, jitify=None):
+        _check_str("code", code)
         if code is None:
             raise NotImplementedError("stand-in: RawModule(path=...) (a cubin) cannot run "
                                       "without a GPU; pass code=")
@@ -42,14 +51,30 @@ class RawModule:
         self._program = _opencl().Program(code, device=device)
 
     def get_function(self, name: str) -> "RawKernel":
-        return RawKernel(self, name)
+        _check_str("name", name)
+        kernel = RawKernel(self.code, name)
+        kernel._module = self
+        return kernel
 
 
 class RawKernel:
-    """One kernel of a :class:`RawModule`; call it as ``kernel(grid, block, args)``."""
+    """Kernel ``name`` of CUDA source ``code``, compiled at its first launch, as CuPy's;
+    call it as ``kernel(grid, block, args)`` with ``grid`` and ``block`` tuples."""
 
-    def __init__(self, module: RawModule, name: str):
-        self.module, self.name = module, name
+    def __init__(self, code: str, name: str, options=(), backend="nvrtc",
+                 translate_cucomplex=False, *, enable_cooperative_groups=False, jitify=None):
+        _check_str("code", code)
+        _check_str("name", name)
+        if code is None or name is None:
+            raise TypeError("RawKernel: code and name are required strings")
+        self.code, self.name = code, name
+        self._module: RawModule | None = None
+
+    @property
+    def _compiled(self) -> RawModule:
+        if self._module is None:
+            self._module = RawModule(code=self.code)
+        return self._module
 
     def __call__(self, grid, block, args, *, shared_mem=0, stream=None, enable_cooperative_groups=False):
         import cupy
@@ -65,9 +90,11 @@ class RawKernel:
             if isinstance(a, (int, float)) and not isinstance(a, (np.generic, bool)):
                 raise TypeError(f"kernel {self.name}: argument {i} is a Python "
                                 f"{type(a).__name__}; pass a NumPy scalar of the C type")
-        grid = tuple(grid) if isinstance(grid, tuple) else (int(grid),)
-        block = tuple(block) if isinstance(block, tuple) else (int(block),)
-        program, name = self.module._program, self.name
+        for what, dims in (("grid", grid), ("block", block)):
+            if not isinstance(dims, tuple):  # CuPy's launch takes tuples only
+                raise TypeError(f"Argument '{what}' has incorrect type (expected tuple, got "
+                                f"{type(dims).__name__})")
+        program, name = self._compiled._program, self.name
 
         def launch(*unwrapped):
             # an empty array is a null pointer the kernel never reads: OpenCL wants a buffer

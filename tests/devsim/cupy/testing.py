@@ -17,9 +17,10 @@ def assert_array_equal(actual, desired, err_msg="", verbose=True, **kwargs):
                                   verbose=verbose, **kwargs)
 
 
-def assert_allclose(actual, desired, rtol=1e-7, atol=0, err_msg="", verbose=True):
+def assert_allclose(actual, desired, rtol=1e-7, atol=0, equal_nan=True, err_msg="",
+                    verbose=True):
     np.testing.assert_allclose(_host(actual), _host(desired), rtol=rtol, atol=atol,
-                               err_msg=err_msg, verbose=verbose)
+                               equal_nan=equal_nan, err_msg=err_msg, verbose=verbose)
 
 
 def assert_array_almost_equal(actual, desired, decimal=6, err_msg="", verbose=True):

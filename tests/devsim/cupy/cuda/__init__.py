@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import ctypes
+import operator
 
 import numpy as np
 
 from cupy import _engine
-from cupy._engine import CudaError
 
 __all__ = ["Device", "Stream", "Event", "MemoryPointer", "PinnedMemoryPointer",
            "alloc_pinned_memory", "get_current_stream", "is_available", "runtime", "nccl"]
@@ -72,7 +72,8 @@ class Stream:
 
     @property
     def device_id(self) -> int:
-        return self._state.device
+        """The device the stream was made on; -1 for ``Stream.null``, as in CuPy."""
+        return -1 if self._st is None else self._st.device
 
     def synchronize(self) -> None:
         self._state.synchronize()
@@ -105,11 +106,21 @@ class Stream:
             other.wait_upto(seq)
         _engine.enqueue(self._state, run, eager=True, what="wait_event", site=site, waits=True)
 
+    def _check_device(self) -> None:
+        """CuPy refuses to make a stream of another device current (``Stream.null`` is the
+        null stream of whichever device is current)."""
+        here = _engine.current_device()
+        if self._st is not None and self._st.device != here:
+            raise RuntimeError(f"The device that the stream is created on ({self._st.device}) "
+                               f"does not match with the current device ({here})")
+
     def use(self) -> "Stream":
+        self._check_device()
         _engine.set_current_stream(self._state, push=True)
         return self
 
     def __enter__(self):
+        self._check_device()
         _engine.set_current_stream(self._state, push=True)
         return self
 
@@ -126,8 +137,18 @@ class Stream:
 Stream.null = Stream._of(None)  # resolved per device on use
 
 
-def get_current_stream(device_id=None) -> Stream:
-    return Stream._of(_engine.current_stream())
+def get_current_stream(device_id: int = -1) -> Stream:
+    """The current stream of device ``device_id`` (-1: the current device); an int, as
+    CuPy's ``int device_id`` takes (None is a ``TypeError``)."""
+    try:
+        device_id = operator.index(device_id)
+    except TypeError:
+        raise TypeError("an integer is required") from None
+    if device_id in (-1, _engine.current_device()):
+        return Stream._of(_engine.current_stream())
+    stacks = getattr(_engine._tls, "streams", None) or {}
+    stack = stacks.get(device_id)
+    return Stream._of(stack[-1] if stack else _engine.null_stream(device_id))
 
 
 def _stream_state(stream) -> "_engine.StreamState":
@@ -160,9 +181,6 @@ class Event:
         _engine.host_knows_done(self._state, self._tick, self._waited)
         return True
 
-    def query(self) -> bool:
-        return self.done
-
     def synchronize(self) -> None:
         if self._state is not None:
             self._state.wait_upto(self._seq)
@@ -193,30 +211,31 @@ class MemoryPointer:
     def _bytes(self, nbytes: int) -> np.ndarray:
         return _engine.resolve(self.ptr, nbytes, "memcpy")[1]
 
-    def copy_from_host_async(self, src, nbytes: int, stream=None) -> None:
-        """Asynchronous when ``src`` is pinned: the host must not write it before the copy ran."""
+    def copy_from_host_async(self, mem, size: int, stream=None) -> None:
+        """Asynchronous when host ``mem`` is pinned: the host must not write it before the
+        copy ran."""
         import cupy
 
-        addr = src if isinstance(src, int) else ctypes.cast(src, ctypes.c_void_p).value
-        host = _engine.host_bytes(addr, nbytes)
-        alloc, dst = _engine.resolve(self.ptr, nbytes, "copy_from_host_async")
+        addr = mem if isinstance(mem, int) else ctypes.cast(mem, ctypes.c_void_p).value
+        host = _engine.host_bytes(addr, size)
+        alloc, dst = _engine.resolve(self.ptr, size, "copy_from_host_async")
         view = cupy.ndarray._wrap(dst, alloc)
         cupy._h2d(view, host, stream)
 
-    def copy_from_host(self, src, nbytes: int) -> None:
-        self.copy_from_host_async(src, nbytes)
+    def copy_from_host(self, mem, size: int) -> None:
+        self.copy_from_host_async(mem, size)
         _engine.current_stream().synchronize()
 
-    def copy_to_host_async(self, dst, nbytes: int, stream=None) -> None:
+    def copy_to_host_async(self, mem, size: int, stream=None) -> None:
         import cupy
 
-        addr = dst if isinstance(dst, int) else ctypes.cast(dst, ctypes.c_void_p).value
-        alloc, src = _engine.resolve(self.ptr, nbytes, "copy_to_host_async")
-        cupy._to_host(cupy.ndarray._wrap(src, alloc), stream, _engine.host_bytes(addr, nbytes),
+        addr = mem if isinstance(mem, int) else ctypes.cast(mem, ctypes.c_void_p).value
+        alloc, src = _engine.resolve(self.ptr, size, "copy_to_host_async")
+        cupy._to_host(cupy.ndarray._wrap(src, alloc), stream, _engine.host_bytes(addr, size),
                       blocking=False)
 
-    def copy_to_host(self, dst, nbytes: int) -> None:
-        self.copy_to_host_async(dst, nbytes)
+    def copy_to_host(self, mem, size: int) -> None:
+        self.copy_to_host_async(mem, size)
         _engine.current_stream().synchronize()
 
 
@@ -243,11 +262,15 @@ class PinnedMemoryPointer:
             pass
 
 
-def alloc_pinned_memory(nbytes: int):
-    """Allocate ``nbytes`` of pinned host memory (a buffer ``numpy.frombuffer`` can view)."""
-    mem = PinnedMemoryPointer(nbytes)
+def alloc_pinned_memory(size: int):
+    """Allocate ``size`` bytes of pinned host memory (a buffer ``numpy.frombuffer`` can view);
+    as CuPy's ``PinnedMemoryPointer``, it has ``ptr`` and a method ``size()``."""
+    if operator.index(size) < 0:
+        raise OverflowError("can't convert negative value to size_t")
+    mem = PinnedMemoryPointer(size)
     buf = mem._buf
-    holder = type("PinnedBuffer", (type(buf),), {"ptr": mem.ptr, "size": mem.size})
+    nbytes = mem.size
+    holder = type("PinnedBuffer", (type(buf),), {"ptr": mem.ptr, "size": lambda self: nbytes})
     view = holder.from_buffer(buf)
     view._owner = mem  # noqa: SLF001 - keeps the registration alive with the buffer
     return view

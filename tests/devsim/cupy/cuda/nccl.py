@@ -187,14 +187,16 @@ class NcclCommunicator:
         from mpi4py import MPI
 
         want_bytes = _want_bytes()
-        if want_bytes and not isinstance(commId, (bytes, bytearray)):
-            raise TypeError(f"commId: CuPy 14 takes the unique id as bytes, got "
-                            f"{type(commId).__name__}")
+        if want_bytes and not isinstance(commId, bytes):  # bytearray too: CuPy 14's check
+            raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got "
+                            f"{type(commId).__name__})")
         if not want_bytes and not isinstance(commId, tuple):
             raise TypeError(f"Argument 'commId' has incorrect type (expected tuple, got "
                             f"{type(commId).__name__})")
         raw = bytes(commId) if want_bytes else bytes((int(v) + 256) % 256 for v in commId)
-        if len(raw) != 128 or raw[:4] != b"NCSI":
+        if len(raw) != 128:
+            raise ValueError(f"commId length {len(raw)} != 128.")
+        if raw[:4] != b"NCSI":
             raise NcclError(ncclInvalidArgument, "commId is not a unique id from get_unique_id()")
         if not 0 <= rank < ndev:
             raise NcclError(ncclInvalidArgument, f"rank {rank} is not in [0, {ndev})")
@@ -293,6 +295,8 @@ class NcclCommunicator:
 
     def _call(self, kind, send, recv, count, datatype, *, op=None, root=None, peer=None,
               stream=0):
+        if count < 0:  # CuPy's size_t count: refused as it is converted, before NCCL runs
+            raise OverflowError("can't convert negative value to size_t")
         if self._mpi is None:
             raise NcclError(ncclInvalidUsage if self._aborted is None else ncclSystemError,
                             self._aborted or "the communicator was destroyed")
@@ -305,8 +309,6 @@ class NcclCommunicator:
             if value is not None and not 0 <= value < self._ndev:
                 raise NcclError(ncclInvalidArgument, f"nccl{kind}: {name} {value} is not in "
                                                      f"[0, {self._ndev})")
-        if count < 0:
-            raise NcclError(ncclInvalidArgument, f"nccl{kind}: count {count} < 0")
         o = _Op()
         o.kind, o.comm, o.count, o.dcode, o.op, o.root, o.peer = (kind, self, int(count),
                                                                   datatype, op, root, peer)

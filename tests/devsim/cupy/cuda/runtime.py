@@ -9,7 +9,11 @@ CUDARuntimeError = _engine.CudaError
 
 
 def getDeviceCount() -> int:
-    return _engine.num_devices()
+    """Devices of this host; with none CUDA fails (``cudaErrorNoDevice``), as CuPy raises."""
+    n = _engine.num_devices()
+    if n < 1:
+        raise CUDARuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+    return n
 
 
 def getDevice() -> int:
