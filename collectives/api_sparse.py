@@ -12,7 +12,8 @@ from typing import Sequence
 import numpy as np
 
 from neocomm.agree import Problem
-from neocomm.types import bfloat16, dtype_from_code
+from neocomm import types
+from neocomm.types import dtype_from_code
 
 from neocomm import watchdog
 
@@ -36,7 +37,7 @@ def _digest(values) -> int:
 
 def _dtype_of(code: int) -> np.dtype:
     name = dtype_from_code(code)
-    return np.dtype(bfloat16) if name == "bfloat16" else np.dtype(name)
+    return np.dtype(types.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
 def _peers(name: str, peers, size: int) -> tuple[Problem | None, list[int]]:

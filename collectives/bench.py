@@ -40,7 +40,8 @@ from collectives.simulate import bus_factor, count_of, many_to_many_peers, sweep
 from collectives.types import CollectiveOp
 from neocomm.errors import CollectiveArgumentError
 from neocomm.reduction import error_bound, is_half
-from neocomm.types import ReduceOp, bfloat16
+from neocomm import types
+from neocomm.types import ReduceOp
 
 __all__ = ["BenchConfig", "Row", "run_bench", "bus_factor", "peer_name", "PEER",
            "DEVICE_PEER"]
@@ -109,7 +110,7 @@ def _sync(cfg: BenchConfig) -> None:
 
 
 def _dtype(name: str) -> np.dtype:
-    return np.dtype(bfloat16) if name == "bfloat16" else np.dtype(name)
+    return np.dtype(types.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
 def _fill(rank: int, idx: np.ndarray, it: int, dtype) -> np.ndarray:

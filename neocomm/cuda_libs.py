@@ -11,12 +11,32 @@ import re
 import warnings
 from dataclasses import dataclass
 
-__all__ = ["LibraryState", "nccl_state", "nvrtc_state", "cuda_headers", "loaded_path"]
+__all__ = ["LibraryState", "nccl_state", "nvrtc_state", "cuda_headers", "loaded_path",
+           "driver_devices"]
 
 #: a kernel small enough to compile in a few milliseconds: it proves NVRTC works
 _PROBE_KERNEL = 'extern "C" __global__ void neocomm_probe(float* x) { x[threadIdx.x] += 1.0f; }'
 #: the architecture the probe compiles for (PTX: no GPU is asked which one it is)
 PROBE_ARCH = "compute_80"
+
+
+def driver_devices() -> int:
+    """CUDA devices the driver reports: 0 without a driver (``libcuda``) or a device.
+
+    Asked of the driver itself (``cuInit``, ``cuDeviceGetCount``) in a few milliseconds,
+    without importing CuPy (most of a second): whether CuPy imports says nothing about a
+    GPU, and a process on a host without one need not pay for it.
+    """
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
 
 
 @dataclass(frozen=True)

@@ -53,12 +53,20 @@ class GroupKind(enum.Enum):
     SUB = "sub"
 
 
-try:  # bfloat16 for host buffers comes from ml_dtypes when installed
-    from ml_dtypes import bfloat16 as _bf16
-
-    bfloat16 = np.dtype(_bf16)
-except ImportError:  # pragma: no cover - depends on the environment
-    bfloat16 = None
+def __getattr__(name: str):
+    """``bfloat16``: the NumPy dtype of ``ml_dtypes`` (None without the package), looked up
+    at first use: importing ml_dtypes costs about half a second, which every process of a
+    job would otherwise pay at start-up, bfloat16 or not."""
+    if name != "bfloat16":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        from ml_dtypes import bfloat16 as _bf16
+    except ImportError:  # pragma: no cover - depends on the environment
+        dtype = None
+    else:
+        dtype = np.dtype(_bf16)
+    globals()["bfloat16"] = dtype
+    return dtype
 
 #: dtypes every backend moves and reduces. Codes are stable across ranks
 #: and versions: they travel in argument-agreement messages.
@@ -109,7 +117,7 @@ def check_array_bfloat16(xp, what: str) -> None:
     bfloat16 is ``ml_dtypes``'s; CuPy 13 and older refuse the dtype) together with NumPy
     2.1.2 or later (:data:`CUPY_BF16_MIN_NUMPY`: CuPy registers its bfloat16 kernels only
     then)."""
-    if bfloat16 is None:
+    if __getattr__("bfloat16") is None:
         raise ValueError(f"{what}: bfloat16 needs the ml_dtypes package (pip install ml_dtypes)")
     if xp is np:
         return

@@ -149,7 +149,15 @@ def _span(ranks: list[int]) -> str:
 
 def _bind_device(host_rank: int) -> int | None:
     """Bind the GPU of this rank's place on its real host (``host_rank``), never its
-    place in an emulated node: emulated nodes share the host's GPUs."""
+    place in an emulated node: emulated nodes share the host's GPUs. CuPy is asked only
+    when this process has imported it already or the CUDA driver reports a device: on a
+    host without a GPU, importing it would cost every rank most of a second."""
+    import sys
+
+    from neocomm.cuda_libs import driver_devices
+
+    if "cupy" not in sys.modules and driver_devices() < 1:
+        return None
     try:
         import cupy
     except ImportError:

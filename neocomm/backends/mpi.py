@@ -19,7 +19,8 @@ from neocomm import watchdog
 from neocomm.backends.base import Backend, CompletedHandle, Handle
 from neocomm.errors import CollectiveArgumentError
 from neocomm.reduction import reducer
-from neocomm.types import BackendKind, ReduceOp, bfloat16
+from neocomm import types
+from neocomm.types import BackendKind, ReduceOp
 
 __all__ = ["MpiBackend", "predefined_datatype", "mpi_datatype", "mpi_op"]
 
@@ -50,7 +51,8 @@ def _datatype(name: str):
     if name in _NATIVE:
         return getattr(MPI, _NATIVE[name])
     # Half types: an opaque 2-byte element; distinct committed types per dtype.
-    dt = MPI.BYTE.Create_contiguous(np.dtype(name if name != "bfloat16" else bfloat16).itemsize)
+    dtype = np.dtype(types.bfloat16) if name == "bfloat16" else np.dtype(name)
+    dt = MPI.BYTE.Create_contiguous(dtype.itemsize)
     dt.Commit()
     return dt
 
@@ -61,7 +63,7 @@ def _op(name: str, op: ReduceOp):
 
     if name in _NATIVE and not (op is ReduceOp.SUM and name in _SATURATING_SUMS):
         return getattr(MPI, op.name)
-    dtype = np.dtype(bfloat16) if name == "bfloat16" else np.dtype(name)
+    dtype = np.dtype(types.bfloat16) if name == "bfloat16" else np.dtype(name)
     combine = reducer(np, dtype, op)  # 2-byte floats: widened to float32, rounded once
 
     def reduce(inbuf, outbuf, datatype):

@@ -13,26 +13,9 @@ from __future__ import annotations
 import os
 import sys
 
+from neocomm.cuda_libs import driver_devices
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def driver_devices() -> int:
-    """CUDA devices the driver reports: 0 without a driver (``libcuda``) or a device.
-
-    Asked of the driver itself (``cuInit``, ``cuDeviceGetCount``), so that a real
-    CuPy that is installed (the test extra brings it) is not imported where it
-    cannot be used: whether it imports says nothing about a GPU.
-    """
-    import ctypes
-
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return 0
-    count = ctypes.c_int(0)
-    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
-        return 0
-    return count.value
 
 
 def _real_gpu() -> bool:

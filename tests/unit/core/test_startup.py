@@ -1,0 +1,43 @@
+"""What a rank pays at start-up: importing the runtime and ``neocomm.init()`` load neither
+``ml_dtypes`` (about half a second) nor CuPy (most of a second) until they are used, and
+CuPy only where the CUDA driver reports a GPU."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from neocomm import _LAUNCHED_BY
+from neocomm.cuda_libs import driver_devices
+
+PROBE = """
+import sys
+import neocomm, collectives, embedding, embedding.train, topology
+neocomm.init()
+print(" ".join(sorted(m for m in ("cupy", "ml_dtypes", "torch") if m in sys.modules)))
+"""
+
+
+def _heavy_modules(env_extra: dict | None = None) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY
+           and k not in ("DEVSIM", "PYTHONPATH")}
+    env.update(env_extra or {})
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_init_loads_no_heavy_module_it_does_not_need():
+    expected = ["cupy"] if driver_devices() > 0 else []
+    assert _heavy_modules() == expected
+
+
+def test_bfloat16_is_there_when_asked_for():
+    import numpy as np
+
+    from neocomm import types
+
+    assert types.bfloat16 is None or (types.bfloat16.itemsize == 2
+                                      and np.dtype("float32").type(1.5).astype(
+                                          types.bfloat16) == 1.5)
