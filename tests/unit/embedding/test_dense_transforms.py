@@ -323,3 +323,42 @@ def test_resuming_a_checkpoint_without_statistics_keeps_raw_inputs(old, tmp_path
     assert on["state"]["step"] == 20 and "dense_transforms" not in on["state"]
     r = predict(tmp_path / "on", old / "test.parquet", tmp_path / "on.parquet")
     assert r["auc"] == on["state"]["eval"]["auc"]
+
+
+# ---------------------------------------------------------------- the data commands
+def test_data_stats_and_inspect_show_each_columns_transform(tmp_path, capsys):
+    from neocomm.cli import main
+
+    tr = write_wide(tmp_path / "train.parquet", 600, 0)
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(f'''[data]
+source = "parquet"
+path = ["{tr}"]
+label = "y"
+dense = ["year", {{column = "x", transform = "log", clip = [-2.0, 2.0]}}]
+
+[[data.sparse]]
+name = "item"
+''')
+    assert main(["data", "stats", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    year = pq.read_table(tr).column("year").to_numpy(zero_copy_only=False)
+    year = np.where(np.isnan(year), 0.0, year)
+    shown = out[out.index("dense features as the model gets them"):].splitlines()
+    line = next(x for x in shown if x.strip().startswith("year "))
+    assert "standardize" in line and f"(x - {year.mean():.6g}) / {year.std():.6g}" in line, out
+    line = next(x for x in shown if x.strip().startswith("x "))
+    assert "log" in line and "sign(clip(x, -2, 2)) * log1p(|clip(x, -2, 2)|)" in line, out
+    lo, hi = np.sign([-2.0, 2.0]) * np.log1p(2.0)
+    assert f"-> {lo:.4g} .. {hi:.4g}" in line, out
+    assert main(["data", "inspect", "--config", str(cfg), "--rows", "1"]) == 0
+    out = capsys.readouterr().out
+    first = pq.read_table(tr).slice(0, 1).to_pylist()[0]
+    want = np.float32((first["year"] - year.mean()) / year.std())
+    assert f"year={first['year']!r} -> {want:g}" in out, out
+    # a setting the data cannot take (every id clipped to -0.5): the key, exit status 2
+    cfg.write_text(cfg.read_text().replace('dense = ["year"', 'dense = [{column = "item", '
+                                           'transform = "minmax", clip = [-1.0, -0.5]}, "year"'))
+    assert main(["data", "stats", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "data.dense[0].transform" in err and "'item'" in err and "-0.5" in err, err
