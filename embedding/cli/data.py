@@ -343,9 +343,9 @@ def _inspect(args, cfg, paths) -> int:
     print(f"{src.describe()}: rows {start}..{stop - 1} of {src.num_records:,}, as the trainer "
           f"sees them (value -> table row; row 0 stands for values the training data lacks)")
     if schema.dense:
-        print("dense: raw value -> what the model gets; "
-              + "; ".join(f"{c.column}: {c.transform} {c.formula()}"
-                          for c in stats.dense.columns))
+        print("dense columns (raw value -> what the model gets):")
+        for c in stats.dense.columns:
+            print(f"    {c.column}: {c.transform}, {c.formula()}")
     for line in describe_rows(ds, start, stop):
         print(line)
     return 0
