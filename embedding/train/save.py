@@ -57,7 +57,7 @@ def manifest_state(trainer) -> dict:
     dense = trainer.data.dense_transforms
     extra = ({"dense_transforms": dense.to_state()}
              if dense is not None and not dense.legacy else {})
-    return {**extra, "step": trainer.step, "samples": trainer.step * cfg.train.batch_size,
+    return {"step": trainer.step, "samples": trainer.step * cfg.train.batch_size,
             "reader": position, "seed": cfg.train.seed,
             # The only randomness after initialisation: the order of the global batches,
             # a permutation drawn from (seed, epoch) when shuffling; the position fixes it.
@@ -65,7 +65,7 @@ def manifest_state(trainer) -> dict:
                     "epoch": position.get("epoch")},
             "global_batch_size": cfg.train.batch_size, "world_size": trainer.size,
             "eval": trainer.last_eval, "config": config_to_dict(cfg),
-            **trainer.state_expectations()}
+            **trainer.state_expectations(), **extra}
 
 
 def _order_name(cfg) -> str:
@@ -159,7 +159,7 @@ def _load(trainer, ckpt: Checkpoint) -> None:
     cfg = trainer.cfg
     model = trainer.model
     check_vocabularies(ckpt, trainer.data.vocabularies)  # (before the sizes: it says why)
-    _load_dense_transforms(trainer, ckpt)
+    saved_dense = _check_dense_transforms(trainer, ckpt)
     ckpt.check_compatible(trainer.tables, arrays={
         "dense/params": ((model.buffers.numel,), model.dtype.str)})
     check_state(ckpt, trainer.state_expectations())
@@ -179,6 +179,7 @@ def _load(trainer, ckpt: Checkpoint) -> None:
         raise CheckpointMismatchError(
             f"written with seed {state.get('seed')}, this run has seed {cfg.train.seed}",
             path=str(ckpt.path), field="seed")
+    _use_dense_transforms(trainer, saved_dense)
     load_shards(ckpt, trainer.coll, trainer.plan, trainer.rank)
     load_dense(ckpt, model, trainer.optimizer)
     if written != cfg.train.batch_size and not carry:
@@ -208,13 +209,11 @@ def saved_dense_transforms(ckpt, schema):
     return DenseTransforms.from_state(state)
 
 
-def _load_dense_transforms(trainer, ckpt: Checkpoint) -> None:
-    """Put the checkpoint's dense statistics in place of the scanned ones: the model goes on
-    seeing its inputs as it was trained. A checkpoint whose columns, fill, clip or transform
-    differ from the config's is refused, naming the key."""
-    mine = trainer.data.dense_transforms
-    if mine is None:
-        return
+def _check_dense_transforms(trainer, ckpt: Checkpoint):
+    """The checkpoint's dense transforms (None without a Parquet source); a checkpoint whose
+    columns, fill, clip or transform differ from the config's is refused, naming the key."""
+    if trainer.data.dense_transforms is None:
+        return None
     schema = trainer.cfg.data.schema()
     saved = saved_dense_transforms(ckpt, schema)
     old = "dense_transforms" not in ckpt.state
@@ -234,9 +233,18 @@ def _load_dense_transforms(trainer, ckpt: Checkpoint) -> None:
                         f"config, {a!r} in the checkpoint; the model was trained on the "
                         f"checkpoint's inputs", path=str(ckpt.path),
                         field=f"data.dense[{i}].{key}")
+    return saved
+
+
+def _use_dense_transforms(trainer, saved) -> None:
+    """Put the checkpoint's dense statistics in place of the scanned ones: the model goes on
+    seeing its inputs as it was trained."""
+    mine = trainer.data.dense_transforms
+    if saved is None or mine is None:
+        return
     if saved != mine or saved.legacy != mine.legacy:
         mine.load(saved)
-        if old:
+        if saved.legacy:
             trainer.progress.message("the checkpoint has no dense statistics (written before "
                                      "dense transforms): its dense columns go in as they are")
         elif trainer.reader is not None:
