@@ -259,10 +259,15 @@ def _with_schema(args) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from embedding.data.schema import SchemaError
+
     try:
         if args.data_command == "stats":
             return _stats(args, paths, schema)
         return _inspect(args, cfg, paths)
+    except SchemaError as exc:  # a setting the data cannot take (minmax of a constant column)
+        print(f"error: {args.config}: {exc}", file=sys.stderr)
+        return 2
     except DataFormatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -302,6 +307,16 @@ def _stats(args, paths, schema) -> int:
                    f"vocabulary: {rows - 1:,} values + row 0 for unknown = {rows:,} rows")
             names = ", ".join(f.name for f in feats)
             w(f"  {table:<{name_w}}  {how}; features {names} (pooling {f0.pooling})")
+        if schema.dense:
+            w("")
+            w("dense features as the model gets them (x: the value, nulls filled; statistics "
+              "of these files)")
+            for d, c in zip(schema.dense, stats.dense.columns):
+                lo, hi = c.model_range()
+                flag = f"; and {d.column}_missing (0/1)" if d.indicator else ""
+                w(f"  {d.column:<{name_w}}  {c.transform:<11}  {c.formula()}   mean "
+                  f"{c.mean:.6g}, std {c.std:.6g}, range {c.minimum:g} .. {c.maximum:g} -> "
+                  f"{lo:.4g} .. {hi:.4g}{flag}")
     if args.json:
         text = json.dumps(stats.to_dict(), indent=2)
         if args.json == "-":
@@ -322,11 +337,15 @@ def _inspect(args, cfg, paths) -> int:
     schema = cfg.data.schema()
     stats = scan(ParquetSource(cfg.data.path, schema), schema)  # the training vocabularies
     src = ParquetSource(paths, schema, label_optional=True)
-    ds = ParquetDataset(src, schema, stats.vocabularies, stats.table_rows)
+    ds = ParquetDataset(src, schema, stats.vocabularies, stats.table_rows, dense=stats.dense)
     start = max(0, min(args.start, src.num_records - 1))
     stop = min(src.num_records, start + args.rows)
     print(f"{src.describe()}: rows {start}..{stop - 1} of {src.num_records:,}, as the trainer "
           f"sees them (value -> table row; row 0 stands for values the training data lacks)")
+    if schema.dense:
+        print("dense columns (raw value -> what the model gets):")
+        for c in stats.dense.columns:
+            print(f"    {c.column}: {c.transform}, {c.formula()}")
     for line in describe_rows(ds, start, stop):
         print(line)
     return 0

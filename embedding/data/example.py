@@ -3,11 +3,15 @@
 :func:`write_example` writes ``records`` rows with a 0/1 label ``clicked``,
 integer ids (``user_id``, ``item_id``), a string column (``city``), a
 list-valued string column (``genres``), numeric columns with nulls
-(``age``, ``hour``) and a key column (``event_id``) the model does not read.
+(``age``, ``hour``), a wide numeric column (``year``, each item's release
+year, 1920-2000) and a key column (``event_id``) the model does not read.
 Whether a row is clicked is drawn from a planted logistic model of the
 user, the item, the genres, the city and the age, so a model that learns
-from the columns scores well above 0.5 AUC. Seeded: the same arguments give
-the same file.
+from the columns scores well above 0.5 AUC. The year tells something of
+the item's effect (later items are clicked less, with noise), in units far
+from the other columns': the config names it without a transform setting,
+so it is standardised by default. Seeded: the same arguments give the same
+file.
 
 ``neocomm data example`` writes it, with the training config that reads it.
 """
@@ -31,7 +35,7 @@ source = "parquet"
 path = [{train}]
 eval_path = [{eval}]
 label = "clicked"
-dense = ["age", "hour"]
+dense = ["age", "hour", "year"]
 
 [[data.sparse]]
 name = "user"
@@ -81,6 +85,10 @@ def _rows(rng, n: int, users: int, items: int, first_event: int):
     c_eff = eff.normal(0, 0.4, len(CITIES))
     logit = (u_eff[user] + i_eff[item] + c_eff[city] - 0.02 * (age - 38) - 0.4
              + np.array([g_eff[item_genres[i]].mean() for i in item]))
+    # each item's release year (its own generator: the other columns stay as they were)
+    year_rng = np.random.default_rng(4242)
+    item_year = np.clip(np.round(1975 - 12 * i_eff + year_rng.normal(0, 12, items)), 1920,
+                        2000).astype(np.int32)
     prob = 1 / (1 + np.exp(-logit))
     clicked = (rng.random(n) < prob).astype(np.int8)
     age_missing = rng.random(n) < 0.1
@@ -94,6 +102,7 @@ def _rows(rng, n: int, users: int, items: int, first_event: int):
         "genres": [[GENRES[g] for g in item_genres[i]] for i in item],
         "age": [None if m else float(round(a, 1)) for a, m in zip(age, age_missing)],
         "hour": [None if m else h for h, m in zip(hour, hour_missing)],
+        "year": item_year[item],
     }
 
 
@@ -117,7 +126,8 @@ def write_example(out_dir, *, records: int = 60_000, eval_records: int = 10_000,
     schema = pa.schema([("event_id", pa.int64()), ("clicked", pa.int8()),
                         ("user_id", pa.int64()), ("item_id", pa.int32()),
                         ("city", pa.string()), ("genres", pa.list_(pa.string())),
-                        ("age", pa.float64()), ("hour", pa.float64())])
+                        ("age", pa.float64()), ("hour", pa.float64()),
+                        ("year", pa.int32())])
     paths, first = {}, 0
     for name, n in (("train", records), ("valid", eval_records), ("test", eval_records)):
         prob, cols = _rows(rng, n, users, items, first)

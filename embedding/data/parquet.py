@@ -10,19 +10,18 @@ first.
 
 :func:`scan` reads the columns once and returns :class:`DataStats`: per
 column its type, null share, distinct values and list lengths, the label's
-values (a label that is not 0/1 is refused here), and the vocabulary of
-every table with ``encoding = "vocabulary"`` (:class:`Vocabulary`).
+values (a label that is not 0/1 is refused here), the vocabulary of
+every table with ``encoding = "vocabulary"`` (:class:`Vocabulary`), and the
+statistics of the dense columns' transforms
+(:class:`~embedding.data.transforms.DenseTransforms`).
 
 :class:`ParquetDataset` reads ``[start, stop)`` of the records as a
 :class:`~embedding.data.batch.Batch`: it decodes only the row groups the
 range touches and keeps the last few decoded (``cache_row_groups``), so
 memory is bounded by a few row groups whatever the file size.
 
-The stable hash of ``encoding = "hash"`` (:func:`stable_hash`): integers
-(any width, read as int64) are mixed by splitmix64's finaliser of their
-two's-complement uint64; strings by 64-bit FNV-1a of their UTF-8 bytes, then
-the same finaliser. The row is the hash modulo the table's rows. It depends
-on nothing but the value: not on the process, the platform or the order.
+The stable hash of ``encoding = "hash"`` (:func:`stable_hash`, defined in
+:mod:`embedding.data.hashing`): the row is the hash modulo the table's rows.
 """
 from __future__ import annotations
 
@@ -35,16 +34,14 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from embedding.data.batch import Batch
+from embedding.data.hashing import hash_ints, hash_strings, stable_hash
 from embedding.data.schema import DataSchema, SparseFeature
-from embedding.data.synthetic import _mix64
+from embedding.data.transforms import DenseTransforms, Moments, dense_values
 from embedding.data.types import DataFormatError
 
 __all__ = ["ParquetSource", "ParquetDataset", "Vocabulary", "ColumnStats", "DataStats", "scan",
            "check_labels", "describe_rows", "table_rows", "stable_hash", "hash_strings",
            "hash_ints"]
-
-_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
-_FNV_PRIME = np.uint64(0x100000001B3)
 
 
 def _pa():
@@ -55,56 +52,6 @@ def _pa():
     except ImportError as exc:  # pragma: no cover - a core dependency
         raise DataFormatError(f"reading Parquet needs pyarrow ({exc}); pip install pyarrow")
     return pyarrow
-
-
-# ------------------------------------------------------------------------ hashing
-def hash_ints(values) -> np.ndarray:
-    """splitmix64's finaliser of each int64 value's two's complement (uint64)."""
-    with np.errstate(over="ignore"):
-        return _mix64(np.asarray(values, np.int64).view(np.uint64))
-
-
-def hash_strings(values) -> np.ndarray:
-    """64-bit FNV-1a of each string's UTF-8 bytes, then splitmix64's finaliser (uint64).
-
-    ``values`` is a pyarrow string array without nulls, or a sequence of str.
-    """
-    pa = _pa()
-    arr = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(
-        list(values), pa.large_string())
-    if isinstance(arr, pa.ChunkedArray):
-        arr = pa.concat_arrays(arr.chunks) if arr.num_chunks else pa.array([], pa.large_string())
-    arr = arr.cast(pa.large_string())
-    n = len(arr)
-    h = np.full(n, _FNV_OFFSET, np.uint64)
-    if n == 0:
-        return _mix64(h)
-    bufs = arr.buffers()
-    offsets = np.frombuffer(bufs[1], np.int64)[arr.offset:arr.offset + n + 1]
-    data = (np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8))
-    starts, lengths = offsets[:-1], np.diff(offsets)
-    order = np.argsort(-lengths, kind="stable")  # longest first: the active set is a prefix
-    sl, ss = lengths[order], starts[order]
-    hs = h[order]
-    longer = np.searchsorted(-sl, -np.arange(int(sl[0])), side="left")  # strings longer than j
-    with np.errstate(over="ignore"):
-        for j, k in enumerate(longer.tolist()):  # the first k
-            hs[:k] = (hs[:k] ^ data[ss[:k] + j].astype(np.uint64)) * _FNV_PRIME
-        h[order] = hs
-        return _mix64(h)
-
-
-def stable_hash(values) -> np.ndarray:
-    """The stable hash (uint64) of ints or strings, as the ``hash`` encoding uses it."""
-    pa = _pa()
-    if isinstance(values, (pa.Array, pa.ChunkedArray)):
-        if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-            return hash_strings(values)
-        return hash_ints(np.asarray(values.to_numpy(zero_copy_only=False), np.int64))
-    seq = list(values)
-    if seq and all(isinstance(v, str) for v in seq):
-        return hash_strings(seq)
-    return hash_ints(np.asarray(seq, np.int64))
 
 
 # ---------------------------------------------------------------------- the files
@@ -397,11 +344,17 @@ class DataStats:
     positives: int | None
     vocabularies: dict
     table_rows: dict
+    dense: DenseTransforms | None = None  # with a schema: its dense columns' statistics
 
     def to_dict(self) -> dict:
-        return {"records": self.records, "positives": self.positives,
-                "columns": [c.to_dict() for c in self.columns.values()],
-                "tables": dict(self.table_rows)}
+        out = {"records": self.records, "positives": self.positives,
+               "columns": [c.to_dict() for c in self.columns.values()],
+               "tables": dict(self.table_rows)}
+        if self.dense is not None:
+            out["dense"] = [dict(c.to_dict(), formula=c.formula(),
+                                 model_range=list(c.model_range()))
+                            for c in self.dense.columns]
+        return out
 
 
 class _Counter:
@@ -472,11 +425,17 @@ def scan(source: ParquetSource, schema: DataSchema | None = None, *,
     Distinct values are counted for the sparse columns, and with ``distinct``
     (or without a schema) for every integer or string column.
 
+    With a schema, the dense columns' statistics (after fill and clip) are
+    taken per row group and merged in row-group order
+    (:class:`~embedding.data.transforms.DenseTransforms`); a dense value of
+    inf or -inf left after the clip is refused, naming the file and row.
+
     ``comm`` (an mpi4py communicator) shares the work: rank ``r`` of ``n``
     reads row groups ``r, r + n, ...`` and the ranks exchange their counts,
     so each reads ``1/n`` of the data and every rank gets what one rank's
-    scan gives (a vocabulary orders by count, then value). An error in any
-    rank's share (the first in file order) is raised on every rank.
+    scan gives bit for bit (a vocabulary orders by count, then value; the
+    dense statistics merge in row-group order). An error in any rank's share
+    (the first in file order) is raised on every rank.
     """
     cols = list(schema.columns() if schema is not None else (columns or source.types))
     sparse = {f.column for f in schema.sparse} if schema is not None else set(cols)
@@ -510,6 +469,14 @@ def scan(source: ParquetSource, schema: DataSchema | None = None, *,
         if c in totals:
             s.distinct = len(totals[c])
     positives = sum(p["positives"] for p in parts) if schema is not None else None
+    dense = None
+    if schema is not None:  # every row group's moments, merged in row-group order
+        groups = sorted((g, m) for p in parts for g, m in p["moments"].items())
+        merged = {d.column: Moments() for d in schema.dense}
+        for _, per_column in groups:
+            for c, m in per_column.items():
+                merged[c] = merged[c].merge(m)
+        dense = DenseTransforms.from_moments(schema, merged)
     vocabularies, table_rows = {}, {}
     if schema is not None:
         for table, feats in schema.tables().items():
@@ -522,7 +489,7 @@ def scan(source: ParquetSource, schema: DataSchema | None = None, *,
             vocab = _vocabulary(table, f, merged)
             vocabularies[table] = vocab
             table_rows[table] = vocab.num_rows
-    return DataStats(source.num_records, stats, positives, vocabularies, table_rows)
+    return DataStats(source.num_records, stats, positives, vocabularies, table_rows, dense)
 
 
 class _ScanPart:
@@ -533,6 +500,7 @@ class _ScanPart:
         self.stats = {c: ColumnStats(c, str(source.types[c])) for c in cols}
         self.counters = {c: _Counter() for c in counted}
         self.sums: dict[str, float] = {}
+        self.moments: dict[int, dict[str, Moments]] = {}  # row group -> dense column -> moments
         self.positives = 0
         self.error = None
 
@@ -564,6 +532,20 @@ class _ScanPart:
                 self.counters[c].add(_flat(col, pa)[0])
         if self.schema is not None:
             self.positives += _check_labels(t.column(self.schema.label), source, index)
+            moments = {}
+            for i, d in enumerate(self.schema.dense):
+                x = dense_values(t.column(d.column), d.fill, pa)[0]
+                if d.clip is not None:
+                    x = np.clip(x, d.clip[0], d.clip[1])
+                bad = ~np.isfinite(x)
+                if bad.any():
+                    row = int(np.flatnonzero(bad)[0])
+                    raise DataFormatError(
+                        f"dense column {d.column!r}: {x[row]} at row {row} of the row group; "
+                        f"the model needs finite numbers (clip it with data.dense[{i}].clip "
+                        f"= [lo, hi], or clean the file)", path=source.where(index))
+                moments[d.column] = Moments.of(x)
+            self.moments[index] = moments
 
     def shareable(self) -> dict:
         """What the other ranks need (plain data and Arrow arrays: it pickles)."""
@@ -576,7 +558,7 @@ class _ScanPart:
             except Exception:  # an error that does not travel: its message does
                 error = (error[0], DataFormatError(str(error[1])))
         return {"stats": self.stats, "sums": self.sums, "positives": self.positives,
-                "error": error,
+                "error": error, "moments": self.moments,
                 "counts": {c: (k.merged_struct() if k.parts else None)
                            for c, k in self.counters.items()}}
 
@@ -632,8 +614,17 @@ class ParquetDataset:
     """
 
     def __init__(self, source: ParquetSource, schema: DataSchema, vocabularies: dict,
-                 table_rows: dict, *, cache_row_groups: int = 4, check_labels: bool = True):
+                 table_rows: dict, *, cache_row_groups: int = 4, check_labels: bool = True,
+                 dense: DenseTransforms | None = None):
         self.source = source
+        if dense is not None and [c.column for c in dense.columns] != [
+                d.column for d in schema.dense]:
+            raise ValueError(f"dense: statistics of columns {[c.column for c in dense.columns]}"
+                             f", the schema's dense columns are "
+                             f"{[d.column for d in schema.dense]}")
+        #: the dense columns' transforms (None: the values as they are, after fill)
+        self.dense = dense
+        self._version = dense.version if dense is not None else 0
         self.schema = schema
         self.vocabularies = dict(vocabularies)
         self.table_rows = dict(table_rows)
@@ -691,6 +682,9 @@ class ParquetDataset:
         return whole.take(where)
 
     def _row_group(self, index: int) -> Batch:
+        if self.dense is not None and self.dense.version != self._version:
+            self._cache.clear()  # new statistics (a checkpoint's): decode again
+            self._version = self.dense.version
         hit = self._cache.get(index)
         if hit is not None:
             self._cache.move_to_end(index)
@@ -723,14 +717,10 @@ class ParquetDataset:
             labels = np.zeros(n, np.float32)
         dense = np.zeros((n, s.num_dense), np.float32)
         j = 0
-        for d in s.dense:
-            col = table.column(d.column)
-            if pa.types.is_boolean(col.type):
-                col = col.cast(pa.float32())
-            x = np.array(col.cast(pa.float64()).fill_null(np.nan).to_numpy(), np.float64)
-            missing = np.isnan(x)
-            x[missing] = d.fill
-            dense[:, j] = x
+        stats = self.dense.columns if self.dense is not None else (None,) * len(s.dense)
+        for d, st in zip(s.dense, stats):
+            x, missing = dense_values(table.column(d.column), d.fill, pa)
+            dense[:, j] = x if st is None else st.apply(x)
             j += 1
             if d.indicator:
                 dense[:, j] = missing
@@ -765,8 +755,9 @@ def table_rows(schema: DataSchema, vocabularies: dict) -> dict[str, int]:
 
 
 def describe_rows(dataset: ParquetDataset, start: int, stop: int) -> list[str]:
-    """Rows ``[start, stop)`` as lines: the label, the dense features as the model gets them,
-    each sparse feature's raw values and the table rows they become."""
+    """Rows ``[start, stop)`` as lines: the label, the dense features as the model gets them
+    (``raw -> model value`` where a transform changes them), each sparse feature's raw values
+    and the table rows they become."""
     src, schema = dataset.source, dataset.schema
     batch = dataset.read(start, stop)
     raw: dict[str, list] = {c: [] for c in src.read_columns}
@@ -783,8 +774,19 @@ def describe_rows(dataset: ParquetDataset, start: int, stop: int) -> list[str]:
     lines = []
     for r in range(stop - start):
         label = f"{raw[schema.label][r]!r}" if src.has_label else "(none)"
-        dense = ", ".join(f"{name}={batch.dense[r, j]:g}"
-                          for j, name in enumerate(schema.dense_names))
+        shown, j = [], 0
+        stats = (dataset.dense.columns if dataset.dense is not None
+                 else (None,) * len(schema.dense))
+        for d, st in zip(schema.dense, stats):  # raw value -> the model's, where they differ
+            value = raw[d.column][r]
+            if st is None or st.identity:
+                shown.append(f"{d.column}={batch.dense[r, j]:g}")
+            else:
+                shown.append(f"{d.column}={value!r} -> {batch.dense[r, j]:g}")
+            if d.indicator:
+                shown.append(f"{d.column}_missing={batch.dense[r, j + 1]:g}")
+            j += 1 + d.indicator
+        dense = ", ".join(shown)
         lines.append(f"row {start + r}: label {label}" + (f"; dense {dense}" if dense else ""))
         for f, feat in enumerate(schema.sparse):
             ids = batch.values[f][offsets[f][r]:offsets[f][r + 1]].tolist()

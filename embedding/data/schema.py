@@ -7,7 +7,8 @@ This is what ``[data]`` of a training config says about a Parquet source::
     path = ["train.parquet"]
     eval_path = ["valid.parquet", "test.parquet"]
     label = "clicked"
-    dense = ["age", "hour", {column = "income", fill = -1.0, indicator = true}]
+    dense = ["age", "hour", {column = "income", fill = -1.0, indicator = true},
+             {column = "price", clip = [0.0, 1e6], transform = "log"}]
 
     [[data.sparse]]
     name = "genres"          # the feature's name in logs, plans and checkpoints
@@ -27,14 +28,19 @@ a list per row) become table rows by ``encoding``:
   :func:`embedding.data.parquet.stable_hash`.
 
 A null value (or a null list) is an empty bag; null elements of a list are
-skipped. Dense columns take ``fill`` (default 0) where they are null or NaN,
-with an extra 0/1 column ``<column>_missing`` after them when ``indicator``
-is set.
+skipped. Dense columns take ``fill`` (default 0, raw units) where they are
+null or NaN, with an extra 0/1 column ``<column>_missing`` after them when
+``indicator`` is set; then the optional ``clip = [lo, hi]`` (raw units) and
+``transform`` (``standardize`` by default, ``log``, ``minmax`` or ``none``;
+see :mod:`embedding.data.transforms`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from embedding.data.transforms import DEFAULT_TRANSFORM, TRANSFORMS
 
 __all__ = ["DenseColumn", "SparseFeature", "DataSchema", "SchemaError", "ENCODINGS",
            "POOLINGS", "dense_columns", "sparse_features"]
@@ -54,11 +60,14 @@ class SchemaError(ValueError):
 
 @dataclass(frozen=True)
 class DenseColumn:
-    """A numeric column as one dense feature: ``fill`` where null or NaN, and a missing flag."""
+    """A numeric column as one dense feature: ``fill`` where null or NaN (raw units), a
+    missing flag, then ``clip`` (raw units, or None) and ``transform``."""
 
     column: str
     fill: float = 0.0
     indicator: bool = False
+    transform: str = DEFAULT_TRANSFORM
+    clip: tuple[float, float] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -66,9 +75,15 @@ class DenseColumn:
         return (self.column, f"{self.column}_missing") if self.indicator else (self.column,)
 
     def to_config(self):
-        if self.fill == 0.0 and not self.indicator:
+        if (self.fill == 0.0 and not self.indicator and self.transform == DEFAULT_TRANSFORM
+                and self.clip is None):
             return self.column
-        return {"column": self.column, "fill": self.fill, "indicator": self.indicator}
+        out = {"column": self.column, "fill": self.fill, "indicator": self.indicator}
+        if self.transform != DEFAULT_TRANSFORM:
+            out["transform"] = self.transform
+        if self.clip is not None:
+            out["clip"] = list(self.clip)
+        return out
 
 
 @dataclass(frozen=True)
@@ -191,10 +206,11 @@ class DataSchema:
 
 
 def dense_columns(dense) -> tuple[DenseColumn, ...]:
-    """``[data] dense``: column names, or tables ``{column, fill, indicator}`` (checked)."""
+    """``[data] dense``: column names, or tables ``{column, fill, indicator, transform,
+    clip}`` (checked)."""
     if isinstance(dense, (str, Mapping)) or not isinstance(dense, (list, tuple)):
         raise SchemaError("data.dense", f"expected a list of column names (or tables "
-                          f"with column, fill, indicator), got {dense!r}")
+                          f"with column, fill, indicator, transform, clip), got {dense!r}")
     return tuple(d if isinstance(d, DenseColumn) else _dense(i, d) for i, d in enumerate(dense))
 
 
@@ -206,7 +222,7 @@ def sparse_features(sparse) -> tuple[SparseFeature, ...]:
                  for i, s in enumerate(sparse))
 
 
-_DENSE_KEYS = {"column", "fill", "indicator"}
+_DENSE_KEYS = {"column", "fill", "indicator", "transform", "clip"}
 _SPARSE_KEYS = {"name", "column", "table", "pooling", "encoding", "rows", "min_count",
                 "multi_valued"}
 
@@ -219,7 +235,7 @@ def _dense(i: int, d) -> DenseColumn:
         return DenseColumn(d)
     if not isinstance(d, Mapping):
         raise SchemaError(key, f"expected a column name or a table with column, fill, "
-                          f"indicator, got {d!r}")
+                          f"indicator, transform, clip, got {d!r}")
     unknown = sorted(set(d) - _DENSE_KEYS)
     if unknown:
         raise SchemaError(f"{key}.{unknown[0]}", f"unknown key; expected one of "
@@ -228,12 +244,28 @@ def _dense(i: int, d) -> DenseColumn:
     if not isinstance(column, str) or not column:
         raise SchemaError(f"{key}.column", f"expected a column name, got {column!r}")
     fill = d.get("fill", 0.0)
-    if isinstance(fill, bool) or not isinstance(fill, (int, float)) or fill != fill:
-        raise SchemaError(f"{key}.fill", f"expected a number, got {fill!r}")
+    if (isinstance(fill, bool) or not isinstance(fill, (int, float))
+            or not math.isfinite(fill)):
+        raise SchemaError(f"{key}.fill", f"expected a finite number (raw units), got {fill!r}")
     indicator = d.get("indicator", False)
     if not isinstance(indicator, bool):
         raise SchemaError(f"{key}.indicator", f"expected true or false, got {indicator!r}")
-    return DenseColumn(column, float(fill), indicator)
+    transform = d.get("transform", DEFAULT_TRANSFORM)
+    if transform not in TRANSFORMS:
+        raise SchemaError(f"{key}.transform", f"expected one of {list(TRANSFORMS)}, "
+                          f"got {transform!r}")
+    clip = d.get("clip")
+    if clip is not None:
+        ok = (isinstance(clip, (list, tuple)) and len(clip) == 2
+              and all(not isinstance(v, bool) and isinstance(v, (int, float))
+                      and math.isfinite(v) for v in clip))
+        if not ok:
+            raise SchemaError(f"{key}.clip", f"expected [lo, hi], two finite numbers (raw "
+                              f"units), got {clip!r}")
+        if not clip[0] < clip[1]:
+            raise SchemaError(f"{key}.clip", f"expected [lo, hi] with lo < hi, got {clip!r}")
+        clip = (float(clip[0]), float(clip[1]))
+    return DenseColumn(column, float(fill), indicator, transform, clip)
 
 
 def _sparse(i: int, s) -> SparseFeature:

@@ -145,7 +145,10 @@ class TrainData:
     feature's own) and ``feature_pooling`` its pooling (default: the
     config's ``tables.pooling``). ``eval_sets`` are the named evaluation
     sets (default: ``eval`` alone, as ``held-out``); ``vocabularies`` the
-    Parquet tables' :class:`~embedding.data.parquet.Vocabulary` by table.
+    Parquet tables' :class:`~embedding.data.parquet.Vocabulary` by table;
+    ``dense_transforms`` the Parquet dense columns'
+    :class:`~embedding.data.transforms.DenseTransforms`, shared by every
+    data set here (a resumption puts a checkpoint's in place).
     """
 
     train: object
@@ -160,6 +163,7 @@ class TrainData:
     eval_sets: tuple = ()
     vocabularies: dict | None = None
     ids_per_sample: dict | None = None  # table -> mean ids per record, where the data says
+    dense_transforms: object = None  # DenseTransforms of a Parquet source's dense columns
 
     @property
     def evaluation_sets(self) -> tuple[tuple[str, object], ...]:
@@ -233,18 +237,21 @@ def _set_names(paths) -> list[str]:
 
 
 def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None,
-                 group=None) -> TrainData:
+                 group=None, dense=None) -> TrainData:
     """The Parquet sets of ``cfg``: every file and column checked, the vocabularies built.
 
-    The vocabularies come from the training files (``path``, held-out
-    records included when there is no ``eval_path``) unless given (a
-    checkpoint's, for scoring). Every ``eval_path`` entry is one evaluation
+    The vocabularies and the dense columns' statistics come from the
+    training files (``path``, held-out records included when there is no
+    ``eval_path``) unless given (a checkpoint's, for scoring: ``dense`` then
+    defaults to the dense columns as they are). Every ``eval_path`` entry is one evaluation
     set, its labels checked before anything is trained. With ``group``
     (every rank calls it), the ranks share the scan of the training files,
     each reading a part of the row groups; errors are agreed.
     """
     from embedding.data.parquet import (ParquetDataset, ParquetSource, check_labels, scan,
                                         table_rows)
+    from embedding.data.schema import SchemaError
+    from embedding.data.transforms import DenseTransforms
     from embedding.train.setup import fail_together
 
     d = cfg.data
@@ -261,8 +268,12 @@ def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None,
         raise exc
     ids = None
     if vocabularies is None:
-        stats = scan(train_src, schema, comm=group.comm if shared else None)
+        try:
+            stats = scan(train_src, schema, comm=group.comm if shared else None)
+        except SchemaError as e:  # a setting the data cannot take (minmax of a constant)
+            raise ConfigError(cfg.source, e.key, e.reason) from None
         vocabularies, rows = stats.vocabularies, dict(stats.table_rows)
+        dense = stats.dense
         ids = {}
         for f in schema.sparse:  # pooling factors: ids per record, summed over a table's
             c = stats.columns[f.column]
@@ -270,19 +281,20 @@ def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None,
             ids[f.table] = ids.get(f.table, 0.0) + per
     else:
         vocabularies = dict(vocabularies)
+        dense = dense if dense is not None else DenseTransforms.untransformed(schema)
         try:
             rows = table_rows(schema, vocabularies)
         except KeyError as exc:
             raise ConfigError(cfg.source, "data.sparse", exc.args[0]) from None
     # every label was checked here, before training: the reads need not check them again
-    train = (ParquetDataset(train_src, schema, vocabularies, rows, check_labels=False)
-             if train_src is not None else None)
+    train = (ParquetDataset(train_src, schema, vocabularies, rows, check_labels=False,
+                            dense=dense) if train_src is not None else None)
     sets = []
     for name, p in zip(_set_names(d.eval_path), d.eval_path):
         src = ParquetSource(p, schema)
         check_labels(src, schema.label)
         sets.append((name, ParquetDataset(src, schema, vocabularies, rows,
-                                          check_labels=False)))
+                                          check_labels=False, dense=dense)))
     if not sets and train is not None:
         n = train.num_records
         if d.eval_records >= n:
@@ -292,18 +304,18 @@ def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None,
                               f"data.eval_path")
         sets.append(("held-out", WindowDataset(train, n - d.eval_records, n)))
         train = WindowDataset(train, 0, n - d.eval_records)
-    return parquet_data(schema, train, sets, vocabularies, rows, ids)
+    return parquet_data(schema, train, sets, vocabularies, rows, ids, dense)
 
 
 def parquet_data(schema, train, sets, vocabularies: dict, rows: dict,
-                 ids_per_sample: dict | None = None) -> TrainData:
+                 ids_per_sample: dict | None = None, dense=None) -> TrainData:
     """The :class:`TrainData` of a Parquet schema's data sets (``sets``: name, data set)."""
     return TrainData(train, sets[0][1] if sets else None,
                      tuple(int(rows[f.table]) for f in schema.sparse), schema.feature_names,
                      schema.num_dense, feature_tables=tuple(f.table for f in schema.sparse),
                      feature_pooling=tuple(f.pooling for f in schema.sparse),
                      eval_sets=tuple(sets), vocabularies=vocabularies,
-                     ids_per_sample=ids_per_sample)
+                     ids_per_sample=ids_per_sample, dense_transforms=dense)
 
 
 def _binary_sizes(cfg: TrainConfig, train, held) -> tuple[int, ...]:

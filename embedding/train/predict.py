@@ -1,7 +1,8 @@
 """Scoring with a trained model: one score per input row, the input's key columns kept.
 
 :func:`predict` rebuilds the model from a checkpoint alone — its manifest
-holds the training configuration and the data's vocabularies — plans its
+holds the training configuration, the data's vocabularies and the dense
+columns' transform statistics (none for a checkpoint older than them) — plans its
 tables for the ranks at hand (any number: shards are re-read for the new
 plan), scores every row of a Parquet file (a list of files or a
 directory) exactly as held-out evaluation does, and has rank 0 write
@@ -78,7 +79,7 @@ def predict(checkpoint, data, out, *, keep=None, group=None, batch_size: int | N
     from embedding.train.evaluate import metrics_of, score
     from embedding.train.export import load_export_weights
     from embedding.train.loop import Trainer
-    from embedding.train.save import resume
+    from embedding.train.save import resume, saved_dense_transforms
     from embedding.train.setup import fail_together
     from embedding.train.state import read_vocabularies
     from neocomm.world import group_or_world
@@ -108,9 +109,10 @@ def predict(checkpoint, data, out, *, keep=None, group=None, batch_size: int | N
         src = ParquetSource(cfg.data.eval_path, schema, label_optional=True)
         if src.has_label:
             check_labels(src, schema.label)
-        dataset = ParquetDataset(src, schema, vocab, rows, check_labels=False)
+        dense = saved_dense_transforms(ckpt, schema)  # as the model was trained
+        dataset = ParquetDataset(src, schema, vocab, rows, check_labels=False, dense=dense)
         kept = _kept_columns(src, schema, keep)
-        tdata = parquet_data(schema, None, [("input", dataset)], vocab, rows)
+        tdata = parquet_data(schema, None, [("input", dataset)], vocab, rows, dense=dense)
     except (ConfigError, CheckpointError, DataFormatError, ValueError, OSError, KeyError) as e:
         exc = e
     fail_together(group, "loading the model for predictions", exc)

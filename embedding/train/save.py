@@ -44,8 +44,9 @@ def find_checkpoint(where) -> Path:
 
 
 def manifest_state(trainer) -> dict:
-    """The JSON state of the manifest: step, data position, model and optimizer kinds, and the
-    whole configuration (``neocomm predict`` rebuilds the model from it)."""
+    """The JSON state of the manifest: step, data position, model and optimizer kinds, the
+    whole configuration (``neocomm predict`` rebuilds the model from it) and, for a Parquet
+    source, the dense columns' transforms and statistics (``dense_transforms``)."""
     from embedding.train.config import config_to_dict
 
     cfg = trainer.cfg
@@ -53,6 +54,9 @@ def manifest_state(trainer) -> dict:
         position = trainer._pending[0].position
     else:
         position = trainer.reader.state_dict()
+    dense = trainer.data.dense_transforms
+    extra = ({"dense_transforms": dense.to_state()}
+             if dense is not None and not dense.legacy else {})
     return {"step": trainer.step, "samples": trainer.step * cfg.train.batch_size,
             "reader": position, "seed": cfg.train.seed,
             # The only randomness after initialisation: the order of the global batches,
@@ -61,7 +65,7 @@ def manifest_state(trainer) -> dict:
                     "epoch": position.get("epoch")},
             "global_batch_size": cfg.train.batch_size, "world_size": trainer.size,
             "eval": trainer.last_eval, "config": config_to_dict(cfg),
-            **trainer.state_expectations()}
+            **trainer.state_expectations(), **extra}
 
 
 def _order_name(cfg) -> str:
@@ -155,6 +159,7 @@ def _load(trainer, ckpt: Checkpoint) -> None:
     cfg = trainer.cfg
     model = trainer.model
     check_vocabularies(ckpt, trainer.data.vocabularies)  # (before the sizes: it says why)
+    saved_dense = _check_dense_transforms(trainer, ckpt)
     ckpt.check_compatible(trainer.tables, arrays={
         "dense/params": ((model.buffers.numel,), model.dtype.str)})
     check_state(ckpt, trainer.state_expectations())
@@ -174,6 +179,7 @@ def _load(trainer, ckpt: Checkpoint) -> None:
         raise CheckpointMismatchError(
             f"written with seed {state.get('seed')}, this run has seed {cfg.train.seed}",
             path=str(ckpt.path), field="seed")
+    _use_dense_transforms(trainer, saved_dense)
     load_shards(ckpt, trainer.coll, trainer.plan, trainer.rank)
     load_dense(ckpt, model, trainer.optimizer)
     if written != cfg.train.batch_size and not carry:
@@ -189,3 +195,58 @@ def _load(trainer, ckpt: Checkpoint) -> None:
             f"the checkpoint's global batch of {written} does not split over {trainer.size} "
             f"ranks: training goes on with {cfg.train.batch_size} from epoch "
             f"{position.get('epoch', '?')}, batch {position.get('batch', '?')}")
+
+
+def saved_dense_transforms(ckpt, schema):
+    """The dense transforms ``ckpt`` was trained with: its manifest's ``dense_transforms``,
+    or, for a checkpoint written before dense transforms existed, ``schema``'s dense
+    columns as they are (fill only)."""
+    from embedding.data.transforms import DenseTransforms
+
+    state = ckpt.state.get("dense_transforms")
+    if state is None:
+        return DenseTransforms.untransformed(schema)
+    return DenseTransforms.from_state(state)
+
+
+def _check_dense_transforms(trainer, ckpt: Checkpoint):
+    """The checkpoint's dense transforms (None without a Parquet source); a checkpoint whose
+    columns, fill, clip or transform differ from the config's is refused, naming the key."""
+    if trainer.data.dense_transforms is None:
+        return None
+    schema = trainer.cfg.data.schema()
+    saved = saved_dense_transforms(ckpt, schema)
+    old = "dense_transforms" not in ckpt.state
+    have = [c.column for c in saved.columns]
+    want = [d.column for d in schema.dense]
+    if have != want:
+        raise CheckpointMismatchError(f"the checkpoint's dense columns are {have}, the "
+                                      f"config's {want}", path=str(ckpt.path),
+                                      field="data.dense")
+    if not old:
+        for i, (d, c) in enumerate(zip(schema.dense, saved.columns)):
+            for key, a, b in (("transform", c.transform, d.transform),
+                              ("clip", c.clip, d.clip), ("fill", c.fill, d.fill)):
+                if a != b:
+                    raise CheckpointMismatchError(
+                        f"data.dense[{i}].{key} of column {d.column!r} is {b!r} in the "
+                        f"config, {a!r} in the checkpoint; the model was trained on the "
+                        f"checkpoint's inputs", path=str(ckpt.path),
+                        field=f"data.dense[{i}].{key}")
+    return saved
+
+
+def _use_dense_transforms(trainer, saved) -> None:
+    """Put the checkpoint's dense statistics in place of the scanned ones: the model goes on
+    seeing its inputs as it was trained."""
+    mine = trainer.data.dense_transforms
+    if saved is None or mine is None:
+        return
+    if saved != mine or saved.legacy != mine.legacy:
+        mine.load(saved)
+        if saved.legacy:
+            trainer.progress.message("the checkpoint has no dense statistics (written before "
+                                     "dense transforms): its dense columns go in as they are")
+        elif trainer.reader is not None:
+            trainer.progress.message("the dense columns are transformed with the "
+                                     "checkpoint's statistics (the training files' differ)")

@@ -123,6 +123,48 @@ def test_the_shared_scan_equals_one_ranks_scan(world, example, all_ranks):
         all_ranks(w.values.equals(v.values) and np.array_equal(w.counts, v.counts), table)
 
 
+def test_dense_statistics_are_the_same_on_every_rank(world, example, all_ranks):
+    """Each rank scans a part of the row groups: every rank gets the dense statistics of
+    one rank's scan, bit for bit, its trainer reads with them and writes them into the
+    checkpoint."""
+    import json
+
+    from embedding.data.parquet import ParquetSource, scan
+    from embedding.data.schema import dense_columns
+    from embedding.train.predict import find_checkpoint
+
+    dense = dense_columns(["year", {"column": "age", "indicator": True},
+                           {"column": "hour", "transform": "minmax", "clip": [2, 20]}])
+    cfg = config(example, f"{example}/dense", dense=dense)
+    schema = cfg.data.schema()
+    shared = scan(ParquetSource(f"{example}/train.parquet", schema), schema,
+                  comm=world.comm).dense.to_state()
+    alone = scan(ParquetSource(f"{example}/train.parquet", schema), schema).dense.to_state()
+    every = world.comm.allgather(shared)
+    all_ranks(all(x == alone for x in every), f"{every} vs one rank's {alone}")
+    t = Trainer(cfg, world.world)
+    mine = t.data.dense_transforms.to_state()
+    every = world.comm.allgather(mine)
+    all_ranks(all(x == alone for x in every), f"{every} vs one rank's {alone}")
+    # the trainer's records carry them: the standardised year, the min-max hour
+    got = t.data.train.read(0, 50).dense
+    raw = pq.read_table(f"{example}/train.parquet").slice(0, 50)
+    year = raw.column("year").to_numpy().astype(np.float64)
+    y = alone[0]
+    ok_year = np.array_equal(got[:, 0], ((year - y["mean"]) / y["std"]).astype(np.float32))
+    hour = np.clip(raw.column("hour").fill_null(0).to_numpy(), 2, 20)
+    ok_hour = np.allclose(got[:, 3], (hour - 2) / 18, atol=1e-6)
+    all_ranks(ok_year and ok_hour and 1900 < y["mean"] < 2000, f"{got[:3]}")
+    t.train()
+    t.close()
+    if world.rank == 0:
+        saved = json.loads((find_checkpoint(f"{example}/dense") / "manifest.json").read_text())
+        ok = saved["state"]["dense_transforms"] == alone
+    else:
+        ok = True
+    all_ranks(ok, "the checkpoint's statistics differ from the scan's")
+
+
 def test_the_scan_benchmark_reports_the_same_result(world, example, all_ranks, capsys,
                                                      monkeypatch):
     import runpy
