@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from embedding.data.synthetic import _mix64
+from embedding.data.types import pyarrow_module as _pa
 
 __all__ = ["stable_hash", "hash_strings", "hash_ints"]
 
@@ -17,10 +18,6 @@ _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
-def _pa():
-    from embedding.data.parquet import _pa as get
-
-    return get()
 
 
 def hash_ints(values) -> np.ndarray:

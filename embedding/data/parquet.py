@@ -38,20 +38,11 @@ from embedding.data.hashing import hash_ints, hash_strings, stable_hash
 from embedding.data.schema import DataSchema, SparseFeature
 from embedding.data.transforms import DenseTransforms, Moments, dense_values
 from embedding.data.types import DataFormatError
+from embedding.data.types import pyarrow_module as _pa
 
 __all__ = ["ParquetSource", "ParquetDataset", "Vocabulary", "ColumnStats", "DataStats", "scan",
            "check_labels", "describe_rows", "table_rows", "stable_hash", "hash_strings",
            "hash_ints"]
-
-
-def _pa():
-    try:
-        import pyarrow
-        import pyarrow.compute  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - a core dependency
-        raise DataFormatError(f"reading Parquet needs pyarrow ({exc}); pip install pyarrow")
-    return pyarrow
 
 
 # ---------------------------------------------------------------------- the files

@@ -41,21 +41,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from embedding.data.transforms import DEFAULT_TRANSFORM, TRANSFORMS
+from embedding.data.types import SchemaError
 
 __all__ = ["DenseColumn", "SparseFeature", "DataSchema", "SchemaError", "ENCODINGS",
            "POOLINGS", "dense_columns", "sparse_features"]
 
 ENCODINGS = ("vocabulary", "hash")
 POOLINGS = ("sum", "mean", "max")
-
-
-class SchemaError(ValueError):
-    """A schema entry is wrong; ``key`` is its dotted config key (``data.sparse[1].pooling``)."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
-        self.reason = message
 
 
 @dataclass(frozen=True)

@@ -201,7 +201,7 @@ class DenseTransforms:
         SchemaError (naming ``data.dense[i].transform``) for ``minmax`` on a
         column whose training values are all one value.
         """
-        from embedding.data.schema import SchemaError
+        from embedding.data.types import SchemaError
 
         out = []
         for i, d in enumerate(schema.dense):

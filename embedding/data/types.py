@@ -75,3 +75,23 @@ class CommitOnExit:
             self.close()
         else:
             self.abort()
+
+
+class SchemaError(ValueError):
+    """A schema entry is wrong; ``key`` is its dotted config key (``data.sparse[1].pooling``)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.reason = message
+
+
+def pyarrow_module():
+    """pyarrow (with its compute and parquet modules), imported at first use."""
+    try:
+        import pyarrow
+        import pyarrow.compute  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - a core dependency
+        raise DataFormatError(f"reading Parquet needs pyarrow ({exc}); pip install pyarrow")
+    return pyarrow
