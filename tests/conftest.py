@@ -35,9 +35,45 @@ def pytest_terminal_summary(terminalreporter):
                                                                else ""))
 
 
+# -- nothing left in /dev/shm: a run that leaves a file there fails, naming it ---------------
+_SHM_BEFORE: set = set()
+
+
+def _watches_shm(config) -> bool:
+    """The run as a whole (not an xdist worker, not a rank of an MPI job) on Linux."""
+    return (os.path.isdir("/dev/shm") and not hasattr(config, "workerinput")
+            and not config.getoption("--with-mpi", default=False))
+
+
+def pytest_sessionstart(session):
+    if _watches_shm(session.config):
+        _SHM_BEFORE.update(os.listdir("/dev/shm"))
+
+
+def _shm_left() -> list[str]:
+    """Files this run (its tests and every process they started) left in /dev/shm: new since
+    the start, held by no live process, and still there a moment later (a job's launcher
+    removes its files just after its ranks exit)."""
+    import time
+
+    from _shm import left_since
+
+    left = left_since(_SHM_BEFORE)
+    if left:
+        time.sleep(2)
+        left = sorted(set(left) & set(left_since(_SHM_BEFORE)))
+    return left
+
+
 def pytest_sessionfinish(session, exitstatus):
     if not _has_torch() and _in_ci() and exitstatus == 0:
         session.exitstatus = 1  # CI installs torch: its tests must have run
+    if _watches_shm(session.config) and exitstatus == 0:
+        left = _shm_left()
+        if left:
+            print(f"\nthe tests left {len(left)} file(s) in /dev/shm: {', '.join(left)} "
+                  f"(a process that started MPI without neocomm.mpistart?)")
+            session.exitstatus = 1
 
 
 # -- MPI layouts: where the tests marked ``training`` run -----------------------------------

@@ -114,9 +114,17 @@ def _want_bytes() -> bool:
     return int(cupy.__version__.split(".")[0]) >= 14
 
 
+def _mpi():
+    """``mpi4py.MPI``, started as the runtime starts it: a one-process test that asks the
+    stand-in for a unique id must not leave a singleton's shared-memory segment behind."""
+    from neocomm.mpistart import mpi
+
+    return mpi()
+
+
 def get_unique_id():
     """A fresh id naming this rank as the root (bytes on CuPy 14, a tuple of ints on 13)."""
-    from mpi4py import MPI
+    MPI = _mpi()
 
     raw = b"NCSI" + secrets.token_bytes(16) + MPI.COMM_WORLD.Get_rank().to_bytes(4, "little")
     raw = raw.ljust(128, b"\0")
@@ -184,7 +192,7 @@ class NcclCommunicator:
     """``NcclCommunicator(ndev, commId, rank)``: this process's rank of a communicator."""
 
     def __init__(self, ndev: int, commId, rank: int):
-        from mpi4py import MPI
+        MPI = _mpi()
 
         want_bytes = _want_bytes()
         if want_bytes and not isinstance(commId, bytes):  # bytearray too: CuPy 14's check
@@ -256,7 +264,7 @@ class NcclCommunicator:
     def destroy(self) -> None:
         mpi, self._mpi = getattr(self, "_mpi", None), None
         if mpi is not None and self._aborted is None:
-            from mpi4py import MPI
+            MPI = _mpi()
 
             if not MPI.Is_finalized():
                 mpi.Free()
@@ -468,7 +476,7 @@ class _Unit:
 
     def run(self) -> None:
         comm, mpi = self.comm, self.comm._mpi
-        from mpi4py import MPI
+        MPI = _mpi()
 
         # announce every point-to-point call to its peer: requests to send and to receive
         waiting_rtr: dict[int, collections.deque] = collections.defaultdict(collections.deque)
@@ -541,7 +549,7 @@ class _Unit:
             comm._outbox = [r for r in comm._outbox if not r.Test()]
 
     def _drain(self, mpi) -> bool:
-        from mpi4py import MPI
+        MPI = _mpi()
 
         comm, got = self.comm, False
         status = MPI.Status()
@@ -598,7 +606,7 @@ class _Collectives:
     """The collectives of one launch: compare the calls across ranks, then move the data."""
 
     def __init__(self, unit: _Unit, mpi):
-        from mpi4py import MPI
+        MPI = _mpi()
 
         self.unit, self.mpi, self.done = unit, mpi, False
         self.n = unit.comm._ndev
@@ -611,7 +619,7 @@ class _Collectives:
         self._stage = "lens"
 
     def step(self) -> bool:
-        from mpi4py import MPI
+        MPI = _mpi()
 
         if self.done or not self._req.Test():
             return False
