@@ -21,9 +21,10 @@ __all__ = ["HOST_MEMORY", "add_parser", "run"]
 HOST_MEMORY = 2 << 40
 
 
-def add_parser(sub, size) -> None:
-    """Add the ``zionex`` subcommand to ``neocomm simulate``'s subparsers; ``size`` parses
-    a byte count such as ``2T``."""
+def add_parser(sub) -> None:
+    """Add the ``zionex`` subcommand to ``neocomm simulate``'s subparsers."""
+    from topology.sizes import size_or_zero_arg
+
     q = sub.add_parser("zionex", help="Neo's DLRM workloads on ZionEX: predicted samples/s "
                        "beside the paper's reported throughput")
     q.add_argument("--workload", default="model-a,model-f,model-i",
@@ -32,7 +33,7 @@ def add_parser(sub, size) -> None:
                    help="rank counts (GPUs), comma-separated (default 128, the paper's)")
     q.add_argument("--fabric", metavar="NAME|FILE", default="zionex",
                    help="the fabric spec (default zionex)")
-    q.add_argument("--host-memory", type=size, default=HOST_MEMORY, metavar="SIZE",
+    q.add_argument("--host-memory", type=size_or_zero_arg, default=HOST_MEMORY, metavar="SIZE",
                    help="host memory per node for tables that do not fit in device memory "
                    "(default 2T: assumed); 0: device memory only")
     q.add_argument("--json", metavar="FILE", default=None, help="write every row as JSON")

@@ -38,7 +38,7 @@ from embedding.planner.estimate import itemsize as _itemsize
 from embedding.planner.types import (Candidate, Hardware, MemoryEstimate, PlanDoesNotFitError,
                                      TableConstraints, Workload, sum_parts)
 from embedding.types import ShardingType, TableConfig, TableMemory, Tier
-from neocomm.room import format_bytes as _bytes
+from topology.sizes import format_size as _bytes
 
 __all__ = ["CACHE_SHARES", "harmonic", "zipf_hit_rate", "TierModel", "grow_caches",
            "host_check", "no_fit_error", "hit_model_line"]
