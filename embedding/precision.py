@@ -34,7 +34,7 @@ import enum
 import numpy as np
 
 __all__ = ["STORAGE_DTYPES", "HALF_DTYPES", "Rounding", "storage_dtype", "compute_dtype",
-           "is_half", "random_bits", "round_bits", "round_to", "to_float32",
+           "is_half", "random_bits", "round_bits", "round_to",
            "narrow_to_float32", "encode_half"]
 
 #: Storage dtypes of a table (float64 for tests and references).
@@ -86,11 +86,6 @@ def compute_dtype(dtype) -> np.dtype:
     """The dtype the kernels compute a table of storage ``dtype`` in: float32 for half
     tables, the storage dtype otherwise."""
     return np.dtype(np.float32) if is_half(dtype) else np.dtype(dtype)
-
-
-def to_float32(arr, xp=np):
-    """``arr`` (any storage dtype) as float32 (exact for half dtypes)."""
-    return arr.astype(xp.float32)
 
 
 def _mix(h, v):
