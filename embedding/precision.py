@@ -33,14 +33,13 @@ import enum
 
 import numpy as np
 
-__all__ = ["STORAGE_DTYPES", "HALF_DTYPES", "Rounding", "storage_dtype", "compute_dtype",
-           "is_half", "random_bits", "round_bits", "round_to",
+from neocomm.types import HALF_DTYPES, is_half
+
+__all__ = ["STORAGE_DTYPES", "Rounding", "storage_dtype", "compute_dtype", "random_bits", "round_bits", "round_to",
            "narrow_to_float32", "encode_half"]
 
 #: Storage dtypes of a table (float64 for tests and references).
 STORAGE_DTYPES = ("float32", "float16", "bfloat16", "float64")
-#: The 16-bit storage dtypes, computed in float32.
-HALF_DTYPES = ("float16", "bfloat16")
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -75,11 +74,6 @@ def storage_dtype(name, what: str = "dtype") -> np.dtype:
                              f"(pip install 'neocomm[bf16]')") from None
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(key)
-
-
-def is_half(dtype) -> bool:
-    """Whether ``dtype`` is a 16-bit storage dtype (float16 or bfloat16)."""
-    return np.dtype(dtype).name in HALF_DTYPES
 
 
 def compute_dtype(dtype) -> np.dtype:

@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from embedding.precision import Rounding, compute_dtype, is_half, storage_dtype
+from embedding.precision import Rounding, compute_dtype, storage_dtype
 from neocomm.errors import NeocommError
+from neocomm.types import is_half
 
 __all__ = ["Rounding", "Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig",
            "ShardingType", "Shard", "Tier", "CachePolicy", "Eviction", "TableMemory", "TablePlan",
