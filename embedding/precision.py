@@ -35,8 +35,8 @@ import numpy as np
 
 from neocomm.types import HALF_DTYPES, is_half
 
-__all__ = ["STORAGE_DTYPES", "Rounding", "storage_dtype", "compute_dtype", "random_bits", "round_bits", "round_to",
-           "narrow_to_float32", "encode_half"]
+__all__ = ["STORAGE_DTYPES", "Rounding", "storage_dtype", "compute_dtype", "random_bits",
+           "round_bits", "round_to", "narrow_to_float32", "encode_half"]
 
 #: Storage dtypes of a table (float64 for tests and references).
 STORAGE_DTYPES = ("float32", "float16", "bfloat16", "float64")
