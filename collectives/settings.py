@@ -2,7 +2,7 @@
 
 They are read from the environment at first use and kept (a collective
 call must not pay for parsing the environment); :func:`reload` re-reads
-them. Sizes accept K/M/G suffixes. Every rank must see the same values.
+them. Sizes accept K/M/G suffixes (powers of 1024). Every rank must see the same values.
 """
 from __future__ import annotations
 
