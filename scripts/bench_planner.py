@@ -20,9 +20,8 @@ import subprocess
 import sys
 import time
 
-from topology.sizes import size_arg
+from topology.sizes import GIB, size_arg
 
-GIB = 1 << 30
 CASES = [("criteo-1tb", 8), ("criteo-1tb-uncapped", 8), ("synthetic-500", 64)]
 
 

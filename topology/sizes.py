@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import re
 
-__all__ = ["UNITS", "parse_size", "size_arg", "size_or_zero_arg", "format_size"]
+__all__ = ["KIB", "MIB", "GIB", "TIB", "UNITS", "parse_size", "size_arg", "size_or_zero_arg",
+           "format_size"]
 
+#: bytes in a KiB, MiB, GiB and TiB
+KIB, MIB, GIB, TIB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 #: unit (lower case) -> bytes; every multiple is a power of 1024
-UNITS = {"": 1, "b": 1,
-         "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
-         "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-         "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
-         "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+UNITS = {"": 1, "b": 1, "k": KIB, "kb": KIB, "kib": KIB, "m": MIB, "mb": MIB, "mib": MIB,
+         "g": GIB, "gb": GIB, "gib": GIB, "t": TIB, "tb": TIB, "tib": TIB}
 
 _PATTERN = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*")
 
@@ -63,7 +63,7 @@ def size_or_zero_arg(text: str) -> int:
 
 def format_size(n: float) -> str:
     """``512 bytes``, ``64 KiB``, ``1.7 MiB``, ``24.1 GiB``, ``2 TiB``: three significant digits."""
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, scale in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if n >= scale:
             v = n / scale
             return f"{v:.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"

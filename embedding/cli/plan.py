@@ -14,15 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from topology.sizes import size_arg
+from topology.sizes import GIB, size_arg
 
 from embedding.cli import positive_int as _positive_int
 
 __all__ = ["HELP", "add_arguments", "run"]
 
 HELP = "plan the sharding of embedding tables"
-
-_GIB = float(1 << 30)
 
 
 def _positive_float(text: str) -> float:
@@ -363,7 +361,7 @@ def _ranks(ranks) -> str:
 
 
 def _gib(n: float) -> str:
-    return f"{n / _GIB:.2f}"
+    return f"{n / GIB:.2f}"
 
 
 _PARTS = (("input_dist", "in_dist"), ("lookup", "lookup"), ("output_dist", "out_dist"),

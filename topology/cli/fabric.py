@@ -17,13 +17,11 @@ from __future__ import annotations
 import json
 import sys
 
-from topology.sizes import format_size, size_arg
+from topology.sizes import MIB, format_size, size_arg
 
 __all__ = ["HELP", "add_arguments", "run", "measure"]
 
 HELP = "validate a cluster against a fabric spec"
-
-_MIB = 1 << 20
 
 
 def add_arguments(parser) -> None:
@@ -38,7 +36,7 @@ def add_arguments(parser) -> None:
                              "discovering one")
     parser.add_argument("--measure", action="store_true",
                         help="also measure point-to-point and all-reduce bandwidth of the job")
-    parser.add_argument("--bytes", type=size_arg, default=32 * _MIB, metavar="SIZE",
+    parser.add_argument("--bytes", type=size_arg, default=32 * MIB, metavar="SIZE",
                         help="message size of the measurements, e.g. 32M or 33554432 "
                         "(default 32M)")
     parser.add_argument("--iters", type=int, default=5, metavar="N",
@@ -114,7 +112,7 @@ def _load_topology(path: str):
 
 # -- measurement ------------------------------------------------------------
 
-def measure(world, cluster, nbytes: int = 32 * _MIB, iters: int = 5):
+def measure(world, cluster, nbytes: int = 32 * MIB, iters: int = 5):
     """Measured GB/s per link class and how each was measured (collective).
 
     Point-to-point: rank a streams ``iters`` messages of ``nbytes`` to rank b
