@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from topology.sizes import GIB, size_or_zero_arg
+
 __all__ = ["HOST_MEMORY", "add_parser", "run"]
 
 #: Host memory per ZionEX node that host-resident tables may take, bytes: assumed (the
@@ -23,8 +25,6 @@ HOST_MEMORY = 2 << 40
 
 def add_parser(sub) -> None:
     """Add the ``zionex`` subcommand to ``neocomm simulate``'s subparsers."""
-    from topology.sizes import size_or_zero_arg
-
     q = sub.add_parser("zionex", help="Neo's DLRM workloads on ZionEX: predicted samples/s "
                        "beside the paper's reported throughput")
     q.add_argument("--workload", default="model-a,model-f,model-i",
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     rows = _rows(args)
     print(f"# neocomm simulate zionex: Neo's workloads (arXiv 2104.05158) on fabric "
           f"{args.fabric!r}, the paper's local batch per GPU; host tier "
-          f"{args.host_memory / (1 << 30):.0f} GiB per node when device memory is short")
+          f"{args.host_memory / GIB:.0f} GiB per node when device memory is short")
     print(f"# {'workload':<8} {'ranks':>5} {'batch':>8} {'step ms':>8} {'samples/s':>11} "
           f"{'comm':>5} {'bound':<13} {'host tables':>11} {'paper':>10} {'ratio':>6}")
     for r in rows:
