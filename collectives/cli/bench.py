@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-from topology.sizes import size_arg
+from topology.sizes import MIB, size_arg
 
 __all__ = ["HELP", "add_arguments", "run"]
 
@@ -244,8 +244,8 @@ class _Printer:
             small = min(r.size for r in rows)
             print(f"# per-call overhead at {small} bytes, beyond {self.peer}: " + ", ".join(
                 f"{a} {t * 1e6:+.1f} us" for a, t in extra.items()))
-        print(f"# wrong elements: {sum(r.wrong for r in rows)}; peak RSS {rss / 2**20:.1f} "
-              f"MiB; staging high-water {staging / 2**20:.2f} MiB", flush=True)
+        print(f"# wrong elements: {sum(r.wrong for r in rows)}; peak RSS {rss / MIB:.1f} "
+              f"MiB; staging high-water {staging / MIB:.2f} MiB", flush=True)
 
 
 def _write_json(path, cfg, group, world, rows, rss, staging, bare: bool = False) -> None:
