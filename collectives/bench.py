@@ -39,7 +39,8 @@ from collectives.chunking import staging_pool
 from collectives.simulate import bus_factor, count_of, many_to_many_peers, sweep
 from collectives.types import CollectiveOp
 from neocomm.errors import CollectiveArgumentError
-from neocomm.reduction import error_bound, is_half
+from neocomm.reduction import error_bound
+from neocomm.types import is_half
 from neocomm import types
 from neocomm.types import ReduceOp
 

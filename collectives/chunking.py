@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -116,12 +116,6 @@ class ChunkPolicy:
 
 
 _POLICIES: dict = {}
-
-
-def chunk_ranges(count: int, chunk: int) -> Iterator[tuple[int, int]]:
-    """``(start, stop)`` of each chunk of a ``count``-element message."""
-    for start in range(0, count, chunk):
-        yield start, min(count, start + chunk)
 
 
 class StagingPool:

@@ -14,19 +14,12 @@ import os
 from dataclasses import asdict, replace
 
 from collectives import settings
-from collectives.types import FabricModel, Layout
+from collectives.types import FabricModel
 
-__all__ = ["Layout", "layout_of", "fabric_for", "load_calibration", "save_calibration",
+__all__ = ["fabric_for", "load_calibration", "save_calibration",
            "apply_calibration", "read_json"]
 
 _log = logging.getLogger(__name__)
-
-
-def layout_of(group) -> Layout:
-    """The :class:`Layout` of a process group (kept in the group's state)."""
-    from collectives.state import state_of
-
-    return state_of(group).layout
 
 
 def fabric_for(group, device: bool = False, first: str = "") -> FabricModel:

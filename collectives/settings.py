@@ -2,7 +2,7 @@
 
 They are read from the environment at first use and kept (a collective
 call must not pay for parsing the environment); :func:`reload` re-reads
-them. Sizes accept K/M/G suffixes. Every rank must see the same values.
+them. Sizes accept K/M/G suffixes (powers of 1024). Every rank must see the same values.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from neocomm import config
 
-__all__ = ["Snapshot", "current", "reload", "algorithm_override", "chunk_override",
-           "chunking_enabled", "pipeline_depth", "staging_buffers", "calibration_path"]
+__all__ = ["Snapshot", "current", "reload", "algorithm_override", "staging_buffers",
+           "calibration_path"]
 
 config.declare("ALGO_", str, "", "Force the algorithm of one collective, e.g. "
                "NEOCOMM_ALGO_ALL_REDUCE=ring (names: `neocomm bench --list`); empty: the "
@@ -94,21 +94,6 @@ def algorithm_override(op_name: str) -> str:
         if name == key:
             return value
     return ""
-
-
-def chunk_override(link_class: str) -> int | None:
-    """Chunk bytes forced for ``"intra"`` or ``"inter"`` links (None: not forced)."""
-    snap = current()
-    return snap.chunk_intra if link_class == "intra" else snap.chunk_inter
-
-
-def chunking_enabled() -> bool:
-    return current().chunking
-
-
-def pipeline_depth() -> int:
-    """Chunks in flight per stream, capped so that a pipelined exchange fits the pool."""
-    return current().depth
 
 
 def staging_buffers() -> int:

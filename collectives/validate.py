@@ -13,15 +13,11 @@ from typing import Sequence
 import numpy as np
 
 from neocomm.agree import Problem
-from neocomm.types import DTYPE_CODES
+from neocomm.types import DTYPE_CODES, REDUCIBLE_DTYPES
 from neocomm.world import rank_device
 
 __all__ = ["check_buffer", "dtype_code_of", "check_same_dtype", "check_counts", "check_peer",
            "check_overlap", "overlapping", "same_memory", "first", "counts_digest"]
-
-_REDUCIBLE = {"float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16",
-              "uint16", "int32", "int64", "uint32", "uint64"}
-
 
 _INFO: dict = {}  # np.dtype -> (wire code, reducible); dtype.name is slow on the hot path
 
@@ -30,7 +26,7 @@ def _info(dtype) -> tuple[int, bool]:
     info = _INFO.get(dtype)
     if info is None:
         name = np.dtype(dtype).name
-        info = _INFO[dtype] = (DTYPE_CODES.get(name, 0), name in _REDUCIBLE)
+        info = _INFO[dtype] = (DTYPE_CODES.get(name, 0), name in REDUCIBLE_DTYPES)
     return info
 
 
@@ -87,9 +83,9 @@ def _explain(name: str, buf, device: bool, writable: bool, reducible: bool) -> P
     if dt not in DTYPE_CODES:
         return Problem(name, f"{name}: dtype {dt} is not supported; expected one of "
                              f"{sorted(DTYPE_CODES)}")
-    if reducible and dt not in _REDUCIBLE:
+    if reducible and dt not in REDUCIBLE_DTYPES:
         return Problem(name, f"{name}: dtype {dt} cannot be reduced; expected one of "
-                             f"{sorted(_REDUCIBLE)}")
+                             f"{sorted(REDUCIBLE_DTYPES)}")
     if writable and not getattr(buf.flags, "writeable", True):  # CuPy arrays are always writable
         return Problem(name, f"{name}: is read-only, but the operation writes into it")
     if device and not _on_rank_device(buf):

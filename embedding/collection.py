@@ -49,13 +49,14 @@ import numpy as np
 
 from embedding.jagged import KeyedJagged
 from embedding.packing import feature_offsets, packed_tables
-from embedding.precision import compute_dtype, is_half
+from embedding.precision import compute_dtype
 from embedding.sharding import STRATEGIES, ShardingEnv
 from embedding.sharding.base import LocalShard
 from embedding.sharding.qcomm import FP16_MAX, CommPrecision, QComms
 from embedding.types import (IdPolicy, ShardingPlan, ShardingType, TableConfig, check_dynamic,
                              enum_arg)
 from neocomm.errors import CollectiveArgumentError
+from neocomm.types import is_half
 
 __all__ = ["ShardedEmbeddingCollection", "DistributedBatch", "init_weights", "assign", "STAGES",
            "dynamic_initializer"]

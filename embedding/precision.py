@@ -33,14 +33,13 @@ import enum
 
 import numpy as np
 
-__all__ = ["STORAGE_DTYPES", "HALF_DTYPES", "Rounding", "storage_dtype", "compute_dtype",
-           "is_half", "random_bits", "round_bits", "round_to", "to_float32",
-           "narrow_to_float32", "encode_half"]
+from neocomm.types import HALF_DTYPES, is_half
+
+__all__ = ["STORAGE_DTYPES", "Rounding", "storage_dtype", "compute_dtype", "random_bits",
+           "round_bits", "round_to", "narrow_to_float32", "encode_half"]
 
 #: Storage dtypes of a table (float64 for tests and references).
 STORAGE_DTYPES = ("float32", "float16", "bfloat16", "float64")
-#: The 16-bit storage dtypes, computed in float32.
-HALF_DTYPES = ("float16", "bfloat16")
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -77,20 +76,10 @@ def storage_dtype(name, what: str = "dtype") -> np.dtype:
     return np.dtype(key)
 
 
-def is_half(dtype) -> bool:
-    """Whether ``dtype`` is a 16-bit storage dtype (float16 or bfloat16)."""
-    return np.dtype(dtype).name in HALF_DTYPES
-
-
 def compute_dtype(dtype) -> np.dtype:
     """The dtype the kernels compute a table of storage ``dtype`` in: float32 for half
     tables, the storage dtype otherwise."""
     return np.dtype(np.float32) if is_half(dtype) else np.dtype(dtype)
-
-
-def to_float32(arr, xp=np):
-    """``arr`` (any storage dtype) as float32 (exact for half dtypes)."""
-    return arr.astype(xp.float32)
 
 
 def _mix(h, v):

@@ -28,7 +28,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from embedding.types import OptimizerConfig, TableConfig
+from embedding.types import OptimizerConfig, TableConfig, positive_arg
 
 __all__ = ["TableSet", "TABLE_SETS", "table_set", "table_rows", "preset", "preset_names",
            "preset_pooling", "trainer_preset_names", "synthetic", "synthetic_pooling",
@@ -124,8 +124,8 @@ class TableSet:
 
     def tables(self, dim: int | None = None) -> list[TableConfig]:
         """The set's tables, every one ``dim`` wide when given (else the set's dims)."""
-        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
-            raise ValueError(f"dim: expected a positive int, got {dim!r}")
+        if dim is not None:
+            positive_arg("dim", dim, int)
         dims = (dim,) * len(self.rows) if dim is not None else (
             self.dims or (DEFAULT_DIM,) * len(self.rows))
         optimizer = OptimizerConfig(kind=self.optimizer)

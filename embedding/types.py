@@ -13,12 +13,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from embedding.precision import Rounding, compute_dtype, is_half, storage_dtype
+from embedding.precision import Rounding, compute_dtype, storage_dtype
 from neocomm.errors import NeocommError
+from neocomm.types import is_half
 
 __all__ = ["Rounding", "Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig",
            "ShardingType", "Shard", "Tier", "CachePolicy", "Eviction", "TableMemory", "TablePlan",
            "ShardingPlan", "PackMember", "PackedTable", "IdPolicy", "BatchError", "enum_arg",
+           "positive_arg",
            "check_pooling", "cyclic_shards", "check_dynamic"]
 
 
@@ -32,6 +34,15 @@ def enum_arg(cls: type[enum.Enum], value, name: str):
     except ValueError:
         raise ValueError(f"{name}: expected one of {[m.value for m in cls]}, "
                          f"got {value!r:.80}") from None
+
+
+def positive_arg(name: str, value, kind=(int, float)):
+    """``value`` when it is a positive number of ``kind`` (``int``, or by default int or
+    float; never a bool); ValueError naming the argument ``name`` and the value otherwise."""
+    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+        what = "int" if kind is int else "number"
+        raise ValueError(f"{name}: expected a positive {what}, got {value!r:.80}")
+    return value
 
 
 class Pooling(enum.Enum):

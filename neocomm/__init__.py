@@ -11,13 +11,12 @@ __version__ = "0.1.0"
 from neocomm.mpistart import _LAUNCHED_BY  # noqa: F401 - the launcher variables
 
 from neocomm.errors import (BackendUnavailableError, CollectiveArgumentError, NeocommError,
-                            GroupGoneError, RankFailureError, StallError)
+                            GroupGoneError)
 from neocomm.types import BackendKind, GroupKind, ReduceOp
 
 __all__ = [
     "__version__", "init", "World", "ProcessGroup", "ReduceOp", "BackendKind", "GroupKind",
-    "NeocommError", "CollectiveArgumentError", "BackendUnavailableError", "StallError",
-    "RankFailureError", "GroupGoneError",
+    "NeocommError", "CollectiveArgumentError", "BackendUnavailableError", "GroupGoneError",
 ]
 
 

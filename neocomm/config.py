@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Setting", "declare", "settings", "get", "prefixed", "table", "load_declarations",
-           "parse_size", "SettingsError"]
+           "SettingsError"]
 
 _log = logging.getLogger(__name__)
 
@@ -54,7 +54,10 @@ class Setting:
                     raise ValueError(raw)
             elif self.type is int:
                 # A plain integer stays as given (range checks name the setting); sizes with
-                # units go through parse_size.
+                # units go through parse_size (imported here: the topology package costs
+                # start-up time that most settings never need).
+                from topology.sizes import parse_size
+
                 plain = re.fullmatch(r"\s*[-+]?[0-9]+\s*", raw)
                 value = parse_size(raw) if self.unit == "bytes" and not plain else int(raw)
             else:
@@ -68,25 +71,6 @@ class Setting:
         if self.minimum is not None and value < self.minimum:
             raise SettingsError(f"{env}={raw!r}: must be >= {self.minimum}")
         return value
-
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20,
-          "mib": 1 << 20, "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
-          "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
-
-
-def parse_size(text: str) -> int:
-    """Bytes of ``"80GiB"``, ``"80GB"`` (10^9), ``"512M"`` (binary), ``"1048576"``.
-
-    ValueError for anything else, zero or negative sizes included.
-    """
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"expected a size such as 80GiB, 80GB or 512M, got {text!r}")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"expected a positive size, got {text!r}")
-    return value
 
 
 _TABLE: dict[str, Setting] = {}
@@ -107,7 +91,8 @@ def table() -> list[Setting]:
     return [_TABLE[k] for k in sorted(_TABLE)]
 
 
-# The core's own settings. Units in the ``unit`` field; sizes accept K/M/G suffixes.
+# The core's own settings. Units in the ``unit`` field; sizes accept K/M/G suffixes
+# (powers of 1024, as everywhere: topology.sizes).
 declare("RANKS_PER_NODE", int, 0, "Group ranks into emulated nodes of this many ranks "
         "(0: real nodes, found with MPI's shared-memory split)", unit="ranks", minimum=0)
 declare("BACKEND", str, "auto", "Backend for device buffers: auto picks nccl, then staged",

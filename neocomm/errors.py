@@ -10,8 +10,6 @@ __all__ = [
     "NeocommError",
     "CollectiveArgumentError",
     "BackendUnavailableError",
-    "StallError",
-    "RankFailureError",
     "GroupGoneError",
 ]
 
@@ -61,20 +59,6 @@ class BackendUnavailableError(NeocommError):
         super().__init__(f"backend {backend!r} is not available: {reason}")
         self.backend = backend
         self.reason = reason
-
-
-class StallError(NeocommError):
-    """A collective did not complete within the stall timeout."""
-
-    def __init__(self, message: str, *, op: str = "", seconds: float = 0.0,
-                 ranks: tuple[int, ...] = ()):
-        super().__init__(message, ranks=ranks)
-        self.op = op
-        self.seconds = seconds
-
-
-class RankFailureError(NeocommError):
-    """Another rank failed; this rank stops with it."""
 
 
 class GroupGoneError(NeocommError, ValueError):

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from neocomm.hostfile import describe_placement, read_hostfile
-from neocomm.room import format_bytes, free_bytes, probe_write
+from neocomm.room import free_bytes, probe_write
 
 __all__ = ["find_launcher", "build_command", "launch", "check_room", "resolve_program",
            "LauncherNotFound", "NoRoomError", "Launcher"]
@@ -354,6 +354,8 @@ def check_room(local_ranks: int, *, shm_dir: str = _SHM_DIR,
     """Refuse to start (:class:`NoRoomError`) when this host cannot hold the job's
     shared memory (``local_ranks`` ranks here) or the MPI launcher's session files;
     returns warnings for room that is tight but may do."""
+    from topology.sizes import format_size  # here: the topology package costs start-up time
+
     warnings = []
     # where the MPI launcher puts its session files (as Open MPI looks for it)
     tmp_dir = tmp_dir or next((os.environ[k] for k in ("TMPDIR", "TEMP", "TMP")
@@ -366,9 +368,9 @@ def check_room(local_ranks: int, *, shm_dir: str = _SHM_DIR,
     why = _why_not_written(tmp_dir, 64 << 10)
     if why is not None or free < SESSION_BYTES:
         raise NoRoomError(f"{tmp_dir} (the temporary directory, TMPDIR) has "
-                          f"{format_bytes(free)} free"
+                          f"{format_size(free)} free"
                           f"{'' if why is None else f' and cannot be written ({why})'}; "
-                          f"the MPI launcher needs about {format_bytes(SESSION_BYTES)} there "
+                          f"the MPI launcher needs about {format_size(SESSION_BYTES)} there "
                           f"for its session files. Free some space or set TMPDIR to another "
                           f"directory")
     if local_ranks > 1 and os.path.isdir(shm_dir):
@@ -377,15 +379,15 @@ def check_room(local_ranks: int, *, shm_dir: str = _SHM_DIR,
         why = _why_not_written(shm_dir, 4096)
         if why is not None or free < MPI_SHM_SEGMENT:
             raise NoRoomError(
-                f"{shm_dir} has {format_bytes(free)} free"
+                f"{shm_dir} has {format_size(free)} free"
                 f"{'' if why is None else f' and cannot be written ({why})'}; {local_ranks} "
-                f"ranks on this host need up to {format_bytes(need)} there "
-                f"({format_bytes(MPI_SHM_SEGMENT)} each for MPI's shared-memory transport). "
+                f"ranks on this host need up to {format_size(need)} there "
+                f"({format_size(MPI_SHM_SEGMENT)} each for MPI's shared-memory transport). "
                 f"Remove stale files from {shm_dir} "
                 f"or give it more room (e.g. docker run --shm-size)")
         if free < need:
-            warnings.append(f"{shm_dir} has {format_bytes(free)} free; {local_ranks} ranks "
-                            f"on this host may use up to {format_bytes(need)} there: a busy "
+            warnings.append(f"{shm_dir} has {format_size(free)} free; {local_ranks} ranks "
+                            f"on this host may use up to {format_size(need)} there: a busy "
                             f"job can run out (SIGBUS) part way")
     return warnings
 

@@ -36,13 +36,11 @@ import math
 
 import numpy as np
 
-from neocomm.types import ReduceOp
+from neocomm.types import HALF_DTYPES, ReduceOp, is_half
 
-__all__ = ["HALF_DTYPES", "UNIT_ROUNDOFF", "PIECE", "is_half", "reducer", "combine_many",
+__all__ = ["UNIT_ROUNDOFF", "PIECE", "reducer", "combine_many",
            "relative_bound", "error_bound"]
 
-#: the 2-byte float types that reduce through float32
-HALF_DTYPES = frozenset({"float16", "bfloat16"})
 #: unit roundoff (half an ulp of 1, round to nearest even) of each float type
 UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24,
                  "float64": 2.0 ** -53}
@@ -52,11 +50,6 @@ PIECE = 1 << 14
 _UFUNC_NAMES = {ReduceOp.SUM: "add", ReduceOp.MAX: "maximum", ReduceOp.MIN: "minimum",
                 ReduceOp.PROD: "multiply"}
 _WIDE = 2.0 ** -24  # float32's unit roundoff
-
-
-def is_half(dtype) -> bool:
-    """Whether ``dtype`` is float16 or bfloat16."""
-    return np.dtype(dtype).name in HALF_DTYPES
 
 
 def _xp_of(arr):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-__all__ = ["free_bytes", "probe_write", "format_bytes"]
+__all__ = ["free_bytes", "probe_write"]
 
 
 def free_bytes(path) -> int:
@@ -23,11 +23,3 @@ def probe_write(path, nbytes: int) -> None:
             fh.write(bytes(nbytes))
     finally:
         os.unlink(name)
-
-
-def format_bytes(n: float) -> str:
-    """``64 KiB``, ``1.7 MiB``, ``24.1 GiB``: three significant digits."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{int(n)} bytes"

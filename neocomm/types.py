@@ -7,7 +7,8 @@ import re
 import numpy as np
 
 __all__ = ["ReduceOp", "REDUCE_CODES", "BackendKind", "GroupKind", "DTYPE_CODES", "dtype_code",
-           "dtype_from_code", "bfloat16", "SUPPORTED_DTYPES", "check_array_bfloat16",
+           "dtype_from_code", "bfloat16", "SUPPORTED_DTYPES", "REDUCIBLE_DTYPES", "HALF_DTYPES",
+           "is_half", "check_array_bfloat16",
            "CUPY_BF16_MIN_NUMPY"]
 
 
@@ -78,6 +79,15 @@ DTYPE_CODES: dict[str, int] = {
 _CODE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(DTYPE_CODES)
+#: the dtypes a reduction takes: every supported dtype but bool
+REDUCIBLE_DTYPES: frozenset[str] = frozenset(SUPPORTED_DTYPES) - {"bool"}
+#: the 2-byte float types: reduced, and computed on in tables, through float32
+HALF_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+
+
+def is_half(dtype) -> bool:
+    """Whether ``dtype`` is float16 or bfloat16."""
+    return np.dtype(dtype).name in HALF_DTYPES
 
 
 def dtype_code(dtype) -> int:

@@ -20,7 +20,8 @@ import subprocess
 import sys
 import time
 
-GIB = 1 << 30
+from topology.sizes import GIB, size_arg
+
 CASES = [("criteo-1tb", 8), ("criteo-1tb-uncapped", 8), ("synthetic-500", 64)]
 
 
@@ -110,7 +111,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=3, help="best of this many runs")
     p.add_argument("--fabric", default="dgx-a100")
-    p.add_argument("--memory", type=int, default=80 * GIB, help="device memory, bytes")
+    p.add_argument("--memory", type=size_arg, default=80 * GIB,
+                   help="device memory, a size such as 80G (default 80G)")
     p.add_argument("--reserve", type=float, default=0.1)
     p.add_argument("--batch-size", type=int, default=65536)
     p.add_argument("--device-bandwidth", type=float, default=None, metavar="GB/S",

@@ -21,10 +21,13 @@ import time
 
 import numpy as np
 
+from topology.sizes import size_arg
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bytes", type=int, default=256, help="message size per rank (float32)")
+    ap.add_argument("--bytes", type=size_arg, default=256,
+                    help="message size per rank (float32), a size such as 256 or 4K")
     ap.add_argument("--iters", type=int, default=20000, help="calls per timing")
     ap.add_argument("--rounds", type=int, default=3, help="rounds (median reported)")
     args = ap.parse_args(argv)

@@ -14,6 +14,8 @@ import argparse
 import json
 import sys
 
+from topology.sizes import format_size
+
 __all__ = ["load", "plot", "markdown", "compact"]
 
 
@@ -24,13 +26,6 @@ def load(path: str) -> dict:
     if data.get("kind") != "neocomm-bench":
         raise ValueError(f"{path}: not a `neocomm bench --json` file")
     return data
-
-
-def _human(size: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= scale:
-            return f"{size / scale:g} {unit}"
-    return f"{size} B"
 
 
 def plot(runs: list[dict], out: str, title: str | None = None) -> bool:
@@ -90,7 +85,7 @@ def compact(run: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for size in sorted({r["size"] for r in run["rows"]}):
         by = {r["algo"]: r for r in run["rows"] if r["size"] == size}
-        cells = [_human(size), f"{by['mpi']['time'] * 1e6:.0f}", f"{by['mpi']['busbw']:.2f}"]
+        cells = [format_size(size), f"{by['mpi']['time'] * 1e6:.0f}", f"{by['mpi']['busbw']:.2f}"]
         for a in algos:
             if a != "mpi":
                 ratio = by[a].get("ratio")
@@ -121,7 +116,7 @@ def markdown(run: dict) -> str:
     sizes = sorted({r["size"] for r in run["rows"]})
     for size in sizes:
         by = {r["algo"]: r for r in run["rows"] if r["size"] == size}
-        cells = [_human(size)]
+        cells = [format_size(size)]
         cells += [f"{by[a]['time'] * 1e6:.0f}" for a in algos]
         cells += [f"{by[a]['busbw']:.2f}" for a in algos]
         cells += [f"{by[a]['ratio']:.2f}" if by[a].get("ratio") else "-" for a in algos

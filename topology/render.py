@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from topology import linkmodel
 from topology._common import format_cpulist, natural_key
+from topology.sizes import GIB
 from topology.types import ClusterTopology, HostTopology, LinkKind
 
 __all__ = ["render_host", "render_cluster", "render_link_model"]
@@ -60,7 +61,7 @@ def render_host(h: HostTopology) -> str:
     out = [f"host {h.hostname}: {h.cpus} CPUs, {len(h.numa_nodes)} NUMA node"
            f"{'s' * (len(h.numa_nodes) != 1)}; sources: {', '.join(h.sources) or 'none'}"]
     for n in h.numa_nodes:
-        mem = f", {n.memory_bytes / (1 << 30):.1f} GiB" if n.memory_bytes else ""
+        mem = f", {n.memory_bytes / GIB:.1f} GiB" if n.memory_bytes else ""
         out.append(f"  NUMA {n.id}: CPUs {format_cpulist(n.cpus) or '?'}{mem}")
     if h.cpu_only:
         out.append("CPU-only host: no NVIDIA GPU found; ranks exchange host buffers over "
@@ -70,7 +71,7 @@ def render_host(h: HostTopology) -> str:
         out.append("GPUs:")
         rows = [["", "name", "uuid", "bus id", "memory", "NUMA", "NVLinks"]]
         for g in h.gpus:
-            mem = f"{g.memory_bytes / (1 << 30):g} GiB" if g.memory_bytes else "?"
+            mem = f"{g.memory_bytes / GIB:g} GiB" if g.memory_bytes else "?"
             rows.append([f"GPU{g.index}", g.name or "?", g.uuid or "?", g.pci_bus_id or "?", mem,
                          "?" if g.numa is None else str(g.numa), str(g.nvlink_lanes)])
         out += ["  " + r for r in _table(rows)]

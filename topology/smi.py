@@ -23,6 +23,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from topology._common import normalize_bus_id, warn
+from topology.sizes import UNITS
 from topology.types import Gpu
 
 __all__ = ["SmiMatrix", "parse_topo_matrix", "parse_query_gpu", "capture", "TOPO_ARGS",
@@ -35,7 +36,6 @@ _CELL = r"(?:X|NV\d+|PIX|PXB|PHB|NODE|SYS|N/A)"
 _CELL_RE = re.compile(rf"^{_CELL}$")
 _CELLS_RE = re.compile(rf"^(?:{_CELL})+$")
 _AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
-_MEM_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ def parse_topo_matrix(text: str, source: str = "nvidia-smi topo -m") -> SmiMatri
 
 def _memory_bytes(text: str) -> int | None:
     m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB)\s*$", text)
-    return int(float(m.group(1)) * _MEM_UNITS[m.group(2)]) if m else None
+    return int(float(m.group(1)) * UNITS[m.group(2).lower()]) if m else None
 
 
 def parse_query_gpu(text: str, source: str = "nvidia-smi --query-gpu") -> tuple[Gpu, ...]:

@@ -24,6 +24,7 @@ import socket
 from pathlib import Path
 
 from topology._common import normalize_bus_id, parse_cpulist, warn
+from topology.sizes import parse_size
 from topology.types import LinkLayer, NetInterface, Nic, NumaNode, PciPath, PortState
 
 __all__ = ["probe_hostname", "probe_cpus", "probe_cache_bytes", "probe_thp_mode", "probe_numa",
@@ -100,9 +101,8 @@ def probe_cache_bytes(root: str | Path = "/") -> int:
         size = (_read(index / "size") or "").strip().upper()
         if not level or not size or (kind or "").strip() == "Instruction":
             continue
-        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1], 1)
         try:
-            best = max(best, (int(level), int(size.rstrip("KMG")) * unit))
+            best = max(best, (int(level), parse_size(size, zero=True)))
         except ValueError:
             warn(f"sysfs {index}", f"malformed cache level or size {level!r} {size!r}")
     return best[1]

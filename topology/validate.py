@@ -19,6 +19,7 @@ from typing import Mapping
 from topology import linkmodel
 from topology._common import natural_key
 from topology.host import GPUDIRECT_MAX_PATH, assign_nics
+from topology.sizes import GIB
 from topology.spec import BANDWIDTH_CLASSES, FabricSpec
 from topology.types import ClusterTopology, GpuNicPair, HostTopology, LinkKind
 
@@ -27,8 +28,6 @@ __all__ = ["CheckStatus", "Check", "ValidationReport", "validate", "RULES"]
 RULES = ("nodes", "cpus", "gpu-count", "gpu-model", "gpu-memory", "nvlink-topology",
          "nvlink-lanes", "nvlink-bandwidth", "nic-count", "nic-state", "nic-rate",
          "gpu-nic-affinity", "nic-numa", "gpudirect", "bandwidth")
-
-_GIB = float(1 << 30)
 
 
 class CheckStatus(enum.Enum):
@@ -205,7 +204,7 @@ def _host_checks(h: HostTopology, spec: FabricSpec) -> list[Check]:
                 out.append(_skip("gpu-memory", subject, expected, "memory unknown (no NVML or "
                                  "--query-gpu output)", name, g.index))
             else:
-                gib = g.memory_bytes / _GIB
+                gib = g.memory_bytes / GIB
                 out.append(_check("gpu-memory", subject, expected, f"{gib:g} GiB",
                                   gib >= spec.min_gpu_memory_gib, name, g.index))
     if spec.nvlink is not None and h.gpus:

@@ -21,24 +21,11 @@ import statistics
 import sys
 import time
 
+from topology.sizes import MIB, size_arg
+
 __all__ = ["HELP", "add_arguments", "run"]
 
 HELP = "collective bandwidth tests in the style of nccl-tests"
-
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def _size(text: str) -> int:
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = t[-1] if t and t[-1] in "KMG" else ""
-    try:
-        value = float(t[:-1] if unit else t) * _SUFFIX[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 64K, 1M or 1048576, "
-                                         f"got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
-    return int(value)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,9 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "one_to_many many_to_many\nexample: neocomm run -n 2 -- neocomm bench "
                 "all_reduce -b 1M -e 64M --algo ring,rabenseifner --json ar.json")
     p.add_argument("op", nargs="?", help="the collective (see below); omit with --list")
-    p.add_argument("-b", "--minbytes", type=_size, default=_size("64K"),
-                   help="smallest size in bytes (K/M/G suffixes), default 64K")
-    p.add_argument("-e", "--maxbytes", type=_size, default=_size("64M"),
+    p.add_argument("-b", "--minbytes", type=size_arg, default=64 << 10,
+                   help="smallest size in bytes (K/M/G suffixes, powers of 1024: 1M, "
+                        "1MB and 1MiB are 1048576), default 64K")
+    p.add_argument("-e", "--maxbytes", type=size_arg, default=64 << 20,
                    help="largest size, default 64M")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0,
                    help="multiply the size by this between steps, default 2")
@@ -256,8 +244,8 @@ class _Printer:
             small = min(r.size for r in rows)
             print(f"# per-call overhead at {small} bytes, beyond {self.peer}: " + ", ".join(
                 f"{a} {t * 1e6:+.1f} us" for a, t in extra.items()))
-        print(f"# wrong elements: {sum(r.wrong for r in rows)}; peak RSS {rss / 2**20:.1f} "
-              f"MiB; staging high-water {staging / 2**20:.2f} MiB", flush=True)
+        print(f"# wrong elements: {sum(r.wrong for r in rows)}; peak RSS {rss / MIB:.1f} "
+              f"MiB; staging high-water {staging / MIB:.2f} MiB", flush=True)
 
 
 def _write_json(path, cfg, group, world, rows, rss, staging, bare: bool = False) -> None:

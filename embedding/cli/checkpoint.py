@@ -21,6 +21,8 @@ import json
 import sys
 import time
 
+from topology.sizes import format_size
+
 __all__ = ["HELP", "add_arguments", "run"]
 
 HELP = "inspect and verify checkpoints; export their tables as int8 for serving"
@@ -42,14 +44,6 @@ def add_arguments(parser) -> None:
                    help="comma-separated tables to export (default: every table)")
     e.add_argument("--format", default="fused8bit_rowwise", metavar="FORMAT",
                    help="row format (supported: fused8bit_rowwise, FBGEMM's FUSED8BIT rows)")
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 def run(args) -> int:
@@ -123,7 +117,7 @@ def run(args) -> int:
         for t in m.tables:
             print(f"  {t.name:<16} {t.num_rows} x {t.dim} {t.dtype}")
     total = sum(r.bytes for r in m.files)
-    print(f"files ({len(m.files)}, {_size(total)}):")
+    print(f"files ({len(m.files)}, {format_size(total)}):")
     for rec, st, act in statuses:
         where = ""
         if rec.slice is not None:
@@ -131,7 +125,7 @@ def run(args) -> int:
             if rec.slice.strided:
                 where += f" step {list(rec.slice.stride)}"
         extra = f" (found {act})" if st not in ("ok", "ok (size)") and act else ""
-        print(f"  {rec.path:<44} {_size(rec.bytes):>10}  {rec.checksum}  {st.upper()}"
+        print(f"  {rec.path:<44} {format_size(rec.bytes):>10}  {rec.checksum}  {st.upper()}"
               f"{extra}  [{rec.name}{where}]")
     for i in others:
         if i.path != ckpt.path:
@@ -167,6 +161,6 @@ def _export(args) -> int:
         before = t.rows * t.dim * np.dtype(t.dtype).itemsize
         after = ex.fused(t.name).nbytes
         kind = "dynamic, " if t.dynamic else ""
-        print(f"  {t.name:<16} {t.rows} x {t.dim} ({kind}{t.dtype} {_size(before)} -> "
-              f"{_size(after)})")
+        print(f"  {t.name:<16} {t.rows} x {t.dim} ({kind}{t.dtype} {format_size(before)} -> "
+              f"{format_size(after)})")
     return 0

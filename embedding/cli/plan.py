@@ -14,22 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from neocomm.config import parse_size
+from topology.sizes import GIB, size_arg
 
 from embedding.cli import positive_int as _positive_int
 
-__all__ = ["HELP", "add_arguments", "run", "parse_size"]
+__all__ = ["HELP", "add_arguments", "run"]
 
 HELP = "plan the sharding of embedding tables"
-
-_GIB = float(1 << 30)
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_float(text: str) -> float:
@@ -72,10 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks-per-node", type=_positive_int, default=None,
                         help="ranks per node (default: the GPUs per host of --fabric, at "
                         "most -n)")
-    parser.add_argument("--memory", type=_size, default=None,
+    parser.add_argument("--memory", type=size_arg, default=None,
                         help="device memory per rank, e.g. 80GiB or 80GB (default: the GPU "
                         "memory of --fabric)")
-    parser.add_argument("--host-memory", type=_size, default=None, metavar="SIZE",
+    parser.add_argument("--host-memory", type=size_arg, default=None, metavar="SIZE",
                         help="host memory per node for tables kept in host memory behind a "
                         "device cache, e.g. 512GiB (default: none, every table in device "
                         "memory; with --config: its [plan] host_memory)")
@@ -370,7 +361,7 @@ def _ranks(ranks) -> str:
 
 
 def _gib(n: float) -> str:
-    return f"{n / _GIB:.2f}"
+    return f"{n / GIB:.2f}"
 
 
 _PARTS = (("input_dist", "in_dist"), ("lookup", "lookup"), ("output_dist", "out_dist"),

@@ -17,6 +17,8 @@ import argparse
 import json
 import sys
 
+from topology.sizes import size_arg
+
 from embedding.cli import positive_int
 
 __all__ = ["HELP", "add_arguments", "run"]
@@ -24,24 +26,12 @@ __all__ = ["HELP", "add_arguments", "run"]
 HELP = "predict collectives on a cluster described by a fabric spec"
 
 
-def _size(text: str) -> int:
-    from neocomm.config import parse_size
-
-    try:
-        value = parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from embedding.cli.simulate_zionex import add_parser
 
     sub = parser.add_subparsers(dest="what",
                                 metavar="{collective,step,scale,zionex,calibrate,validate}")
-    add_parser(sub, _size)
+    add_parser(sub)
     for name, text in (("step", "one training step of a config, part by part, and samples/s"),
                        ("scale", "the step from 8 to 128 ranks (re-planned at each size): "
                                  "strong and weak scaling")):
@@ -65,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="default: the fabric's GPUs per node (at most the ranks)")
         q.add_argument("--batch-size", type=positive_int, default=None,
                        help="global batch (default: the config's train.batch_size)")
-        q.add_argument("--memory", type=_size, default=None,
+        q.add_argument("--memory", type=size_arg, default=None,
                        help="device memory per rank (default: the fabric's)")
         q.add_argument("--flops", type=float, default=None,
                        help="dense FLOP/s per rank (default: the GPU's peak FP32; on hosts "
@@ -96,9 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="node counts to bench at each rank count, comma-separated; nodes "
                        "are emulated on this host unless --hostfile (default %(default)s)")
         q.add_argument("--hostfile", default=None, help="MPI hostfile for runs across nodes")
-        q.add_argument("-b", "--minbytes", type=_size, default=_size("4K"),
+        q.add_argument("-b", "--minbytes", type=size_arg, default=4 << 10,
                        help="smallest size, default 4K")
-        q.add_argument("-e", "--maxbytes", type=_size, default=_size("64M"),
+        q.add_argument("-e", "--maxbytes", type=size_arg, default=64 << 20,
                        help="largest size, default 64M")
         q.add_argument("-f", "--stepfactor", type=float, default=4.0,
                        help="size factor, default 4")
@@ -134,9 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--ranks", type=positive_int, required=True, help="ranks of the job")
     p.add_argument("--ranks-per-node", type=positive_int, default=None,
                    help="default: one rank per GPU of a node")
-    p.add_argument("-b", "--minbytes", type=_size, default=_size("64K"),
+    p.add_argument("-b", "--minbytes", type=size_arg, default=64 << 10,
                    help="smallest size, default 64K")
-    p.add_argument("-e", "--maxbytes", type=_size, default=_size("64M"),
+    p.add_argument("-e", "--maxbytes", type=size_arg, default=64 << 20,
                    help="largest size, default 64M")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size factor, default 2")
     p.add_argument("--dtype", default="float32", help="element type, default float32")

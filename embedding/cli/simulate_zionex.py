@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from topology.sizes import GIB, size_or_zero_arg
+
 __all__ = ["HOST_MEMORY", "add_parser", "run"]
 
 #: Host memory per ZionEX node that host-resident tables may take, bytes: assumed (the
@@ -21,9 +23,8 @@ __all__ = ["HOST_MEMORY", "add_parser", "run"]
 HOST_MEMORY = 2 << 40
 
 
-def add_parser(sub, size) -> None:
-    """Add the ``zionex`` subcommand to ``neocomm simulate``'s subparsers; ``size`` parses
-    a byte count such as ``2T``."""
+def add_parser(sub) -> None:
+    """Add the ``zionex`` subcommand to ``neocomm simulate``'s subparsers."""
     q = sub.add_parser("zionex", help="Neo's DLRM workloads on ZionEX: predicted samples/s "
                        "beside the paper's reported throughput")
     q.add_argument("--workload", default="model-a,model-f,model-i",
@@ -32,7 +33,7 @@ def add_parser(sub, size) -> None:
                    help="rank counts (GPUs), comma-separated (default 128, the paper's)")
     q.add_argument("--fabric", metavar="NAME|FILE", default="zionex",
                    help="the fabric spec (default zionex)")
-    q.add_argument("--host-memory", type=size, default=HOST_MEMORY, metavar="SIZE",
+    q.add_argument("--host-memory", type=size_or_zero_arg, default=HOST_MEMORY, metavar="SIZE",
                    help="host memory per node for tables that do not fit in device memory "
                    "(default 2T: assumed); 0: device memory only")
     q.add_argument("--json", metavar="FILE", default=None, help="write every row as JSON")
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     rows = _rows(args)
     print(f"# neocomm simulate zionex: Neo's workloads (arXiv 2104.05158) on fabric "
           f"{args.fabric!r}, the paper's local batch per GPU; host tier "
-          f"{args.host_memory / (1 << 30):.0f} GiB per node when device memory is short")
+          f"{args.host_memory / GIB:.0f} GiB per node when device memory is short")
     print(f"# {'workload':<8} {'ranks':>5} {'batch':>8} {'step ms':>8} {'samples/s':>11} "
           f"{'comm':>5} {'bound':<13} {'host tables':>11} {'paper':>10} {'ratio':>6}")
     for r in rows:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from embedding.types import positive_arg
+
 __all__ = ["write_example", "EXAMPLE_CONFIG", "GENRES", "CITIES"]
 
 GENRES = ("action", "comedy", "drama", "horror", "romance", "sci-fi", "thriller", "documentary",
@@ -118,8 +120,7 @@ def write_example(out_dir, *, records: int = 60_000, eval_records: int = 10_000,
 
     for name, value in (("records", records), ("eval_records", eval_records),
                         ("users", users), ("items", items), ("row_group_size", row_group_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        positive_arg(name, value, int)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)

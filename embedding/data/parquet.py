@@ -41,7 +41,7 @@ from embedding.data.types import DataFormatError
 from embedding.data.types import pyarrow_module as _pa
 
 __all__ = ["ParquetSource", "ParquetDataset", "Vocabulary", "ColumnStats", "DataStats", "scan",
-           "check_labels", "describe_rows", "table_rows", "stable_hash", "hash_strings",
+           "check_label_column", "describe_rows", "table_rows", "stable_hash", "hash_strings",
            "hash_ints"]
 
 
@@ -567,7 +567,7 @@ def _merge_stats(into: ColumnStats, other: ColumnStats) -> None:
             setattr(into, key, v if cur is None else pick(cur, v))
 
 
-def check_labels(source: ParquetSource, label: str) -> int:
+def check_label_column(source: ParquetSource, label: str) -> int:
     """Read ``label`` of every row group: DataFormatError unless 0/1; returns the positives."""
     return sum(_check_labels(source.read_row_group(i, [label]).column(label), source, i)
                for i in range(len(source.row_groups)))

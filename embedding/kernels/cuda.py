@@ -29,7 +29,8 @@ import numpy as np
 from embedding.kernels.cuda_src import MAX_DIM, OPTIMIZER_CODES, ROUNDING_CODES, source_for
 from embedding.kernels.layout import (Bags, TableLayout, check_wire_rows, encode_after,
                                       per_table_configs, wire_format, wire_shape)
-from embedding.precision import compute_dtype, is_half
+from embedding.precision import compute_dtype
+from neocomm.types import is_half
 
 __all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update", "aggregate_rows",
            "available"]

@@ -14,9 +14,9 @@ import numpy as np
 from embedding.kernels.device import kernel_module
 from embedding.kernels.layout import Bags, TableLayout, encode_after, per_table_configs
 from embedding.optim import state_specs
-from embedding.precision import Rounding, compute_dtype, is_half, storage_dtype
+from embedding.precision import Rounding, compute_dtype, storage_dtype
 from embedding.types import OptimizerConfig, enum_arg
-from neocomm.types import check_array_bfloat16
+from neocomm.types import check_array_bfloat16, is_half
 
 __all__ = ["FusedTables", "adopt_layout"]
 

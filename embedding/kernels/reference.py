@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from embedding.optim import dense_reference_update
-from embedding.types import OptimizerConfig, Pooling
+from embedding.types import Pooling
 
-__all__ = ["pool_bags", "bag_grads", "reference_step"]
+__all__ = ["pool_bags", "bag_grads"]
 
 
 def pool_bags(table: np.ndarray, bags: list[list[int]], pooling: Pooling = Pooling.SUM,
@@ -55,11 +54,3 @@ def bag_grads(num_rows: int, bags: list[list[int]], grad: np.ndarray,
             dense[i] += w * scale * grad[b]
             touched[i] = True
     return dense, touched
-
-
-def reference_step(config: OptimizerConfig, table: np.ndarray, state: dict,
-                   bags: list[list[int]], grad: np.ndarray, pooling: Pooling = Pooling.SUM,
-                   weights: list[list[float]] | None = None) -> None:
-    """One dense-reference training step of one table, in place."""
-    dense, touched = bag_grads(table.shape[0], bags, grad, pooling, weights, table)
-    dense_reference_update(config, table, state, dense, touched)

@@ -50,8 +50,9 @@ from embedding.kernels.fused import FusedTables, adopt_layout
 from embedding.kernels.layout import Bags, host_array
 from embedding.kernels.staging import Part, RowFetcher
 from embedding.optim import row_bytes, state_specs
-from embedding.precision import Rounding, is_half
+from embedding.precision import Rounding
 from embedding.types import TableMemory
+from neocomm.types import is_half
 
 __all__ = ["TieredTables", "CacheStats"]
 

@@ -44,6 +44,7 @@ from embedding.planner.tiers import TierModel
 from embedding.planner.types import (Candidate, Hardware, PlacementKind, PlanDoesNotFitError,
                                      ShardEstimate, TableConstraints, Workload, sum_parts)
 from embedding.types import Pooling, ShardingType, TableConfig, check_pooling, cyclic_shards
+from topology.sizes import GIB
 
 __all__ = ["enumerate_candidates", "row_blocks", "column_splits"]
 
@@ -51,7 +52,6 @@ _A2A, _RS, _AG, _AR = (CollectiveOp.ALL_TO_ALL, CollectiveOp.REDUCE_SCATTER,
                        CollectiveOp.ALL_GATHER, CollectiveOp.ALL_REDUCE)
 _W, _N = Scope.WORLD, Scope.NODE
 _SPLIT = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.CYCLIC_ROW_WISE)
-_GIB = float(1 << 30)
 
 
 def row_blocks(num_rows: int, parts: int) -> list[tuple[int, int]]:
@@ -269,10 +269,10 @@ def enumerate_candidates(table: TableConfig, hardware: Hardware, workload: Workl
                         for x in spreadable)
             if least > hw.host_memory:
                 raise PlanDoesNotFitError(
-                    f"host memory {hw.host_memory / _GIB:.2f} GiB per node is smaller than "
+                    f"host memory {hw.host_memory / GIB:.2f} GiB per node is smaller than "
                     f"the smallest host-resident shard of table {name!r} "
-                    f"({least / _GIB:.2f} GiB), and the table does not fit device memory "
-                    f"({usable / _GIB:.2f} GiB usable per device)",
+                    f"({least / GIB:.2f} GiB), and the table does not fit device memory "
+                    f"({usable / GIB:.2f} GiB usable per device)",
                     table=name, needed=least, available=hw.host_memory, tier="host")
     if not fits:
         pool = [x for x in out if not too_large or x.sharding in _SPLIT] or out
@@ -280,7 +280,7 @@ def enumerate_candidates(table: TableConfig, hardware: Hardware, workload: Workl
         need = best.max_shard_memory
         raise PlanDoesNotFitError(
             f"table {name!r} does not fit: its smallest shard ({best.describe()} over "
-            f"{len(best.shards)} ranks) needs {need / _GIB:.2f} GiB, a device has "
-            f"{usable / _GIB:.2f} GiB usable (short by {(need - usable) / _GIB:.2f} GiB)",
+            f"{len(best.shards)} ranks) needs {need / GIB:.2f} GiB, a device has "
+            f"{usable / GIB:.2f} GiB usable (short by {(need - usable) / GIB:.2f} GiB)",
             table=name, needed=need, available=usable)
     return fits

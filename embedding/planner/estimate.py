@@ -37,7 +37,6 @@ __all__ = ["OPTIMIZER_STATE_ITEMSIZE", "DTYPES", "itemsize", "weight_bytes", "op
 #: Bytes of one optimizer state element: float32, as FBGEMM's fused optimizers keep it.
 OPTIMIZER_STATE_ITEMSIZE = 4
 
-_ITEMSIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 #: Table dtypes the planner knows the width of: the storage dtypes of a table.
 DTYPES = tuple(sorted(STORAGE_DTYPES))
 
@@ -47,13 +46,13 @@ def itemsize(dtype: str) -> int:
     try:
         return _itemsize(dtype)
     except (ValueError, TypeError):  # TypeError: not even hashable
-        raise ValueError(f"dtype: expected one of {sorted(_ITEMSIZES)}, got {dtype!r}") from None
+        raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype!r}") from None
 
 
 @functools.lru_cache(maxsize=64)
 def _itemsize(dtype) -> int:
     """:func:`itemsize`, looked up once per dtype (the planner asks for it per shard)."""
-    return _ITEMSIZES[storage_dtype(dtype).name]
+    return storage_dtype(dtype).itemsize
 
 
 def weight_bytes(table: TableConfig, num_rows: int, num_cols: int) -> int:

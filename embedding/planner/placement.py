@@ -20,10 +20,10 @@ from embedding.planner.types import (Candidate, Hardware, MemoryEstimate, Partit
                                      PartitionMethod, PlacementKind, PlanDoesNotFitError,
                                      PlanReport, RankReport, TableReport, sum_parts)
 from embedding.types import Shard, ShardingPlan, TablePlan
+from topology.sizes import GIB
 
 __all__ = ["place", "score", "capacity", "PARTITIONERS"]
 
-_GIB = float(1 << 30)
 
 #: The partitioner of each method (same signature, see :mod:`partition`).
 PARTITIONERS = {PartitionMethod.GREEDY: greedy_partition,
@@ -36,9 +36,9 @@ def _shard_label(c: Candidate) -> str:
 
 def _no_room(c: Candidate, needed: float, available: float, where: str) -> PlanDoesNotFitError:
     return PlanDoesNotFitError(
-        f"cannot place table {c.table!r}: a {_shard_label(c)} needs {needed / _GIB:.2f} GiB, "
-        f"{where} has {max(available, 0) / _GIB:.2f} GiB free "
-        f"(short by {(needed - available) / _GIB:.2f} GiB)",
+        f"cannot place table {c.table!r}: a {_shard_label(c)} needs {needed / GIB:.2f} GiB, "
+        f"{where} has {max(available, 0) / GIB:.2f} GiB free "
+        f"(short by {(needed - available) / GIB:.2f} GiB)",
         table=c.table, needed=int(needed), available=int(max(available, 0)))
 
 

@@ -33,13 +33,13 @@ from embedding.planner.types import (Candidate, Hardware, PartitionMethod, Place
                                      PlanDoesNotFitError, PlanMismatchError, PlanReport,
                                      TableConstraints, Workload)
 from embedding.types import ShardingPlan, ShardingType, TableConfig
+from topology.sizes import GIB
 
 __all__ = ["plan_sharding", "baseline_plan", "candidates_of", "evaluate_plan"]
 
 _COLUMN_SLICED = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE)
 
 _log = logging.getLogger(__name__)
-_GIB = float(1 << 30)
 _TOL = 1e-9
 
 
@@ -203,8 +203,8 @@ def _fit_memory(cands, choice, hw) -> list[tuple[int, ...]]:
             need = sum(c.max_shard_memory * len(c.shards) + c.spread_memory * W
                        for c in chosen)
             have = hw.usable_memory * W
-            total = (f"; in all the tables need at least {need / _GIB:.2f} GiB, "
-                     f"{W} ranks have {have / _GIB:.2f} GiB usable"
+            total = (f"; in all the tables need at least {need / GIB:.2f} GiB, "
+                     f"{W} ranks have {have / GIB:.2f} GiB usable"
                      if need > have else "")
             raise PlanDoesNotFitError(error.message + total, table=error.table,
                                       needed=error.needed, available=error.available,

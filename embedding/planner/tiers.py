@@ -38,7 +38,7 @@ from embedding.planner.estimate import itemsize as _itemsize
 from embedding.planner.types import (Candidate, Hardware, MemoryEstimate, PlanDoesNotFitError,
                                      TableConstraints, Workload, sum_parts)
 from embedding.types import ShardingType, TableConfig, TableMemory, Tier
-from neocomm.room import format_bytes as _bytes
+from topology.sizes import GIB, format_size as _bytes
 
 __all__ = ["CACHE_SHARES", "harmonic", "zipf_hit_rate", "TierModel", "grow_caches",
            "host_check", "no_fit_error", "hit_model_line"]
@@ -46,7 +46,6 @@ __all__ = ["CACHE_SHARES", "harmonic", "zipf_hit_rate", "TierModel", "grow_cache
 #: Cache sizes offered, as shares of a candidate's largest shard's rows.
 CACHE_SHARES = (0.5, 0.25, 0.1, 0.05, 0.02, 0.01)
 
-_GIB = float(1 << 30)
 _EXACT = 1000  # harmonic numbers summed term by term up to here
 
 
@@ -169,9 +168,9 @@ def host_check(choices: Sequence[Candidate], ranks: Sequence[Sequence[int]],
     node = max(range(len(need)), key=lambda n: need[n])
     if need[node] > hardware.host_memory:
         raise PlanDoesNotFitError(
-            f"the host-resident shards on node {node} need {need[node] / _GIB:.2f} GiB of host "
-            f"memory, a node has {hardware.host_memory / _GIB:.2f} GiB (short by "
-            f"{(need[node] - hardware.host_memory) / _GIB:.2f} GiB)",
+            f"the host-resident shards on node {node} need {need[node] / GIB:.2f} GiB of host "
+            f"memory, a node has {hardware.host_memory / GIB:.2f} GiB (short by "
+            f"{(need[node] - hardware.host_memory) / GIB:.2f} GiB)",
             needed=need[node], available=hardware.host_memory, tier="host")
 
 

@@ -10,7 +10,7 @@ import functools
 from dataclasses import dataclass, field, replace
 
 from collectives.types import CollectiveOp, FabricModel
-from embedding.types import ShardingPlan, ShardingType, TableMemory, enum_arg
+from embedding.types import ShardingPlan, ShardingType, TableMemory, enum_arg, positive_arg
 from neocomm.errors import NeocommError
 
 __all__ = ["PlacementKind", "PartitionMethod", "Workload", "TableConstraints", "Hardware",
@@ -61,11 +61,6 @@ class PartitionMethod(enum.Enum):
                          f"got {value!r}")
 
 
-def _positive(name: str, value, kind=(int, float)) -> None:
-    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
-        raise ValueError(f"{name}: expected a positive number, got {value!r}")
-
-
 @dataclass(frozen=True)
 class Workload:
     """What one training step asks of the tables.
@@ -86,10 +81,10 @@ class Workload:
     zipf_exponent: float = 1.05
 
     def __post_init__(self):
-        _positive("batch_size", self.batch_size, int)
-        _positive("ids_per_sample", self.ids_per_sample)
-        _positive("id_bytes", self.id_bytes, int)
-        _positive("zipf_exponent", self.zipf_exponent)
+        positive_arg("batch_size", self.batch_size, int)
+        positive_arg("ids_per_sample", self.ids_per_sample)
+        positive_arg("id_bytes", self.id_bytes, int)
+        positive_arg("zipf_exponent", self.zipf_exponent)
 
 
 @dataclass(frozen=True)
@@ -114,9 +109,9 @@ class TableConstraints:
 
     def __post_init__(self):
         if self.ids_per_sample is not None:
-            _positive("ids_per_sample", self.ids_per_sample)
+            positive_arg("ids_per_sample", self.ids_per_sample)
         if self.zipf_exponent is not None:
-            _positive("zipf_exponent", self.zipf_exponent)
+            positive_arg("zipf_exponent", self.zipf_exponent)
         if self.hit_rate is not None:
             h = self.hit_rate
             if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h <= 1.0:
@@ -169,9 +164,7 @@ class Hardware:
 
     def __post_init__(self):
         for name in ("world_size", "ranks_per_node", "device_memory", "min_column_dim"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+            positive_arg(name, getattr(self, name), int)
         if self.world_size % self.ranks_per_node:
             raise ValueError(f"ranks_per_node: expected a divisor of world_size "
                              f"{self.world_size}, got {self.ranks_per_node}")

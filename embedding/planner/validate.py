@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from embedding.planner.types import PlanMismatchError
-from embedding.types import ShardingPlan, ShardingType, TableConfig, cyclic_shards
+from embedding.types import (ShardingPlan, ShardingType, TableConfig, cyclic_shards,
+                             positive_arg)
 
 __all__ = ["validate_plan"]
 
@@ -19,8 +20,7 @@ def validate_plan(plan: ShardingPlan, world_size: int, *, ranks_per_node: int | 
     (every element once, or one whole replica per rank for data-parallel tables;
     cyclic row-wise shards as :func:`~embedding.types.cyclic_shards` lays them out).
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size: expected a positive int, got {world_size!r}")
+    positive_arg("world_size", world_size, int)
     if plan.world_size != world_size:
         raise PlanMismatchError(f"the plan is for {plan.world_size} ranks, the world has "
                                 f"{world_size}", field="world_size",

@@ -54,10 +54,10 @@ from embedding.train.types import (CheckpointConfig, CommsConfig, ConfigError, D
                                    TablesConfig, TrainConfig)
 from embedding.types import (CachePolicy, Eviction, IdPolicy, OptimizerConfig, OptimizerKind,
                              Pooling, Rounding, Tier)
-from neocomm.config import parse_size
+from topology.sizes import parse_size
 
 __all__ = ["load_config", "parse_config", "apply_overrides", "config_to_dict", "to_toml",
-           "parse_size", "cache_rows"]
+           "cache_rows"]
 
 Check = Callable[[Any], Any]  # returns the converted value or raises ValueError(reason)
 

@@ -248,7 +248,7 @@ def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None,
     (every rank calls it), the ranks share the scan of the training files,
     each reading a part of the row groups; errors are agreed.
     """
-    from embedding.data.parquet import (ParquetDataset, ParquetSource, check_labels, scan,
+    from embedding.data.parquet import (ParquetDataset, ParquetSource, check_label_column, scan,
                                         table_rows)
     from embedding.data.schema import SchemaError
     from embedding.data.transforms import DenseTransforms
@@ -292,7 +292,7 @@ def open_parquet(cfg: TrainConfig, vocabularies: dict | None = None,
     sets = []
     for name, p in zip(_set_names(d.eval_path), d.eval_path):
         src = ParquetSource(p, schema)
-        check_labels(src, schema.label)
+        check_label_column(src, schema.label)
         sets.append((name, ParquetDataset(src, schema, vocabularies, rows,
                                           check_labels=False, dense=dense)))
     if not sets and train is not None:

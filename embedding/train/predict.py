@@ -73,7 +73,8 @@ def predict(checkpoint, data, out, *, keep=None, group=None, batch_size: int | N
     """
     from embedding.checkpoint import Checkpoint, CheckpointError
     from embedding.checkpoint.int8 import Int8Export, is_int8_export
-    from embedding.data.parquet import ParquetDataset, ParquetSource, check_labels, table_rows
+    from embedding.data.parquet import (ParquetDataset, ParquetSource, check_label_column,
+                                        table_rows)
     from embedding.data.types import DataFormatError
     from embedding.train.data import parquet_data
     from embedding.train.evaluate import metrics_of, score
@@ -108,7 +109,7 @@ def predict(checkpoint, data, out, *, keep=None, group=None, batch_size: int | N
         rows = table_rows(schema, vocab)
         src = ParquetSource(cfg.data.eval_path, schema, label_optional=True)
         if src.has_label:
-            check_labels(src, schema.label)
+            check_label_column(src, schema.label)
         dense = saved_dense_transforms(ckpt, schema)  # as the model was trained
         dataset = ParquetDataset(src, schema, vocab, rows, check_labels=False, dense=dense)
         kept = _kept_columns(src, schema, keep)

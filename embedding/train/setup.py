@@ -160,8 +160,8 @@ def check_host_memory(cfg: TrainConfig, plan: ShardingPlan, tables, nodes) -> No
     ``plan.host_memory`` (default: this host's memory); names the node, its ranks and the
     largest tables. The same verdict on every rank: every node is checked."""
     from embedding.optim import row_bytes
-    from embedding.train.config import parse_size
-    from neocomm.room import format_bytes
+    from topology.sizes import parse_size
+    from topology.sizes import format_size
 
     from embedding.packing import packed_tables
 
@@ -186,12 +186,12 @@ def check_host_memory(cfg: TrainConfig, plan: ShardingPlan, tables, nodes) -> No
         total = sum(need.values())
         if total > budget:
             top = sorted(need.items(), key=lambda kv: -kv[1])[:3]
-            what = ", ".join(f"{k} {format_bytes(v)}" for k, v in top)
+            what = ", ".join(f"{k} {format_size(v)}" for k, v in top)
             key = "plan.host_memory" if cfg.plan.host_memory else "tables.tier"
             raise ConfigError(cfg.source, key,
-                              f"the host-resident tables need {format_bytes(total)} of host "
+                              f"the host-resident tables need {format_size(total)} of host "
                               f"memory on node {i} (ranks {list(ranks)}; {what}), more than "
-                              f"the {format_bytes(budget)} there by {format_bytes(total - budget)}"
+                              f"the {format_size(budget)} there by {format_size(total - budget)}"
                               f"; keep more tables in device memory (tables.tier_min_rows), "
                               f"shard over more nodes or "
                               f"{'raise' if cfg.plan.host_memory else 'set'} plan.host_memory")
@@ -316,7 +316,7 @@ def planner_inputs(cfg: TrainConfig, tables, world_size: int, ranks_per_node: in
     :func:`plan_for`)."""
     from embedding.planner import TableConstraints, Workload
     from embedding.planner.hardware import hardware_for, load_target
-    from embedding.train.config import parse_size
+    from topology.sizes import parse_size
 
     try:
         target = load_target(cfg.plan.fabric)
@@ -373,7 +373,8 @@ def check_disk_room(group, dirs: Sequence, need: int) -> None:
     import socket
 
     from neocomm import watchdog
-    from neocomm.room import format_bytes, free_bytes, probe_write
+    from neocomm.room import free_bytes, probe_write
+    from topology.sizes import format_size
 
     exc, where = None, None
     for d in dirs:
@@ -395,8 +396,8 @@ def check_disk_room(group, dirs: Sequence, need: int) -> None:
         free = free_bytes(dirs[-1])
         if free < total:
             exc = TrainingError(
-                f"{dirs[-1]}: {format_bytes(free)} free; a checkpoint needs about "
-                f"{format_bytes(total)} there ({len(sharing)} rank(s) of {where[0]} write to "
+                f"{dirs[-1]}: {format_size(free)} free; a checkpoint needs about "
+                f"{format_size(total)} there ({len(sharing)} rank(s) of {where[0]} write to "
                 f"this file system); "
                 f"free some space or choose another checkpoint.dir", tensor="disk")
     fail_together(group, "checking the output directories", exc)

@@ -17,11 +17,11 @@ from __future__ import annotations
 import json
 import sys
 
+from topology.sizes import MIB, format_size, size_arg
+
 __all__ = ["HELP", "add_arguments", "run", "measure"]
 
 HELP = "validate a cluster against a fabric spec"
-
-_MIB = 1 << 20
 
 
 def add_arguments(parser) -> None:
@@ -36,8 +36,9 @@ def add_arguments(parser) -> None:
                              "discovering one")
     parser.add_argument("--measure", action="store_true",
                         help="also measure point-to-point and all-reduce bandwidth of the job")
-    parser.add_argument("--bytes", type=int, default=32 * _MIB, metavar="N",
-                        help="message size of the measurements (default 32 MiB)")
+    parser.add_argument("--bytes", type=size_arg, default=32 * MIB, metavar="SIZE",
+                        help="message size of the measurements, e.g. 32M or 33554432 "
+                        "(default 32M)")
     parser.add_argument("--iters", type=int, default=5, metavar="N",
                         help="timed repetitions of each measurement (default 5)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -61,8 +62,8 @@ def run(args) -> int:
     if not args.spec:
         return _error("validate needs SPEC (a TOML file or one of: "
                       f"{', '.join(preset_names())})")
-    if args.bytes < 1 or args.iters < 1:
-        return _error(f"--bytes and --iters must be >= 1, got {args.bytes} and {args.iters}")
+    if args.iters < 1:
+        return _error(f"--iters must be >= 1, got {args.iters}")
     if args.measure and args.topology:
         return _error("--measure measures the running job; it cannot be combined with "
                       "--topology")
@@ -111,7 +112,7 @@ def _load_topology(path: str):
 
 # -- measurement ------------------------------------------------------------
 
-def measure(world, cluster, nbytes: int = 32 * _MIB, iters: int = 5):
+def measure(world, cluster, nbytes: int = 32 * MIB, iters: int = 5):
     """Measured GB/s per link class and how each was measured (collective).
 
     Point-to-point: rank a streams ``iters`` messages of ``nbytes`` to rank b
@@ -138,7 +139,7 @@ def measure(world, cluster, nbytes: int = 32 * _MIB, iters: int = 5):
         pairs.append(("different nodes", nodes[0][0], nodes[1][0]))
     results: dict[str, float] = {}
     notes: dict[str, str] = {}
-    size = f"{nbytes // _MIB} MiB" if nbytes % _MIB == 0 else f"{nbytes} B"
+    size = format_size(nbytes)
     for where, a, b in pairs:
         same_host = cluster.ranks[a].host == cluster.ranks[b].host
         cls = "shm" if same_host else inter_node_kind(cluster).value

@@ -30,14 +30,6 @@ def test_sweep_sizes():
         sizes(BenchConfig(CollectiveOp.ALL_REDUCE, 1024, 4096, 1.0))
 
 
-def test_size_arguments():
-    assert cli._size("64K") == 65536 and cli._size("1M") == 1 << 20
-    assert cli._size("2GiB") == 2 << 30 and cli._size("4096") == 4096
-    for bad in ("abc", "-1M", "0"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            cli._size(bad)
-
-
 def _parse(argv):
     p = argparse.ArgumentParser()
     cli.add_arguments(p)

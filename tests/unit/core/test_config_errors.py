@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from neocomm import config
-from neocomm.errors import BackendUnavailableError, CollectiveArgumentError, StallError
+from neocomm.errors import BackendUnavailableError, CollectiveArgumentError, GroupGoneError
 
 
 def test_defaults_and_typed_parsing():
@@ -60,8 +60,8 @@ def test_errors_survive_pickling():
     back = pickle.loads(pickle.dumps(err))
     assert isinstance(back, ValueError) and back.field == "dtype" and back.ranks == (1, 2)
     assert back.per_rank == {1: "a", 2: "b"} and str(back) == "m"
-    stall = pickle.loads(pickle.dumps(StallError("s", op="x", seconds=3.0, ranks=(4,))))
-    assert stall.seconds == 3.0 and stall.ranks == (4,)
+    gone = pickle.loads(pickle.dumps(GroupGoneError("g", ranks=(4,))))
+    assert isinstance(gone, ValueError) and gone.ranks == (4,) and str(gone) == "g"
     unavailable = pickle.loads(pickle.dumps(BackendUnavailableError("nccl", "no GPU")))
     assert unavailable.reason == "no GPU" and "not available: no GPU" in str(unavailable)
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedding.data.parquet import (ParquetDataset, ParquetSource, check_labels, scan,
+from embedding.data.parquet import (ParquetDataset, ParquetSource, check_label_column, scan,
                                     stable_hash)
 from embedding.data.reader import ShardedReader
 from embedding.data.schema import DataSchema, SchemaError
@@ -198,7 +198,7 @@ def test_a_list_column_declared_single_valued_is_refused(tmp_path):
 def test_labels_other_than_zero_and_one_are_named(tmp_path, labels, words):
     path = write(tmp_path / "a.parquet", table(y=labels), rg=10)
     src = ParquetSource(path, SCHEMA)
-    for run in (lambda: scan(src, SCHEMA), lambda: check_labels(src, "y")):
+    for run in (lambda: scan(src, SCHEMA), lambda: check_label_column(src, "y")):
         with pytest.raises(DataFormatError) as info:
             run()
         assert words in str(info.value) and path in str(info.value)

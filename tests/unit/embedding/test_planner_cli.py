@@ -5,7 +5,6 @@ import pytest
 
 from embedding.types import ShardingPlan
 from neocomm.cli import main
-from embedding.cli.plan import parse_size
 
 
 def plan(capsys, *argv):
@@ -116,14 +115,3 @@ def test_bad_inputs_exit_2(capsys, tmp_path):
     assert rc == 2 and "ranks_per_node" in err
     rc, out, err = plan(capsys, "criteo-1tb", "-n", "8", "--json", str(tmp_path / "no" / "p.json"))
     assert rc == 2 and "cannot write" in err
-
-
-def test_parse_size():
-    assert parse_size("80GiB") == 80 << 30
-    assert parse_size("80GB") == 80 * 10**9
-    assert parse_size("512M") == 512 << 20
-    assert parse_size("1.5KiB") == 1536
-    assert parse_size("4096") == 4096
-    for bad in ("0", "-1G", "80 parsecs", "", "G"):
-        with pytest.raises(ValueError):
-            parse_size(bad)

@@ -7,7 +7,7 @@ import pytest
 
 from embedding.dense.types import DenseOptimizerKind
 from embedding.train import ConfigError, TrainConfig, apply_overrides, load_config, to_toml
-from embedding.train.config import parse_config, parse_size
+from embedding.train.config import parse_config
 from embedding.train.types import DataSource
 from embedding.types import OptimizerKind
 
@@ -156,14 +156,6 @@ def test_config_errors_survive_pickling():
     err = ConfigError("a.toml", "train.steps", "expected an int")
     again = pickle.loads(pickle.dumps(err))
     assert (again.path, again.key, str(again)) == (err.path, err.key, str(err))
-
-
-def test_sizes():
-    assert parse_size("2GiB") == 2 << 30
-    assert parse_size("512M") == 512 << 20
-    assert parse_size("1GB") == 10**9
-    with pytest.raises(ValueError):
-        parse_size("0")
 
 
 def test_print_config_needs_no_mpi(tmp_path, capsys):

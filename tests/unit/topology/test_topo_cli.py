@@ -133,7 +133,7 @@ def test_host_topology_file_is_accepted(capsys, tmp_path):
 @pytest.mark.parametrize("argv, match", [
     (["validate"], "validate needs SPEC"),
     (["validate", "cpu-host", "--measure", "--topology", "x.json"], "cannot be combined"),
-    (["validate", "cpu-host", "--bytes", "0"], "--bytes and --iters must be >= 1"),
+    (["validate", "cpu-host", "--iters", "0"], "--iters must be >= 1"),
     (["validate", "cpu-host", "--topology", "/nonexistent.json"], "invalid topology file"),
 ])
 def test_bad_fabric_options_exit_2(capsys, argv, match):
