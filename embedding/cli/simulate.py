@@ -115,6 +115,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             q.add_argument("--tolerance", type=float, default=0.25,
                            help="largest |predicted / measured - 1| that passes, default 0.25")
+            q.add_argument("--repeat-tolerance", type=float, default=0.10,
+                           help="a call whose every launch came within this fraction of "
+                           "their median is one the host repeats: the model is held to "
+                           "those (see --repeatable-only), default 0.10")
+            q.add_argument("--repeatable-only", action="store_true",
+                           help="pass when every call the host repeats is within "
+                           "--tolerance (the others are printed, not held); default: every "
+                           "call must be")
             q.add_argument("--step", action="store_true",
                            help="validate the training step instead: neocomm train's measured "
                            "step time beside simulate step's prediction, per layout")
@@ -596,6 +604,9 @@ def _calibrate(args) -> int:
 def _validate(args) -> int:
     if not 0 < args.tolerance < 10:
         raise ValueError(f"--tolerance: expected a fraction like 0.25, got {args.tolerance}")
+    if not 0 < args.repeat_tolerance < 10:
+        raise ValueError(f"--repeat-tolerance: expected a fraction like 0.1, got "
+                         f"{args.repeat_tolerance}")
     if args.step:
         return _validate_step(args)
     from collectives.calibrate import compare, measured_kinds
@@ -637,6 +648,19 @@ def _validate(args) -> int:
               f"{args.tolerance:.0%} of their median); " + "; ".join(
                   f"{r} ranks on {n} node(s): {sum(oks)}/{len(oks)}"
                   for (r, n), oks in repeated.items() if oks))
+    held = [c for c in table if c.measurement.repeated(args.repeat_tolerance)]
+    held_in = sum(c.within(args.tolerance) for c in held)
+    if counted:
+        print(f"# held to the calls the host repeats (every launch within "
+              f"{args.repeat_tolerance:.0%} of their median): {held_in} of {len(held)} "
+              f"within {args.tolerance:.0%}" + "".join(
+                  f"; off: {c.measurement.op.value} {c.measurement.size} at "
+                  f"{c.measurement.ranks}x{c.measurement.nodes} ({c.ratio:.2f})"
+                  for c in held if not c.within(args.tolerance)))
+    elif args.repeatable_only:
+        raise ValueError("--repeatable-only: the calls were measured by one launch each; "
+                         "measure them with --launches 2 or more (or pass several --bench "
+                         "files of one layout)")
     worst = max(table, key=lambda c: abs(c.ratio - 1.0))
     print(f"# worst: {worst.measurement.op.value} {worst.measurement.size} bytes at "
           f"{worst.measurement.ranks} ranks on {worst.measurement.nodes} node(s), "
@@ -645,7 +669,12 @@ def _validate(args) -> int:
         _dump(args.json, {"kind": "neocomm-simulate-validate", "fabric": spec.name,
                           "tolerance": args.tolerance, "within": inside,
                           "measured_alike": alike if counted else None,
+                          "repeat_tolerance": args.repeat_tolerance,
+                          "repeatable": len(held) if counted else None,
+                          "repeatable_within": held_in if counted else None,
                           "rows": [c.to_dict() for c in table]})
+    if args.repeatable_only:
+        return 0 if held and held_in == len(held) else 1
     return 0 if inside == len(table) else 1
 
 
