@@ -10,7 +10,9 @@ on ``log(predicted / measured)``: a row 20 % off counts the same at 4 KiB and
 at 64 MiB. :func:`compare` prints the two side by side.
 
 The fitted terms (:data:`TERMS`): the latency and bandwidth of the intra-node
-link and (with measurements on more than one node) of the inter-node link, the
+link and (with measurements on more than one node) of the inter-node link (over
+TCP its latency, and in place of its declared line rate the fraction of it the
+transport reaches, the hosts' per-byte work and per-message cost), the
 node's shared memory bandwidth, local copy and reduction rates, the software
 overheads of a call and of a step issued from Python, the in-cache speedup of
 local rates (the cache size is the host's, read, not fitted) and, when ranks
@@ -24,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from collectives.topofabric import TERMS, Term, model_key
+from collectives.topofabric import TCP_TERMS, TERMS, Term, model_key
 from collectives.types import CollectiveOp, FabricModel
 
 __all__ = ["Measurement", "read_bench", "predicted", "fit", "Fit", "TERMS", "Comparison",
@@ -136,6 +138,14 @@ PRIOR = 0.3
 _START = {"node_bandwidth": 8e9, "call_overhead": 5e-6, "cache_speedup": 2.0,
           "switch_latency": 10e-6, "page_cost": 0.1e-6}
 
+#: starting values of a TCP link's host terms (SI units): TCP copies every byte twice
+#: (into the sender's socket buffer, out of the receiver's), so the hosts' work per byte
+#: starts at half the local copy rate (:data:`~collectives.types.DEFAULT_COPY_BANDWIDTH`,
+#: 13 GB/s); a message starts at 5 us of system calls and wake-ups on the two hosts (a
+#: send and a receive call, each a few microseconds); the transport starts at the full
+#: line rate
+_TCP_START = {"tcp_copy_bandwidth": 6.5e9, "tcp_message_overhead": 5e-6}
+
 
 @dataclass(frozen=True)
 class Fit:
@@ -199,11 +209,16 @@ def fit(rows: list[Measurement], start: FabricModel, *, cache_bytes: int = 0,
     fabric = replace(start, algorithm_factors=(), overhead_factors=(),
                      cache_bytes=int(cache_bytes), cores_per_node=int(cores_per_node),
                      huge_page_bytes=int(huge_page_bytes))
-    for name, value in _START.items():
+    tcp = fabric.inter.kind == "tcp"
+    for name, value in {**_START, **(_TCP_START if tcp else {})}.items():
         term = next(t for t in TERMS if t.name == name)
         if term.value(fabric) <= term.floor:
             fabric = term.set(fabric, value)
-    free = [t for t in TERMS + _factor_terms(rows) if _informed(t, rows, fabric)]
+    # over TCP the line rate is the spec's (a port's rate is known); what the transport
+    # reaches of it is the fraction, fitted in its place
+    fixed = ("inter_bandwidth",) if tcp else TCP_TERMS
+    free = [t for t in TERMS + _factor_terms(rows)
+            if t.name not in fixed and _informed(t, rows, fabric)]
     kept = tuple(t.name for t in TERMS if t not in free)
 
     def build(theta):
@@ -223,9 +238,11 @@ def fit(rows: list[Measurement], start: FabricModel, *, cache_bytes: int = 0,
     for _ in range(iterations):
         jac = np.empty((len(r), len(free)))
         for j in range(len(free)):
+            # a term at its ceiling moves only down: its slope is taken below it
+            h_j = 1e-4 if free[j].ceiling == math.inf else -1e-4
             step = np.zeros_like(theta)
-            step[j] = 1e-4
-            jac[:, j] = (residuals(theta + step) - r) / 1e-4
+            step[j] = h_j
+            jac[:, j] = (residuals(theta + step) - r) / h_j
         g, h = jac.T @ r, jac.T @ jac
         improved = False
         for _ in range(8):
@@ -269,7 +286,8 @@ def _factor_terms(rows) -> tuple[Term, ...]:
 def _informed(term: Term, rows, fabric: FabricModel) -> bool:
     """Whether some row's predicted time moves when ``term`` does."""
     value = term.value(fabric)
-    bumped = term.set(fabric, term.floor + (value - term.floor) * 1.5)
+    grow = 1.5 if term.ceiling == math.inf else 1 / 1.5  # a capped term is moved down
+    bumped = term.set(fabric, term.floor + (value - term.floor) * grow)
     for m in rows:
         before = predicted(m, fabric)
         if abs(predicted(m, bumped) - before) > 1e-6 * before:
@@ -314,6 +332,8 @@ def model_table(result: Fit, *, buffers: str, kinds: tuple[str, str], measured_o
     table: dict = {"buffers": buffers, "intra_link": kinds[0], "inter_link": kinds[1],
                    "measured_on": measured_on}
     for term in TERMS:
+        if term.name in TCP_TERMS and kinds[1] != "tcp":
+            continue
         table[model_key(term)] = float(f"{term.value(f) / term.scale:.6g}")
     table["cache_mib"] = float(f"{f.cache_bytes / (1 << 20):.6g}")
     table["cores_per_node"] = int(f.cores_per_node)
