@@ -153,8 +153,9 @@ class TestCluster:
 
     def launch_env(self, **extra: str) -> dict:
         """The environment a user's shell on a head host has (this Python's environment,
-        its bin first on PATH, this checkout first on PYTHONPATH) plus what the MPI launcher needs here: the ssh stand-in,
-        and MPI's traffic kept on the cluster's link."""
+        its bin first on PATH, this checkout first on PYTHONPATH) plus what the MPI
+        launcher needs here: the ssh stand-in, and MPI's traffic kept on the cluster's
+        link."""
         env = dict(os.environ)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         # the hosts run this checkout's code (neocomm run passes PYTHONPATH to every
