@@ -51,6 +51,9 @@ class Measurement:
     device: bool = False
     emulated: bool = False  # nodes emulated on one host (they share its cores)
     launch_times: tuple[float, ...] = ()  # each launch's time, when launches were merged
+    #: bytes/s of the link between nodes the run was measured over, when the run says so
+    #: (``link_rate_gbps``: a TCP link shaped to a rate); 0: the fabric's line rate
+    line_rate: float = 0.0
 
     @property
     def nodes(self) -> int:
@@ -103,6 +106,7 @@ def read_bench(data: dict, where: str = "bench JSON") -> list[Measurement]:
         int(np.dtype(data.get("dtype", "float32")).itemsize)
     kinds = _run_kinds(data)
     emulated = int(data.get("nodes", 1)) > 1 and bool(kinds) and kinds[1] == "shm"
+    line_rate = float(data.get("link_rate_gbps") or 0.0) * 1e9 / 8
     out = []
     for row in data.get("rows", []):
         algo = row.get("chosen") or row["algo"]
@@ -111,7 +115,8 @@ def read_bench(data: dict, where: str = "bench JSON") -> list[Measurement]:
                                int(row["size"]), itemsize, "native" if not api else algo,
                                float(row["time"]), api, int(data.get("root", 0)),
                                bool(data.get("device")), emulated,
-                               tuple(float(t) for t in row.get("launch_times", ()))))
+                               tuple(float(t) for t in row.get("launch_times", ())),
+                               line_rate))
     return out
 
 
@@ -121,6 +126,8 @@ def predicted(m: Measurement, fabric: FabricModel) -> float:
     from collectives.simulate import bench_request
 
     fab = fabric.with_shape(m.ranks_per_node, m.nodes)
+    if m.line_rate > 0 and fab.inter.kind == "tcp":  # measured over a link of this rate
+        fab = replace(fab, inter=replace(fab.inter, bandwidth=m.line_rate))
     if m.emulated:
         fab = fab.emulated()
     request = bench_request(m.op, m.size, m.itemsize, m.ranks, device=m.device, root=m.root)
@@ -317,6 +324,8 @@ class Comparison:
                "predicted_s": self.predicted, "ratio": self.ratio}
         if m.launch_times:
             out["launch_times_s"] = list(m.launch_times)
+        if m.line_rate:
+            out["link_rate_gbps"] = m.line_rate * 8 / 1e9
         return out
 
 
@@ -424,7 +433,7 @@ def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64
 
 #: what makes two bench runs the same measurement, launched twice
 _SAME_RUN = ("op", "ranks", "ranks_per_node", "nodes", "dtype", "reduce_op", "root", "device",
-             "peer", "bare", "prepared", "symmetric", "host")
+             "peer", "bare", "prepared", "symmetric", "host", "link_rate_gbps")
 
 
 def median_of_launches(runs: list[dict]) -> list[dict]:

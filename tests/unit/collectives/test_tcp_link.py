@@ -177,3 +177,36 @@ def test_calibrate_then_validate_over_tcp_holds_the_model_to_what_repeats(tmp_pa
     assert main(["simulate", "validate", "--fabric", str(out), *paths[:2],
                  "--repeatable-only"]) == 2
     assert "--launches 2" in capsys.readouterr().err
+
+
+def test_runs_at_several_link_rates_tell_the_transport_from_the_hosts_work():
+    """At one rate a slow transport and slow hosts price alike; runs at several rates
+    (each saying its ``link_rate_gbps``), each priced at its own rate, tell them apart:
+    fitted at 0.5 and 5 Gbit/s, the model prices 1 Gbit/s, which it never saw."""
+    truth = replace(_start(1), tcp_fraction=0.8, tcp_copy_bandwidth=0.1e9,
+                    tcp_message_overhead=40e-6)
+
+    def at(gbps):
+        rate = gbps * 1e9 / 8
+        fab = replace(truth, inter=replace(truth.inter, bandwidth=rate))
+        return [replace(m, line_rate=rate) for m in _rows(fab, layouts=((2, 1),))]
+
+    slow, unseen, fast = at(0.5), at(1), at(5)
+    # the 5 Gbit/s runs are priced at 5 Gbit/s, not at the spec's 1
+    big = next(m for m in fast if m.size == 64 << 20)
+    assert predicted(big, truth) == pytest.approx(big.time)
+    assert predicted(replace(big, line_rate=0.0), truth) > 1.5 * big.time
+    both = fit(slow + fast, _start(1), prior=0.0)
+    assert both.median_error < 0.02
+    assert max(abs(math.log(predicted(m, both.fabric) / m.time)) for m in unseen) < 0.05
+    # fitted at one rate, the host's work and the transport's share cannot be told
+    # apart, and another rate is priced far off
+    one = fit(fast, _start(1), prior=0.0)
+    assert one.median_error < 0.02
+    assert max(abs(math.log(predicted(m, one.fabric) / m.time)) for m in slow) > math.log(1.25)
+    # read from a bench run, and kept apart from runs at other rates when merged
+    from collectives.calibrate import median_of_launches
+
+    run = dict(_bench_runs(truth)[0], link_rate_gbps=5)
+    assert all(m.line_rate == 5e9 / 8 for m in read_bench(run))
+    assert len(median_of_launches([run, dict(run, link_rate_gbps=1)])) == 2
