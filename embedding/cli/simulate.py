@@ -654,8 +654,9 @@ def _validate(args) -> int:
         print(f"# held to the calls the host repeats (every launch within "
               f"{args.repeat_tolerance:.0%} of their median): {held_in} of {len(held)} "
               f"within {args.tolerance:.0%}" + "".join(
-                  f"; off: {c.measurement.op.value} {c.measurement.size} at "
-                  f"{c.measurement.ranks}x{c.measurement.nodes} ({c.ratio:.2f})"
+                  f"; off: {c.measurement.op.value} {c.measurement.size} bytes at "
+                  f"{c.measurement.ranks} ranks on {c.measurement.nodes} node(s) "
+                  f"({c.ratio:.2f})"
                   for c in held if not c.within(args.tolerance)))
     elif args.repeatable_only:
         raise ValueError("--repeatable-only: the calls were measured by one launch each; "
