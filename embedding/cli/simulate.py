@@ -123,6 +123,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="pass when every call the host repeats is within "
                            "--tolerance (the others are printed, not held); default: every "
                            "call must be")
+            q.add_argument("--baseline", metavar="FILE.json", action="append", default=[],
+                           help="an earlier measurement of the same calls (the runs the "
+                           "model was calibrated on): a call repeats only where that "
+                           "measurement also came within --repeat-tolerance of this one's; "
+                           "repeatable")
             q.add_argument("--step", action="store_true",
                            help="validate the training step instead: neocomm train's measured "
                            "step time beside simulate step's prediction, per layout")
@@ -649,9 +654,18 @@ def _validate(args) -> int:
                   f"{r} ranks on {n} node(s): {sum(oks)}/{len(oks)}"
                   for (r, n), oks in repeated.items() if oks))
     held = [c for c in table if c.measurement.repeated(args.repeat_tolerance)]
+    where = ""
+    if args.baseline:
+        earlier = _baseline(args, rows)
+        agree = [c for c in table if _agrees(c.measurement, earlier, args.repeat_tolerance)]
+        print(f"# the earlier measurement (--baseline): {len(agree)} of {len(table)} calls "
+              f"within {args.repeat_tolerance:.0%} of this one")
+        agreed = {id(c) for c in agree}
+        held = [c for c in held if id(c) in agreed]
+        where = " and the earlier measurement"
     held_in = sum(c.within(args.tolerance) for c in held)
     if counted:
-        print(f"# held to the calls the host repeats (every launch within "
+        print(f"# held to the calls the host repeats (every launch{where} within "
               f"{args.repeat_tolerance:.0%} of their median): {held_in} of {len(held)} "
               f"within {args.tolerance:.0%}" + "".join(
                   f"; off: {c.measurement.op.value} {c.measurement.size} bytes at "
@@ -677,6 +691,24 @@ def _validate(args) -> int:
     if args.repeatable_only:
         return 0 if held and held_in == len(held) else 1
     return 0 if inside == len(table) else 1
+
+
+def _key(m) -> tuple:
+    return (m.op, m.ranks, m.ranks_per_node, m.size, m.algorithm, m.root, m.line_rate)
+
+
+def _baseline(args, rows) -> dict:
+    """``{call: median seconds}`` of the ``--baseline`` measurements."""
+    from collectives.calibrate import median_of_launches, read_measurements
+
+    runs = median_of_launches([run for path in args.baseline for run in read_measurements(path)])
+    return {_key(m): m.time for m in _rows(runs, args.device)}
+
+
+def _agrees(m, earlier: dict, tolerance: float) -> bool:
+    """Whether the earlier measurement of ``m``'s call came within ``tolerance`` of it."""
+    then = earlier.get(_key(m))
+    return then is not None and abs(then / m.time - 1.0) <= tolerance
 
 
 def _layouts(args) -> list[tuple[int, int]]:

@@ -166,6 +166,17 @@ def test_calibrate_then_validate_over_tcp_holds_the_model_to_what_repeats(tmp_pa
     assert code == 0, text
     assert "held to the calls the host repeats" in text and "the host itself" in text
     assert report["repeatable"] == report["repeatable_within"] == len(report["rows"]) - 2
+    # held to what the calibration run also measured alike: all of it here; nothing when
+    # that run measured every call 1.3 times slower (no call repeats: nothing passes)
+    assert main(["simulate", "validate", "--fabric", str(out), *paths, "--repeatable-only",
+                 "--baseline", str(cal)]) == 0
+    assert "(--baseline): 14 of 16 calls within 10%" in capsys.readouterr().out  # not 1 MiB
+    slower = tmp_path / "slower.json"
+    slower.write_text(json.dumps({"kind": "neocomm-measurements",
+                                  "runs": _bench_runs(truth, (1.3,))}))
+    assert main(["simulate", "validate", "--fabric", str(out), *paths, "--repeatable-only",
+                 "--baseline", str(slower)]) == 1
+    assert "0 of 0 within 25%" in capsys.readouterr().out
     # a model that misses a call the host repeats fails
     bad = tmp_path / "bad.toml"
     bad.write_text(out.read_text().replace(f"tcp_fraction = {model['tcp_fraction']}",
