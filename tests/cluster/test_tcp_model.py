@@ -1,8 +1,9 @@
 """The cost model of a TCP link against two hosts joined by one, shaped to 1 Gbit/s:
 calibrated on one bench run, then checked against a later run (not the data it was fitted
-to). The model is held to the calls the later run repeats (every launch within 10 % of
-their median), within 25 %; how often the measurement repeats itself is reported beside
-it. Nothing here asserts a time or a rate of this machine."""
+to). The model is held, within 25 %, to the calls the measurement repeats (every launch
+of the later run, and the calibration run, within 10 % of the later run's median); how
+often it repeats itself is reported beside it. Nothing here asserts a time or a rate of
+this machine."""
 from __future__ import annotations
 
 import json
@@ -56,6 +57,9 @@ def _measure(cluster, name: str, launches: int = 2) -> str:
 def test_calibrated_model_meets_a_later_run_where_it_repeats(shaped, capsys):
     c = shaped
     spec = _spec(c)
+    # a first run on fresh hosts: their first connections start from nothing the
+    # kernel has learnt of the path, later ones do not; both runs below come after it
+    _measure(c, "warm-up", launches=1)
     cal = _measure(c, "calibration")
     fitted = os.path.join(c.workdir, "fitted.toml")
     assert main(["simulate", "calibrate", "--fabric", spec, "--bench", cal, "-o", fitted]) == 0
@@ -64,13 +68,13 @@ def test_calibrated_model_meets_a_later_run_where_it_repeats(shaped, capsys):
     later = _measure(c, "validation")
     report = os.path.join(c.workdir, "validate.json")
     code = main(["simulate", "validate", "--fabric", fitted, "--bench", later,
-                 "--repeatable-only", "--json", report])
+                 "--baseline", cal, "--repeatable-only", "--json", report])
     out = capsys.readouterr().out
     with open(report) as fh:
         data = json.load(fh)
     summary = (f"{data['within']} of {len(data['rows'])} calls within 25 %; the measurement "
-               f"repeated {data['repeatable']} of them within 10 % across its launches, the "
-               f"model met {data['repeatable_within']} of those")
+               f"repeated {data['repeatable']} of them within 10 % (its launches and the "
+               f"calibration run), the model met {data['repeatable_within']} of those")
     with capsys.disabled():
         print(f"\n# TCP model at {RATE_GBPS} Gbit/s, calibrated, then a later run: {summary}")
     assert code == 0, f"{summary}\n{fit_out}\n{out}"
