@@ -10,7 +10,9 @@ on ``log(predicted / measured)``: a row 20 % off counts the same at 4 KiB and
 at 64 MiB. :func:`compare` prints the two side by side.
 
 The fitted terms (:data:`TERMS`): the latency and bandwidth of the intra-node
-link and (with measurements on more than one node) of the inter-node link, the
+link and (with measurements on more than one node) of the inter-node link (over
+TCP its latency, and in place of its declared line rate the fraction of it the
+transport reaches, the hosts' per-byte work and per-message cost), the
 node's shared memory bandwidth, local copy and reduction rates, the software
 overheads of a call and of a step issued from Python, the in-cache speedup of
 local rates (the cache size is the host's, read, not fitted) and, when ranks
@@ -24,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from collectives.topofabric import TERMS, Term, model_key
+from collectives.topofabric import TCP_TERMS, TERMS, Term, model_key
 from collectives.types import CollectiveOp, FabricModel
 
 __all__ = ["Measurement", "read_bench", "predicted", "fit", "Fit", "TERMS", "Comparison",
@@ -49,6 +51,9 @@ class Measurement:
     device: bool = False
     emulated: bool = False  # nodes emulated on one host (they share its cores)
     launch_times: tuple[float, ...] = ()  # each launch's time, when launches were merged
+    #: bytes/s of the link between nodes the run was measured over, when the run says so
+    #: (``link_rate_gbps``: a TCP link shaped to a rate); 0: the fabric's line rate
+    line_rate: float = 0.0
 
     @property
     def nodes(self) -> int:
@@ -101,6 +106,7 @@ def read_bench(data: dict, where: str = "bench JSON") -> list[Measurement]:
         int(np.dtype(data.get("dtype", "float32")).itemsize)
     kinds = _run_kinds(data)
     emulated = int(data.get("nodes", 1)) > 1 and bool(kinds) and kinds[1] == "shm"
+    line_rate = float(data.get("link_rate_gbps") or 0.0) * 1e9 / 8
     out = []
     for row in data.get("rows", []):
         algo = row.get("chosen") or row["algo"]
@@ -109,7 +115,8 @@ def read_bench(data: dict, where: str = "bench JSON") -> list[Measurement]:
                                int(row["size"]), itemsize, "native" if not api else algo,
                                float(row["time"]), api, int(data.get("root", 0)),
                                bool(data.get("device")), emulated,
-                               tuple(float(t) for t in row.get("launch_times", ()))))
+                               tuple(float(t) for t in row.get("launch_times", ())),
+                               line_rate))
     return out
 
 
@@ -119,6 +126,8 @@ def predicted(m: Measurement, fabric: FabricModel) -> float:
     from collectives.simulate import bench_request
 
     fab = fabric.with_shape(m.ranks_per_node, m.nodes)
+    if m.line_rate > 0 and fab.inter.kind == "tcp":  # measured over a link of this rate
+        fab = replace(fab, inter=replace(fab.inter, bandwidth=m.line_rate))
     if m.emulated:
         fab = fab.emulated()
     request = bench_request(m.op, m.size, m.itemsize, m.ranks, device=m.device, root=m.root)
@@ -135,6 +144,14 @@ PRIOR = 0.3
 #: starting values for the host terms a spec does not state (SI units)
 _START = {"node_bandwidth": 8e9, "call_overhead": 5e-6, "cache_speedup": 2.0,
           "switch_latency": 10e-6, "page_cost": 0.1e-6}
+
+#: starting values of a TCP link's host terms (SI units): TCP copies every byte twice
+#: (into the sender's socket buffer, out of the receiver's), so the hosts' work per byte
+#: starts at half the local copy rate (:data:`~collectives.types.DEFAULT_COPY_BANDWIDTH`,
+#: 13 GB/s); a message starts at 5 us of system calls and wake-ups on the two hosts (a
+#: send and a receive call, each a few microseconds); the transport starts at the full
+#: line rate
+_TCP_START = {"tcp_copy_bandwidth": 6.5e9, "tcp_message_overhead": 5e-6}
 
 
 @dataclass(frozen=True)
@@ -199,11 +216,16 @@ def fit(rows: list[Measurement], start: FabricModel, *, cache_bytes: int = 0,
     fabric = replace(start, algorithm_factors=(), overhead_factors=(),
                      cache_bytes=int(cache_bytes), cores_per_node=int(cores_per_node),
                      huge_page_bytes=int(huge_page_bytes))
-    for name, value in _START.items():
+    tcp = fabric.inter.kind == "tcp"
+    for name, value in {**_START, **(_TCP_START if tcp else {})}.items():
         term = next(t for t in TERMS if t.name == name)
         if term.value(fabric) <= term.floor:
             fabric = term.set(fabric, value)
-    free = [t for t in TERMS + _factor_terms(rows) if _informed(t, rows, fabric)]
+    # over TCP the line rate is the spec's (a port's rate is known); what the transport
+    # reaches of it is the fraction, fitted in its place
+    fixed = ("inter_bandwidth",) if tcp else TCP_TERMS
+    free = [t for t in TERMS + _factor_terms(rows)
+            if t.name not in fixed and _informed(t, rows, fabric)]
     kept = tuple(t.name for t in TERMS if t not in free)
 
     def build(theta):
@@ -223,9 +245,11 @@ def fit(rows: list[Measurement], start: FabricModel, *, cache_bytes: int = 0,
     for _ in range(iterations):
         jac = np.empty((len(r), len(free)))
         for j in range(len(free)):
+            # a term at its ceiling moves only down: its slope is taken below it
+            h_j = 1e-4 if free[j].ceiling == math.inf else -1e-4
             step = np.zeros_like(theta)
-            step[j] = 1e-4
-            jac[:, j] = (residuals(theta + step) - r) / 1e-4
+            step[j] = h_j
+            jac[:, j] = (residuals(theta + step) - r) / h_j
         g, h = jac.T @ r, jac.T @ jac
         improved = False
         for _ in range(8):
@@ -269,7 +293,8 @@ def _factor_terms(rows) -> tuple[Term, ...]:
 def _informed(term: Term, rows, fabric: FabricModel) -> bool:
     """Whether some row's predicted time moves when ``term`` does."""
     value = term.value(fabric)
-    bumped = term.set(fabric, term.floor + (value - term.floor) * 1.5)
+    grow = 1.5 if term.ceiling == math.inf else 1 / 1.5  # a capped term is moved down
+    bumped = term.set(fabric, term.floor + (value - term.floor) * grow)
     for m in rows:
         before = predicted(m, fabric)
         if abs(predicted(m, bumped) - before) > 1e-6 * before:
@@ -299,6 +324,8 @@ class Comparison:
                "predicted_s": self.predicted, "ratio": self.ratio}
         if m.launch_times:
             out["launch_times_s"] = list(m.launch_times)
+        if m.line_rate:
+            out["link_rate_gbps"] = m.line_rate * 8 / 1e9
         return out
 
 
@@ -314,6 +341,8 @@ def model_table(result: Fit, *, buffers: str, kinds: tuple[str, str], measured_o
     table: dict = {"buffers": buffers, "intra_link": kinds[0], "inter_link": kinds[1],
                    "measured_on": measured_on}
     for term in TERMS:
+        if term.name in TCP_TERMS and kinds[1] != "tcp":
+            continue
         table[model_key(term)] = float(f"{term.value(f) / term.scale:.6g}")
     table["cache_mib"] = float(f"{f.cache_bytes / (1 << 20):.6g}")
     table["cores_per_node"] = int(f.cores_per_node)
@@ -404,7 +433,7 @@ def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64
 
 #: what makes two bench runs the same measurement, launched twice
 _SAME_RUN = ("op", "ranks", "ranks_per_node", "nodes", "dtype", "reduce_op", "root", "device",
-             "peer", "bare", "prepared", "symmetric", "host")
+             "peer", "bare", "prepared", "symmetric", "host", "link_rate_gbps")
 
 
 def median_of_launches(runs: list[dict]) -> list[dict]:

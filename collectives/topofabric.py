@@ -9,6 +9,7 @@ Chunk sizes per link class are ours (below, with their sources).
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from dataclasses import dataclass, replace
 
@@ -16,7 +17,7 @@ from collectives.types import (DEFAULT_COPY_BANDWIDTH, DEFAULT_REDUCE_BANDWIDTH,
                                Link)
 
 __all__ = ["fabric_from_topology", "fabric_from_spec", "spec_links", "discover_group_topology",
-           "CHUNK_BYTES", "TERMS", "Term", "apply_model", "model_key"]
+           "CHUNK_BYTES", "TERMS", "TCP_TERMS", "Term", "apply_model", "model_key"]
 
 _log = logging.getLogger(__name__)
 
@@ -79,7 +80,9 @@ def spec_links(spec, *, device: bool) -> FabricModel:
     ``min_bandwidth_gbs`` (else lanes x the lane rate of the GPU generation), PCIe
     without ``[nvlink]``, the GPUs' memory for local copies and reductions; host
     buffers go over shared memory. Between nodes: ``[nic] count`` ports of
-    ``min_rate_gbps`` each, TCP without a ``[nic]`` table.
+    ``min_rate_gbps`` each; without a ``[nic]`` table, TCP over ``[tcp] count`` ports of
+    ``rate_gbps`` each (one port of :data:`~topology.linkmodel.TCP_DEFAULT_GBPS` when the
+    spec has no ``[tcp]`` either).
     """
     from topology.linkmodel import (LATENCY, SHM_BANDWIDTH, TCP_DEFAULT_GBPS, memory_bandwidth,
                                     nic_bandwidth, nvlink_lane_bandwidth, pcie_bandwidth)
@@ -104,7 +107,9 @@ def spec_links(spec, *, device: bool) -> FabricModel:
         inter, nics = link(kind, nic_bandwidth(spec.nic.min_rate_gbps)), spec.nic.count
     else:
         kind = LinkKind.TCP
-        inter = link(kind, nic_bandwidth(TCP_DEFAULT_GBPS))
+        rate = spec.tcp.rate_gbps if spec.tcp is not None else TCP_DEFAULT_GBPS
+        inter = link(kind, nic_bandwidth(rate))
+        nics = spec.tcp.count if spec.tcp is not None else 1
     copy_bw, reduce_bw = _local_rates([memory_bandwidth(spec.gpu_model)] if device else [])
     fabric = FabricModel(intra=intra, inter=inter, nics_per_node=nics, copy_bandwidth=copy_bw,
                          reduce_bandwidth=reduce_bw,
@@ -187,6 +192,8 @@ class Term:
     get: object
     set: object
     floor: float = 0.0
+    #: the largest value (the fraction of a line rate: 1); a setter clamps to it
+    ceiling: float = math.inf
 
     def value(self, fabric: FabricModel) -> float:
         return float(self.get(fabric))
@@ -197,9 +204,10 @@ def _link_term(which: str, field: str, unit: str, scale: float) -> Term:
                 lambda f, v: replace(f, **{which: replace(getattr(f, which), **{field: v})}))
 
 
-def _field_term(name: str, field: str, unit: str, scale: float, floor: float = 0.0) -> Term:
+def _field_term(name: str, field: str, unit: str, scale: float, floor: float = 0.0,
+                ceiling: float = math.inf) -> Term:
     return Term(name, unit, scale, lambda f: getattr(f, field),
-                lambda f, v: replace(f, **{field: v}), floor)
+                lambda f, v: replace(f, **{field: min(v, ceiling)}), floor, ceiling)
 
 
 #: Every term :func:`fit` may fit, with its name in a fabric file's ``[model]`` table
@@ -217,7 +225,14 @@ TERMS = (
     _field_term("cache_speedup", "cache_speedup", "x", 1.0, floor=1.0),
     _field_term("switch_latency", "switch_latency", "us", 1e-6),
     _field_term("page_cost", "page_cost", "us", 1e-6),
+    _field_term("tcp_fraction", "tcp_fraction", "x", 1.0, ceiling=1.0),
+    _field_term("tcp_copy_bandwidth", "tcp_copy_bandwidth", "GB/s", 1e9),
+    _field_term("tcp_message_overhead", "tcp_message_overhead", "us", 1e-6),
 )
+
+#: the terms of a TCP link between nodes (:class:`~collectives.types.FabricModel`): fitted
+#: and written only for a fabric whose nodes talk TCP
+TCP_TERMS = ("tcp_fraction", "tcp_copy_bandwidth", "tcp_message_overhead")
 
 
 def model_key(term: Term) -> str:

@@ -133,6 +133,17 @@ class FabricModel:
     transport pins the peer's pages page by page), paid by calls whose buffers are
     smaller than ``huge_page_bytes`` (larger ones lie in huge pages; 0: none do).
     :meth:`effective` applies them to one request.
+
+    A TCP link between nodes (``inter.kind == "tcp"``: kernel sockets over Ethernet, as
+    MPI's TCP transport uses them) carries three more terms, all off by default:
+    ``tcp_fraction`` is the part of the link's line rate (``inter.bandwidth``) that the
+    transport reaches on the wire (a token bucket, a switch or the protocol's own pacing
+    give a stream less than the rate); ``tcp_copy_bandwidth`` is the bytes/s of the
+    hosts' own work per byte (the kernel copies every byte into the sender's socket and
+    out of the receiver's, and handles every segment), paid beside the wire time, so a
+    message of ``m`` bytes takes ``m / (fraction x rate) + m / tcp_copy_bandwidth``
+    (0: no such cost); ``tcp_message_overhead`` is the seconds each message costs the
+    hosts (system calls, wake-ups) beyond the wire's latency.
     """
 
     ranks_per_node: int = 1
@@ -154,6 +165,9 @@ class FabricModel:
     page_cost: float = 0.0
     huge_page_bytes: int = 0
     overhead_factors: tuple[tuple[str, float], ...] = ()
+    tcp_fraction: float = 1.0
+    tcp_copy_bandwidth: float = 0.0
+    tcp_message_overhead: float = 0.0
 
     def __post_init__(self):
         for name in ("ranks_per_node", "nodes", "nics_per_node"):
@@ -164,9 +178,12 @@ class FabricModel:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected bytes/s > 0, got {getattr(self, name)}")
         for name in ("step_overhead", "call_overhead", "switch_latency", "node_bandwidth",
-                     "page_cost"):
+                     "page_cost", "tcp_copy_bandwidth", "tcp_message_overhead"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: expected a value >= 0, got {getattr(self, name)}")
+        if not 0 < self.tcp_fraction <= 1:
+            raise ValueError(f"tcp_fraction: expected a fraction of the line rate in (0, 1], "
+                             f"got {self.tcp_fraction}")
         if not self.cache_speedup >= 1:
             raise ValueError(f"cache_speedup: expected a factor >= 1, got {self.cache_speedup}")
         for name in ("cache_bytes", "cores_per_node", "huge_page_bytes"):
@@ -236,21 +253,42 @@ class FabricModel:
             return 0.0
         return self.page_cost / PAGE_BYTES
 
+    @property
+    def tcp_terms(self) -> bool:
+        """Whether the inter-node link is TCP with any of its terms on (class doc)."""
+        return self.inter.kind == "tcp" and (self.tcp_fraction < 1.0 or
+                                             self.tcp_copy_bandwidth > 0 or
+                                             self.tcp_message_overhead > 0)
+
+    def tcp_link(self, link: Link, over: float = 1.0) -> Link:
+        """``link`` (a TCP link at its line rate) with the TCP terms folded in: the rate
+        the transport reaches on the wire, the hosts' per-byte work beside it (a core's
+        work: it shares the core with ``over`` ranks) and each message's host cost."""
+        per_byte = 1.0 / (link.bandwidth * self.tcp_fraction)
+        if self.tcp_copy_bandwidth > 0:
+            per_byte += over / self.tcp_copy_bandwidth
+        return replace(link, bandwidth=1.0 / per_byte,
+                       latency=link.latency + self.tcp_message_overhead * over)
+
     def effective(self, request: "Request") -> "FabricModel":
         """This fabric as one call of ``request`` sees it: the cache, page,
-        oversubscription and call-overhead terms (class doc) folded into plain links and
-        rates, so that the alpha-beta formulas need not know them. The identity when they
-        are off."""
+        oversubscription, TCP and call-overhead terms (class doc) folded into plain links
+        and rates, so that the alpha-beta formulas need not know them. The identity when
+        they are off."""
         over = self.oversubscription
         speed = self.cache_factor(self.ranks_per_node * request.working_set)
         paged = self.page_seconds(request.nbytes)
-        if over == 1.0 and speed == 1.0 and paged == 0.0:
+        tcp = self.tcp_terms
+        if over == 1.0 and speed == 1.0 and paged == 0.0 and not tcp:
             return self
         switch = self.switch_latency if over > 1.0 else 0.0
 
         def local(link: Link) -> Link:
             # a copy through shared memory is a core's work (its pages too): it shares
             # the core
+            if link.kind == "tcp" and tcp:
+                wire = self.tcp_link(link, over)
+                return replace(wire, latency=wire.latency + switch)
             if link.kind != "shm":
                 return replace(link, latency=link.latency + switch)
             rate = 1.0 / (1.0 / (link.bandwidth * speed) + paged) / over
@@ -262,7 +300,8 @@ class FabricModel:
                        node_bandwidth=self.node_bandwidth * speed,
                        step_overhead=self.step_overhead * over,
                        call_overhead=self.call_overhead * over,
-                       cache_speedup=1.0, cores_per_node=0, page_cost=0.0)
+                       cache_speedup=1.0, cores_per_node=0, page_cost=0.0,
+                       tcp_fraction=1.0, tcp_copy_bandwidth=0.0, tcp_message_overhead=0.0)
 
     def emulated(self) -> "FabricModel":
         """This fabric with all its nodes emulated on one host: they share its

@@ -12,13 +12,17 @@ A spec has these tables (every key is listed; anything else is an error)::
                  "infiniband"), min_rate_gbps (Gb/s), gpu_affinity ("one-per-gpu" |
                  "any"), max_path (farthest GPU-NIC PCIe class: PIX..SYS),
                  numa_local (bool), gpudirect (bool)
+    [tcp]        rate_gbps (Gb/s line rate of a node's Ethernet port that carries TCP
+                 between nodes), count (such ports per node, default 1): the link
+                 between nodes of a fabric without ``[nic]`` (MPI over kernel sockets)
     [bandwidth]  minimum measured GB/s per link class: nvlink, pcie, roce,
                  infiniband, tcp, shm, and allreduce_bus (all-reduce bus bandwidth)
     [model]      the cost model's terms measured on this fabric, written by
                  ``neocomm simulate calibrate`` (see :data:`MODEL_KEYS`): they
                  replace the line rates the other tables imply
 
-``[nvlink]``, ``[nic]``, ``[bandwidth]`` and ``[model]`` are optional. Presets ship in
+``[nvlink]``, ``[nic]``, ``[tcp]``, ``[bandwidth]`` and ``[model]`` are optional; without
+``[nic]`` or ``[tcp]`` the nodes are taken to talk TCP over a 10 Gb/s port. Presets ship in
 ``topology/presets/``; :func:`load_spec` takes a path or a preset name.
 """
 from __future__ import annotations
@@ -34,7 +38,7 @@ else:  # pragma: no cover - Python 3.10
 
 from topology.types import LinkLayer, PciPath
 
-__all__ = ["FabricSpec", "NvlinkSpec", "NicSpec", "SpecError", "load_spec", "parse_spec",
+__all__ = ["FabricSpec", "NvlinkSpec", "NicSpec", "TcpSpec", "SpecError", "load_spec", "parse_spec",
            "preset_names", "PRESETS_DIR", "NVLINK_TOPOLOGIES", "BANDWIDTH_CLASSES", "MODEL_KEYS"]
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -78,6 +82,14 @@ class NicSpec:
 
 
 @dataclass(frozen=True)
+class TcpSpec:
+    """The Ethernet ports of a node that carry TCP between nodes (no RDMA NIC)."""
+
+    rate_gbps: float
+    count: int = 1
+
+
+@dataclass(frozen=True)
 class FabricSpec:
     """A whole fabric spec; ``bandwidth`` maps link class -> minimum GB/s."""
 
@@ -94,6 +106,7 @@ class FabricSpec:
     source: str = ""
     #: the ``[model]`` table's entries, as written (empty: the links' line rates)
     model: tuple[tuple[str, object], ...] = ()
+    tcp: TcpSpec | None = None
 
     @property
     def min_bandwidth(self) -> dict[str, float]:
@@ -142,7 +155,10 @@ MODEL_KEYS = {
     **{k: (_NUM, False, _non_negative) for k in (
         "intra_latency_us", "intra_bandwidth_gbs", "inter_latency_us", "inter_bandwidth_gbs",
         "node_bandwidth_gbs", "copy_bandwidth_gbs", "reduce_bandwidth_gbs", "step_overhead_us",
-        "call_overhead_us", "cache_speedup", "switch_latency_us", "page_cost_us")},
+        "call_overhead_us", "cache_speedup", "switch_latency_us", "page_cost_us",
+        "tcp_copy_bandwidth_gbs", "tcp_message_overhead_us")},
+    "tcp_fraction": (_NUM, False, lambda v: None if 0 < v <= 1 else
+                     f"must be a fraction of the line rate in (0, 1], got {v}"),
 }
 _SCHEMA = {
     "fabric": {"name": (str, True, None), "description": (str, False, None)},
@@ -162,6 +178,9 @@ _SCHEMA = {
             "gpu_affinity": (str, False, _choice(("one-per-gpu", "any"))),
             "max_path": (str, False, _choice(tuple(p.value.lower() for p in PciPath))),
             "numa_local": (bool, False, None), "gpudirect": (bool, False, None)},
+    "tcp": {"rate_gbps": (_NUM, True, lambda v: None if 0 < v <= _MAX_RATE_GBPS else
+                          f"must be in (0, {_MAX_RATE_GBPS:g}] Gb/s, got {v}"),
+            "count": (int, False, lambda v: None if v >= 1 else f"must be >= 1, got {v}")},
     "bandwidth": {k: (_NUM, False, _positive) for k in BANDWIDTH_CLASSES},
     "model": MODEL_KEYS,
 }
@@ -248,10 +267,14 @@ def parse_spec(text: str, path: str = "<spec>") -> FabricSpec:
         raise SpecError(path, "[node] gpu_model", f"names a GPU model, {node['gpu_model']!r}, "
                         f"but [node] gpus = 0")
     bandwidth = tuple((k, float(v)) for k, v in t.get("bandwidth", {}).items())
+    tcp = None
+    if "tcp" in t:
+        tcp = TcpSpec(float(t["tcp"]["rate_gbps"]), int(t["tcp"].get("count", 1)))
     return FabricSpec(t["fabric"]["name"], t["cluster"]["nodes"], gpus,
                       t["fabric"].get("description", ""), node.get("gpu_model", ""),
                       float(node.get("min_gpu_memory_gib", 0.0)), node.get("min_cpus", 0),
-                      nvlink, nic, bandwidth, path, tuple(sorted(t.get("model", {}).items())))
+                      nvlink, nic, bandwidth, path, tuple(sorted(t.get("model", {}).items())),
+                      tcp)
 
 
 def preset_names() -> list[str]:

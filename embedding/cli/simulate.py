@@ -105,6 +105,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             q.add_argument("--tolerance", type=float, default=0.25,
                            help="largest |predicted / measured - 1| that passes, default 0.25")
+            q.add_argument("--repeat-tolerance", type=float, default=0.10,
+                           help="a call whose every launch came within this fraction of "
+                           "their median is one the host repeats: the model is held to "
+                           "those (see --repeatable-only), default 0.10")
+            q.add_argument("--repeatable-only", action="store_true",
+                           help="pass when every call the host repeats is within "
+                           "--tolerance (the others are printed, not held); default: every "
+                           "call must be")
+            q.add_argument("--baseline", metavar="FILE.json", action="append", default=[],
+                           help="an earlier measurement of the same calls (the runs the "
+                           "model was calibrated on): a call repeats only where that "
+                           "measurement also came within --repeat-tolerance of this one's; "
+                           "repeatable")
             q.add_argument("--step", action="store_true",
                            help="validate the training step instead: neocomm train's measured "
                            "step time beside simulate step's prediction, per layout")
@@ -586,6 +599,9 @@ def _calibrate(args) -> int:
 def _validate(args) -> int:
     if not 0 < args.tolerance < 10:
         raise ValueError(f"--tolerance: expected a fraction like 0.25, got {args.tolerance}")
+    if not 0 < args.repeat_tolerance < 10:
+        raise ValueError(f"--repeat-tolerance: expected a fraction like 0.1, got "
+                         f"{args.repeat_tolerance}")
     if args.step:
         return _validate_step(args)
     from collectives.calibrate import compare, measured_kinds
@@ -627,6 +643,29 @@ def _validate(args) -> int:
               f"{args.tolerance:.0%} of their median); " + "; ".join(
                   f"{r} ranks on {n} node(s): {sum(oks)}/{len(oks)}"
                   for (r, n), oks in repeated.items() if oks))
+    held = [c for c in table if c.measurement.repeated(args.repeat_tolerance)]
+    where = ""
+    if args.baseline:
+        earlier = _baseline(args, rows)
+        agree = [c for c in table if _agrees(c.measurement, earlier, args.repeat_tolerance)]
+        print(f"# the earlier measurement (--baseline): {len(agree)} of {len(table)} calls "
+              f"within {args.repeat_tolerance:.0%} of this one")
+        agreed = {id(c) for c in agree}
+        held = [c for c in held if id(c) in agreed]
+        where = " and the earlier measurement"
+    held_in = sum(c.within(args.tolerance) for c in held)
+    if counted:
+        print(f"# held to the calls the host repeats (every launch{where} within "
+              f"{args.repeat_tolerance:.0%} of their median): {held_in} of {len(held)} "
+              f"within {args.tolerance:.0%}" + "".join(
+                  f"; off: {c.measurement.op.value} {c.measurement.size} bytes at "
+                  f"{c.measurement.ranks} ranks on {c.measurement.nodes} node(s) "
+                  f"({c.ratio:.2f})"
+                  for c in held if not c.within(args.tolerance)))
+    elif args.repeatable_only:
+        raise ValueError("--repeatable-only: the calls were measured by one launch each; "
+                         "measure them with --launches 2 or more (or pass several --bench "
+                         "files of one layout)")
     worst = max(table, key=lambda c: abs(c.ratio - 1.0))
     print(f"# worst: {worst.measurement.op.value} {worst.measurement.size} bytes at "
           f"{worst.measurement.ranks} ranks on {worst.measurement.nodes} node(s), "
@@ -635,8 +674,31 @@ def _validate(args) -> int:
         _dump(args.json, {"kind": "neocomm-simulate-validate", "fabric": spec.name,
                           "tolerance": args.tolerance, "within": inside,
                           "measured_alike": alike if counted else None,
+                          "repeat_tolerance": args.repeat_tolerance,
+                          "repeatable": len(held) if counted else None,
+                          "repeatable_within": held_in if counted else None,
                           "rows": [c.to_dict() for c in table]})
+    if args.repeatable_only:
+        return 0 if held and held_in == len(held) else 1
     return 0 if inside == len(table) else 1
+
+
+def _key(m) -> tuple:
+    return (m.op, m.ranks, m.ranks_per_node, m.size, m.algorithm, m.root, m.line_rate)
+
+
+def _baseline(args, rows) -> dict:
+    """``{call: median seconds}`` of the ``--baseline`` measurements."""
+    from collectives.calibrate import median_of_launches, read_measurements
+
+    runs = median_of_launches([run for path in args.baseline for run in read_measurements(path)])
+    return {_key(m): m.time for m in _rows(runs, args.device)}
+
+
+def _agrees(m, earlier: dict, tolerance: float) -> bool:
+    """Whether the earlier measurement of ``m``'s call came within ``tolerance`` of it."""
+    then = earlier.get(_key(m))
+    return then is not None and abs(then / m.time - 1.0) <= tolerance
 
 
 def _layouts(args) -> list[tuple[int, int]]:

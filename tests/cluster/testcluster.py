@@ -153,10 +153,15 @@ class TestCluster:
 
     def launch_env(self, **extra: str) -> dict:
         """The environment a user's shell on a head host has (this Python's environment,
-        its bin first on PATH) plus what the MPI launcher needs here: the ssh stand-in,
-        and MPI's traffic kept on the cluster's link."""
+        its bin first on PATH, this checkout first on PYTHONPATH) plus what the MPI
+        launcher needs here: the ssh stand-in, and MPI's traffic kept on the cluster's
+        link."""
         env = dict(os.environ)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        # the hosts run this checkout's code (neocomm run passes PYTHONPATH to every
+        # rank), whichever checkout the environment has installed
+        env["PYTHONPATH"] = os.pathsep.join(
+            [ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != ROOT])
         env.pop("NEOCOMM_RANKS_PER_NODE", None)
         env.update({"PRTE_MCA_plm_ssh_agent": self.agent,
                     "PRTE_MCA_oob_tcp_if_include": f"{SUBNET}.0/24",
