@@ -125,13 +125,7 @@ def test_views_share_device_memory():
 
 
 def test_cuda_kernels_run_through_the_opencl_device():
-    src = r'''
-    extern "C" __global__ void axpy(const float* __restrict__ x, float* __restrict__ y,
-                                    const float a, const long long n) {
-        long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-        if (i < n) y[i] = __fadd_rn(__fmul_rn(a, x[i]), y[i]);
-    }'''
-    kernel = cp.RawModule(code=src).get_function("axpy")
+    kernel = cp.RawModule(code=_AXPY).get_function("axpy")
     x, y = cp.arange(100, dtype=cp.float32), cp.ones(100, cp.float32)
     kernel((4,), (32,), (x, y, np.float32(2), np.int64(100)))
     np.testing.assert_array_equal(y.get(), 2 * np.arange(100, dtype=np.float32) + 1)
