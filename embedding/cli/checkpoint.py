@@ -31,7 +31,8 @@ HELP = "inspect and verify checkpoints; export their tables as int8 for serving"
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = sub.add_parser("inspect", help="verify checksums and print a checkpoint's contents")
-    p.add_argument("dir", metavar="DIR", help="a checkpoint directory or a root of checkpoints")
+    p.add_argument("dir", metavar="DIR", help="a checkpoint directory, a root of checkpoints "
+                   "or a training output directory (its checkpoints/)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip reading the files (sizes are still checked)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -57,6 +58,8 @@ def run(args) -> int:
     if args.action != "inspect":  # pragma: no cover - argparse restricts the choices
         return 2
     root = Path(args.dir)
+    if not list_checkpoints(root) and (root / "checkpoints").is_dir():
+        root = root / "checkpoints"  # a training output directory, as predict and export take
     others = []
     if (root / MANIFEST).exists() or (root / "COMPLETE").exists():
         path = root

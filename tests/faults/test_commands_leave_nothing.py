@@ -77,7 +77,7 @@ COMMANDS = {
     "train": ["train", "--config", "demo/train.toml", "--steps", "1", "--out", "runs-again"],
     "predict": ["predict", "--checkpoint", "runs", "--data", "demo/test.parquet", "--out",
                 "scores.parquet"],
-    "checkpoint inspect": ["checkpoint", "inspect", "runs/checkpoints"],
+    "checkpoint inspect": ["checkpoint", "inspect", "runs"],
     "checkpoint export": ["checkpoint", "export", "runs/checkpoints/step-000000000002",
                           "--out", "int8"],
 }
