@@ -45,20 +45,17 @@ def parse_size(text, *, zero: bool = False) -> int:
     return value
 
 
-def size_arg(text: str) -> int:
+def size_arg(text: str, *, zero: bool = False) -> int:
     """``type=`` of an argparse size argument: argparse names the argument in its error."""
     try:
-        return parse_size(text)
+        return parse_size(text, zero=zero)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def size_or_zero_arg(text: str) -> int:
     """As :func:`size_arg`, where 0 means "none"."""
-    try:
-        return parse_size(text, zero=True)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return size_arg(text, zero=True)
 
 
 def format_size(n: float) -> str:

@@ -36,7 +36,7 @@ import numpy as np
 from embedding.data.batch import Batch
 from embedding.data.hashing import hash_ints, hash_strings, stable_hash
 from embedding.data.schema import DataSchema, SparseFeature
-from embedding.data.transforms import DenseTransforms, Moments, dense_values
+from embedding.data.transforms import DenseTransforms, Moments, dense_values, transform_values
 from embedding.data.types import DataFormatError
 from embedding.data.types import pyarrow_module as _pa
 
@@ -525,9 +525,8 @@ class _ScanPart:
             self.positives += _check_labels(t.column(self.schema.label), source, index)
             moments = {}
             for i, d in enumerate(self.schema.dense):
-                x = dense_values(t.column(d.column), d.fill, pa)[0]
-                if d.clip is not None:
-                    x = np.clip(x, d.clip[0], d.clip[1])
+                x = transform_values(dense_values(t.column(d.column), d.fill, pa)[0],
+                                     "none", d.clip)  # fill and clip: what the moments describe
                 bad = ~np.isfinite(x)
                 if bad.any():
                     row = int(np.flatnonzero(bad)[0])
@@ -763,11 +762,10 @@ def describe_rows(dataset: ParquetDataset, start: int, stop: int) -> list[str]:
         pos = b
     offsets = [batch.offsets(f) for f in range(batch.num_sparse)]
     lines = []
+    stats = dataset.dense.columns if dataset.dense is not None else (None,) * len(schema.dense)
     for r in range(stop - start):
         label = f"{raw[schema.label][r]!r}" if src.has_label else "(none)"
         shown, j = [], 0
-        stats = (dataset.dense.columns if dataset.dense is not None
-                 else (None,) * len(schema.dense))
         for d, st in zip(schema.dense, stats):  # raw value -> the model's, where they differ
             value = raw[d.column][r]
             if st is None or st.identity:

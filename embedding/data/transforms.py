@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from embedding.data.types import SchemaError
+
 __all__ = ["TRANSFORMS", "DEFAULT_TRANSFORM", "Moments", "DenseStatistics", "DenseTransforms",
            "transform_values", "dense_values"]
 
@@ -201,8 +203,6 @@ class DenseTransforms:
         SchemaError (naming ``data.dense[i].transform``) for ``minmax`` on a
         column whose training values are all one value.
         """
-        from embedding.data.types import SchemaError
-
         out = []
         for i, d in enumerate(schema.dense):
             m = moments.get(d.column) or Moments()

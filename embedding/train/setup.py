@@ -160,8 +160,7 @@ def check_host_memory(cfg: TrainConfig, plan: ShardingPlan, tables, nodes) -> No
     ``plan.host_memory`` (default: this host's memory); names the node, its ranks and the
     largest tables. The same verdict on every rank: every node is checked."""
     from embedding.optim import row_bytes
-    from topology.sizes import parse_size
-    from topology.sizes import format_size
+    from topology.sizes import format_size, parse_size
 
     from embedding.packing import packed_tables
 
