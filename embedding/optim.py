@@ -30,7 +30,8 @@ import numpy as np
 
 from embedding.types import OptimizerConfig, OptimizerKind, enum_arg
 
-__all__ = ["StateSpec", "state_specs", "row_bytes", "sparse_update", "dense_reference_update"]
+__all__ = ["StateSpec", "state_specs", "row_bytes", "sparse_update", "mean_square",
+           "dense_reference_update"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
         mom = state["momentum"]
         m = mom[rows].astype(cdt, copy=False)
         if mean_sq is None:
-            mean_sq = np.einsum("ij,ij->i", grads, grads) / dt(grads.shape[1])
+            mean_sq = mean_square(grads)
         m += mean_sq
         mom[rows] = m
         scale = lr / (np.sqrt(m) + eps)
@@ -133,6 +134,17 @@ def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
         _subtract_rows(weight, rows, m, store)
         return
     raise ValueError(f"config.kind: unsupported optimizer {kind}")
+
+
+def mean_square(grads: np.ndarray) -> np.ndarray:
+    """Row-wise AdaGrad's ``mean(g * g)`` of each row of ``grads``: the squares summed in
+    column order, then divided by the width, in ``grads``' dtype (the compiled kernels sum in
+    the same order, so the two agree bit for bit)."""
+    sq = grads * grads
+    total = sq[:, 0].copy()
+    for c in range(1, sq.shape[1]):
+        total += sq[:, c]
+    return total / grads.dtype.type(grads.shape[1])
 
 
 def _subtract_rows(weight: np.ndarray, rows: np.ndarray, delta: np.ndarray, store) -> None:

@@ -237,9 +237,9 @@ def profile_step(cfg, data, tables, plan, global_batch: int, *, ranks_on_host: i
     if global_batch % plan.world_size:
         raise ValueError(f"batch size: {global_batch} samples do not split over "
                          f"{plan.world_size} ranks")
-    from embedding.train.threads import default_threads
+    from embedding.train.threads import default_threads, rank_threads
 
-    threads = cfg.train.threads or default_threads(ranks_on_host)
+    threads = rank_threads(cfg.train.threads, ranks_on_host)
     cores = default_threads(1)
     beside = min(ranks_on_host, cores) - 1
     with _co_runners(cfg, global_batch // plan.world_size, threads, beside):

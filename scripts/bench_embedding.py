@@ -1,11 +1,18 @@
 #!/usr/bin/env python
 """Benchmarks of the sharded-embedding core, each next to a PyTorch peer run in the same job.
 
-CPU kernels (one process): fused multi-table lookup + backward + sparse
-optimizer, against ``torch.nn.EmbeddingBag(sparse=True)`` with
-``torch.optim.Adagrad`` and with ``torch.optim.SparseAdam``::
+CPU kernels (one process, one thread by default): the fused multi-table
+lookup + backward + sparse optimizer (SGD, row-wise AdaGrad, Adam) of
+neocomm's compiled kernels, beside FBGEMM's CPU table-batched embedding with
+the same optimizer fused (where ``fbgemm_gpu`` loads), and on request
+neocomm's NumPy kernels and ``torch.nn.EmbeddingBag(sparse=True)``, timed
+interleaved (median of ``--repeat`` rounds of ``--iters`` steps), with the
+bytes-touched bound: the bytes a step must move at least (every id's row
+read, the pooled rows written and their gradient read, every touched row and
+its state read and written once) over this machine's ``np.copyto`` rate::
 
-    python scripts/bench_embedding.py cpu --ids-per-bag 1 8
+    python scripts/bench_embedding.py cpu --dims 16 64 128 --ids-per-bag 1 8 32 --numpy
+    python scripts/bench_embedding.py cpu --ids-per-bag 32 --variable --optimizers adam
 
 Sharded (under mpirun): forward + backward + row-wise AdaGrad of a
 table-wise collection, against the same data path written with
@@ -13,12 +20,12 @@ table-wise collection, against the same data path written with
 
     mpirun -n 2 python scripts/bench_embedding.py sharded --batch 2048
 
-Throughput is samples per second (global for the sharded run), from the
-median step time over ``--iters`` steps after ``--warmup`` steps; a step
-that is the slowest rank's. Before timing, the first step's pooled output
-is checked against the peer's on the same weights and ids. Results print as
-a table and, with ``--json PATH``, as JSON. PyTorch is optional: without it
-the peer columns say so.
+The sharded throughput is global samples per second, from the median step
+time over ``--iters`` steps after ``--warmup`` steps; a step is the slowest
+rank's. Before timing, the first step's pooled output is checked against the
+peer's on the same weights and ids. Results print as lines and, with
+``--json PATH``, as JSON. PyTorch is optional: without it the peer columns
+say so.
 """
 from __future__ import annotations
 
@@ -46,81 +53,180 @@ def _median_rate(times, samples):
 
 
 # -- CPU kernels -------------------------------------------------------------------
+def _bags(rng, t_count, rows, batch, per_bag, variable):
+    """Feature-major bags: per table ``batch`` bags of ``per_bag`` Zipf ids (``variable``: 0
+    to ``2 * per_bag``, the same mean) -> ``(ids, offsets)``."""
+    n = t_count * batch
+    lengths = (rng.integers(0, 2 * per_bag + 1, n) if variable else np.full(n, per_bag))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    table_of = np.repeat(np.arange(t_count), lengths.reshape(t_count, batch).sum(1))
+    ids = ((rng.zipf(1.1, int(offsets[-1])) - 1) % rows).astype(np.int64)
+    return ids, offsets, table_of
+
+
+def copy_bandwidth(nbytes: int = 256 << 20) -> float:
+    """Bytes per second ``np.copyto`` moves here (read plus written), best of 5."""
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best
+
+
+def bytes_touched(ids, table_of, t_count, dim, batch, kind, itemsize=4) -> int:
+    """The bytes a lookup + fused backward must move at least: every id's row read, the
+    pooled rows written and their gradient read, each touched row (and its optimizer state)
+    read and written once."""
+    unique = sum(np.unique(ids[table_of == t]).size for t in range(t_count))
+    state = {"sgd": 0, "rowwise_adagrad": 1, "adam": 2 * dim + 2}[kind]  # elements per row
+    row = dim * itemsize
+    return (ids.size * row + 2 * t_count * batch * row
+            + 2 * unique * (row + state * itemsize))
+
+
+def _fbgemm(torch, t_count, rows, dim, kind, init):
+    """FBGEMM's CPU table-batched embedding with the optimizer fused into the backward, or
+    ``(None, why)`` where it does not load."""
+    try:
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import (EmbeddingLocation,
+                                                                          PoolingMode)
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
+    except Exception as exc:  # not installed, or built for another torch
+        return None, f"fbgemm_gpu does not load: {type(exc).__name__}"
+    opt = {"sgd": EmbOptimType.EXACT_SGD,
+           "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}.get(kind)
+    if opt is None:
+        return None, f"no fused {kind} on FBGEMM's CPU kernels"
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * t_count, optimizer=opt,
+        learning_rate=0.01, eps=1e-8, pooling_mode=PoolingMode.SUM)
+    with torch.no_grad():
+        for t, w in enumerate(tbe.split_embedding_weights()):
+            w.copy_(torch.from_numpy(init[t]))
+    return tbe, "ok"
+
+
 def bench_cpu(args) -> list[dict]:
+    """One process: neocomm's fused lookup + backward + update (compiled kernels, and the
+    NumPy ones), FBGEMM's CPU kernels and ``torch.nn.EmbeddingBag``, interleaved, beside the
+    bytes-touched bound."""
     from embedding.kernels import Bags, FusedTables
     from embedding.types import OptimizerConfig, OptimizerKind
 
     torch = _torch()
-    t_count, rows, dim, batch = args.tables, args.rows, args.dim, args.batch
-    rng = np.random.default_rng(0)
-    init = (rng.random((t_count, rows, dim), dtype=np.float32) - 0.5) * 0.02
+    if torch is not None:
+        torch.set_num_threads(args.threads)
+    bandwidth = copy_bandwidth()
+    t_count, rows, batch = args.tables, args.rows, args.batch
     results = []
-    for length in args.ids_per_bag:
-        ids = rng.integers(0, rows, (t_count, batch * length))
-        offsets = np.arange(0, t_count * batch * length + 1, length, dtype=np.int64)
-        grad = rng.standard_normal((batch, t_count * dim), dtype=np.float32)
-        bags = Bags(ids.reshape(-1), offsets, tuple(range(t_count)),
-                    tuple(range(0, t_count * dim, dim)), (False,) * t_count, batch,
-                    t_count * dim)
-        for kind, peer in ((OptimizerKind.ROWWISE_ADAGRAD, "Adagrad"),
-                           (OptimizerKind.ADAM, "SparseAdam")):
-            if peer not in args.peers:
-                continue
-            ours = FusedTables([rows] * t_count, [dim] * t_count,
-                               OptimizerConfig(kind, lr=0.01), threads=args.threads)
-            ours.weights[:] = init.reshape(-1)
+    for dim in args.dims:
+        rng = np.random.default_rng(0)
+        init = ((rng.random((t_count, rows, dim), dtype=np.float32) - 0.5) * 0.02)
+        for length in args.ids_per_bag:
+            ids, offsets, table_of = _bags(rng, t_count, rows, batch, length, args.variable)
+            grad = rng.standard_normal((batch, t_count * dim), dtype=np.float32)
+            bags = Bags(ids, offsets, tuple(range(t_count)), tuple(range(0, t_count * dim, dim)),
+                        (False,) * t_count, batch, t_count * dim)
+            for kind in args.optimizers:
+                steps, check = {}, "no peer"
+                for impl in ("compiled", "numpy") if args.numpy else ("compiled",):
+                    ours = FusedTables([rows] * t_count, [dim] * t_count,
+                                       OptimizerConfig(OptimizerKind(kind), lr=0.01),
+                                       threads=args.threads)
+                    ours.weights[:] = init.reshape(-1)
 
-            def ours_step():
-                ours.lookup(bags)
-                ours.backward_update(bags, grad)
-
-            check = "no peer"
-            peer_rate = None
-            if torch is not None:
-                embs = [torch.nn.EmbeddingBag(rows, dim, mode="sum", sparse=True)
-                        for _ in range(t_count)]
-                with torch.no_grad():
-                    for t, e in enumerate(embs):
-                        e.weight.copy_(torch.from_numpy(init[t]))
-                params = [e.weight for e in embs]
-                opt = (torch.optim.Adagrad(params, lr=0.01) if peer == "Adagrad"
-                       else torch.optim.SparseAdam(params, lr=0.01))
-                t_ids = [torch.from_numpy(ids[t]) for t in range(t_count)]
-                t_off = torch.arange(0, batch * length, length)
-                t_grad = torch.from_numpy(grad)
-
-                def torch_step():
-                    out = torch.cat([e(i, t_off) for e, i in zip(embs, t_ids)], dim=1)
-                    opt.zero_grad()
-                    out.backward(t_grad)
-                    opt.step()
-                    return out
-
-                with torch.no_grad():
-                    ref = torch.cat([e(i, t_off) for e, i in zip(embs, t_ids)], dim=1).numpy()
-                got = ours.lookup(bags)
-                ok = np.allclose(got, ref, rtol=1e-5, atol=1e-6)
-                check = "ok" if ok else f"MISMATCH (max {np.abs(got - ref).max():.3g})"
-                peer_rate = _time(torch_step, args, batch)
-            rate = _time(ours_step, args, batch)
-            results.append(dict(bench="cpu", tables=t_count, rows=rows, dim=dim, batch=batch,
-                                ids_per_bag=length, optimizer=kind.value, threads=args.threads,
-                                samples_per_s=rate, peer=f"torch EmbeddingBag + {peer}",
-                                peer_threads=torch.get_num_threads() if torch else None,
-                                peer_samples_per_s=peer_rate,
-                                ratio=rate / peer_rate if peer_rate else None, check=check))
+                    def step(ours=ours, impl=impl):
+                        os.environ["NEOCOMM_EMBEDDING_KERNELS"] = impl
+                        ours.lookup(bags)
+                        ours.backward_update(bags, grad)
+                    steps[f"neocomm {impl}"] = step
+                if torch is not None:
+                    t_ids, t_off = torch.from_numpy(ids), torch.from_numpy(offsets)
+                    t_grad = torch.from_numpy(grad)
+                    tbe, why = _fbgemm(torch, t_count, rows, dim, kind, init)
+                    if tbe is not None:
+                        def fb_step(tbe=tbe):
+                            tbe(t_ids, t_off).backward(t_grad)
+                        steps["fbgemm"] = fb_step
+                        with torch.no_grad():
+                            ref = tbe(t_ids, t_off).numpy()
+                        got = FusedTables([rows] * t_count, [dim] * t_count,
+                                          OptimizerConfig(OptimizerKind(kind), lr=0.01))
+                        got.weights[:] = init.reshape(-1)
+                        ok = np.allclose(got.lookup(bags), ref, rtol=1e-5, atol=1e-6)
+                        check = "ok" if ok else "MISMATCH"
+                    else:
+                        check = why
+                    if args.embedding_bag:
+                        steps["torch EmbeddingBag"] = _embedding_bag_step(
+                            torch, init, kind, ids, offsets, t_count, batch, grad)
+                times = _interleaved(steps, args)
+                bound = bytes_touched(ids, table_of, t_count, dim, batch, kind) / bandwidth
+                ours_t = times["neocomm compiled"]
+                row = dict(bench="cpu", tables=t_count, rows=rows, dim=dim, batch=batch,
+                           ids_per_bag=length, variable=args.variable, optimizer=kind,
+                           threads=args.threads, check=check, bound_ms=bound * 1e3,
+                           copy_gb_per_s=bandwidth / 1e9,
+                           ms={k: v * 1e3 for k, v in times.items()},
+                           over_bound=ours_t / bound)
+                if "fbgemm" in times:
+                    row["vs_fbgemm"] = times["fbgemm"] / ours_t
+                results.append(row)
+                print(_cpu_line(row), flush=True)
     return results
 
 
-def _time(step, args, samples) -> float:
-    for _ in range(args.warmup):
-        step()
-    times = []
-    for _ in range(args.iters):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return _median_rate(times, samples)[0]
+def _embedding_bag_step(torch, init, kind, ids, offsets, t_count, batch, grad):
+    """``torch.nn.EmbeddingBag(sparse=True)`` per table with torch's sparse SGD or Adagrad
+    (element-wise: torch has no row-wise one)."""
+    embs = [torch.nn.EmbeddingBag(init.shape[1], init.shape[2], mode="sum", sparse=True)
+            for _ in range(t_count)]
+    with torch.no_grad():
+        for t, e in enumerate(embs):
+            e.weight.copy_(torch.from_numpy(init[t]))
+    params = [e.weight for e in embs]
+    opt = (torch.optim.SGD(params, lr=0.01) if kind == "sgd"
+           else torch.optim.Adagrad(params, lr=0.01))
+    per = [(torch.from_numpy(ids[offsets[t * batch]:offsets[(t + 1) * batch]]),
+            torch.from_numpy(offsets[t * batch:(t + 1) * batch] - offsets[t * batch]))
+           for t in range(t_count)]
+    t_grad = torch.from_numpy(grad)
+
+    def step():
+        out = torch.cat([e(i, o) for e, (i, o) in zip(embs, per)], dim=1)
+        opt.zero_grad()
+        out.backward(t_grad)
+        opt.step()
+    return step
+
+
+def _interleaved(steps: dict, args) -> dict:
+    """Median seconds per step of each of ``steps``: after ``--warmup`` steps each,
+    ``--repeat`` rounds, each timing ``--iters`` steps of every one in turn."""
+    for fn in steps.values():
+        for _ in range(args.warmup):
+            fn()
+    per = {k: [] for k in steps}
+    for _ in range(args.repeat):
+        for name, fn in steps.items():
+            t0 = time.perf_counter()
+            for _ in range(args.iters):
+                fn()
+            per[name].append((time.perf_counter() - t0) / args.iters)
+    return {k: statistics.median(v) for k, v in per.items()}
+
+
+def _cpu_line(r) -> str:
+    ms = "  ".join(f"{k} {v:.1f}" for k, v in r["ms"].items())
+    vs = f"  compiled/FBGEMM speed {r['vs_fbgemm']:.2f}x" if "vs_fbgemm" in r else ""
+    return (f"dim {r['dim']:>3}  ids/bag {'~' if r['variable'] else ''}{r['ids_per_bag']:<3} "
+            f"{r['optimizer']:<16} ms/step: {ms}  bound {r['bound_ms']:.1f} "
+            f"({r['over_bound']:.1f}x){vs}  check {r['check']}")
 
 
 # -- sharded ------------------------------------------------------------------------
@@ -137,9 +243,9 @@ def bench_sharded(args) -> list[dict]:
     size, rank = group.size, group.rank
     if args.threads is None:
         args.threads = max(1, (os.cpu_count() or 1) // world.local_size)
-    t_count, rows, dim, batch, length = (args.tables, args.rows, args.dim, args.batch,
+    t_count, rows, dim, batch, length = (args.tables, args.rows, args.dims[0], args.batch,
                                          args.ids_per_bag[0])
-    opt = OptimizerConfig(OptimizerKind.ROWWISE_ADAGRAD, lr=0.01)
+    opt = OptimizerConfig(OptimizerKind(args.optimizers[0]), lr=0.01)
     tables = [TableConfig(f"t{i}", rows, dim, optimizer=opt) for i in range(t_count)]
     plan = ShardingPlan(size, size, tuple(
         TablePlan(t.name, ShardingType.TABLE_WISE, (Shard(i % size, 0, rows, 0, dim),))
@@ -160,7 +266,7 @@ def bench_sharded(args) -> list[dict]:
         coll.forward(k)
         coll.backward(grad)
 
-    torch = _torch() if args.peers else None
+    torch = _torch() if args.peer else None
     peer_rate, check = None, "no peer"
     if torch is not None:
         import torch.distributed as dist
@@ -274,37 +380,49 @@ def main(argv=None) -> int:
     p.add_argument("mode", choices=("cpu", "sharded"))
     p.add_argument("--tables", type=int, default=26)
     p.add_argument("--rows", type=int, default=100_000)
-    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--dims", type=int, nargs="+", default=[64], help="embedding dims")
     p.add_argument("--batch", type=int, default=None,
                    help="samples per step (per rank when sharded); default 4096 cpu, 2048 sharded")
     p.add_argument("--ids-per-bag", type=int, nargs="+", default=None,
-                   help="default: 1 8 (cpu), 1 (sharded)")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+                   help="ids per bag (default: 1 8 32 cpu, 1 sharded)")
+    p.add_argument("--variable", action="store_true",
+                   help="cpu: bags of 0 to twice --ids-per-bag ids (the same mean)")
+    p.add_argument("--optimizers", nargs="+", default=None,
+                   choices=("sgd", "rowwise_adagrad", "adam"),
+                   help="default: sgd rowwise_adagrad (cpu), rowwise_adagrad (sharded)")
+    p.add_argument("--iters", type=int, default=5, help="steps per timing")
+    p.add_argument("--repeat", type=int, default=3, help="cpu: interleaved timings (median)")
+    p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=None,
-                   help="threads of the NumPy kernels (default: CPUs / ranks on this host)")
+                   help="kernel threads (default: 1 cpu, CPUs / ranks on this host sharded)")
+    p.add_argument("--numpy", action="store_true", help="cpu: also time the NumPy kernels")
+    p.add_argument("--embedding-bag", action="store_true",
+                   help="cpu: also time torch.nn.EmbeddingBag(sparse=True)")
     p.add_argument("--dedup", action="store_true", help="sharded: deduplicate ids")
-    p.add_argument("--peers", nargs="*", default=["Adagrad", "SparseAdam"],
-                   help="cpu: torch optimizers to compare with (none: no peer)")
+    p.add_argument("--no-peer", dest="peer", action="store_false",
+                   help="sharded: no torch.distributed peer")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     sharded = args.mode == "sharded"
     args.batch = args.batch or (2048 if sharded else 4096)
-    args.ids_per_bag = args.ids_per_bag or ([1] if sharded else [1, 8])
-    if args.threads is None and not sharded:
-        args.threads = os.cpu_count() or 1
-    results = bench_sharded(args) if sharded else bench_cpu(args)
-    if results:
+    args.ids_per_bag = args.ids_per_bag or ([1] if sharded else [1, 8, 32])
+    args.optimizers = args.optimizers or (["rowwise_adagrad"] if sharded
+                                          else ["sgd", "rowwise_adagrad"])
+    if args.threads is None:
+        args.threads = 1 if not sharded else None
+    if sharded:
+        results = bench_sharded(args)
         for r in results:
             peer = (f"{r['peer_samples_per_s']:,.0f}" if r["peer_samples_per_s"] else "n/a")
             ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "n/a"
-            what = (f"{r['bench']} ids/bag={r['ids_per_bag']} {r['optimizer']}"
-                    + (f" ranks={r['ranks']}" if sharded else ""))
+            what = f"sharded ids/bag={r['ids_per_bag']} {r['optimizer']} ranks={r['ranks']}"
             print(f"{what:<44} ours {r['samples_per_s']:>10,.0f} samples/s   peer {peer:>10} "
                   f"({r['peer']})   ratio {ratio}   check {r['check']}")
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(results, fh, indent=1)
+    else:
+        results = bench_cpu(args)
+    if results and args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
     return 0
 
 

@@ -3,18 +3,23 @@
     neocomm run -n 2 -- python scripts/bench_torchrec.py
     neocomm run -n 2 -- python scripts/bench_torchrec.py --tables 26 --rows 100000 --dim 16 \\
         --batch 2048 --steps 40 --shardings table_wise row_wise
+    neocomm run -n 2 -- python scripts/bench_torchrec.py --ids-per-bag 1 8 32 --variable \\
+        --optimizer rowwise_adagrad --dim 64
 
 The same tables, ids and world size on both sides, CPU, torch.distributed over
 gloo for TorchRec (started on neocomm's ranks by
 ``embedding.torch.init_process_group``): neocomm's
 ``ShardedEmbeddingBagCollection`` and TorchRec's ``DistributedModelParallel``
-over an ``EmbeddingBagCollection`` built on the meta device, both with fused
-SGD applied in the backward, each table placed by the sharding asked for.
-A step is the pooled lookup of a local batch (one id per feature, Zipf ids,
-as Criteo's categorical features), a loss on the pooled output and its
-backward with the fused update. Prints samples/s of both (the slowest rank's
-time, best of ``--repeat`` timings of ``--steps`` steps, the two interleaved)
-and neocomm's over TorchRec's. A sharding TorchRec cannot run here (row-wise
+over an ``EmbeddingBagCollection`` built on the meta device, both with the
+optimizer fused into the backward (SGD, or row-wise AdaGrad: TorchRec's
+``RowWiseAdagrad``, FBGEMM's EXACT_ROWWISE_ADAGRAD), each table placed by the
+sharding asked for. A step is the pooled (sum) lookup of a local batch
+(``--ids-per-bag`` Zipf ids per feature and sample, as many as production
+multi-hot features pool; ``--variable``: each bag 0 to twice that many,
+the same mean), a loss on the pooled output and its backward with the fused
+update. Prints samples/s of both (the slowest rank's time, median of
+``--repeat`` timings of ``--steps`` steps, the two interleaved) and neocomm's
+over TorchRec's. A sharding TorchRec cannot run here (row-wise
 on CPU) is reported as such, with neocomm's figure alone. Needs torchrec
 (with fbgemm-gpu's CPU build); without it, only neocomm's figures.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import statistics
 import time
 
 import numpy as np
@@ -34,30 +40,35 @@ from embedding.torch import ShardedEmbeddingBagCollection, init_process_group
 from embedding.types import OptimizerConfig, ShardingType, TableConfig
 
 LR = 0.01
+EPS = 1e-8
 
 
-def batches(args, rank: int, count: int):
-    """``count`` local batches: per feature ``args.batch`` Zipf ids (one per sample)."""
+def batches(args, rank: int, count: int, per_bag: int):
+    """``count`` local batches ``(ids, lengths)``, feature-major: per feature ``args.batch``
+    bags of ``per_bag`` Zipf ids (``args.variable``: 0 to ``2 * per_bag``)."""
     rng = np.random.default_rng(1000 + rank)
     out = []
     for _ in range(count):
-        ids = (rng.zipf(1.1, (args.tables, args.batch)) - 1) % args.rows
-        out.append(ids.astype(np.int64))
+        n = args.tables * args.batch
+        lengths = (rng.integers(0, 2 * per_bag + 1, n) if args.variable
+                   else np.full(n, per_bag)).astype(np.int64)
+        ids = (rng.zipf(1.1, int(lengths.sum())) - 1) % args.rows
+        out.append((ids.astype(np.int64), lengths))
     return out
 
 
 def neocomm_steps(args, world, sharding: str, data):
     tables = [TableConfig(f"t{i}", args.rows, args.dim, "sum", (f"f{i}",),
-                          optimizer=OptimizerConfig("sgd", lr=LR)) for i in range(args.tables)]
+                          optimizer=OptimizerConfig(args.optimizer, lr=LR, eps=EPS))
+              for i in range(args.tables)]
     only = {t.name: TableConstraints(shardings=(ShardingType(sharding),)) for t in tables}
     hw = Hardware(world.size, 1, 64 << 30, min_column_dim=max(1, args.dim // world.size))
     plan = plan_sharding(tables, hw, Workload(batch_size=args.batch), constraints=only).plan
-    ebc = ShardedEmbeddingBagCollection(tables, plan, world.world)
+    ebc = ShardedEmbeddingBagCollection(tables, plan, world.world, threads=args.threads)
     keys = [f"f{i}" for i in range(args.tables)]
-    ones = np.ones(args.tables * args.batch, np.int64)
     from embedding.jagged import KeyedJagged
 
-    kjts = [KeyedJagged(keys, ids.reshape(-1), ones) for ids in data]
+    kjts = [KeyedJagged(keys, ids, lengths) for ids, lengths in data]
     w = torch.randn(args.batch, args.tables * args.dim, generator=torch.Generator().manual_seed(1))
 
     def run(n: int) -> None:
@@ -79,7 +90,11 @@ def torchrec_steps(args, world, sharding: str, data):
     configs = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=args.dim, num_embeddings=args.rows,
                                   feature_names=[f"f{i}"]) for i in range(args.tables)]
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": LR})
+    if args.optimizer == "sgd":
+        apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": LR})
+    else:
+        from torchrec.optim import RowWiseAdagrad
+        apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": LR, "eps": EPS})
     sharder = EmbeddingBagCollectionSharder()
     if sharding not in sharder.sharding_types("cpu"):
         return None
@@ -89,9 +104,9 @@ def torchrec_steps(args, world, sharding: str, data):
     plan = planner.collective_plan(ebc, [sharder], dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan, sharders=[sharder])
     keys = [f"f{i}" for i in range(args.tables)]
-    lengths = torch.ones(args.tables * args.batch, dtype=torch.int32)
-    kjts = [KeyedJaggedTensor(keys=keys, values=torch.from_numpy(ids.reshape(-1)),
-                              lengths=lengths) for ids in data]
+    kjts = [KeyedJaggedTensor(keys=keys, values=torch.from_numpy(ids),
+                              lengths=torch.from_numpy(lengths.astype(np.int32)))
+            for ids, lengths in data]
     w = torch.randn(args.batch, args.tables * args.dim, generator=torch.Generator().manual_seed(1))
 
     def run(n: int) -> None:
@@ -117,7 +132,14 @@ def main(argv=None) -> int:
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--batch", type=int, default=2048, help="samples per rank and step")
     ap.add_argument("--steps", type=int, default=40, help="steps per timing")
-    ap.add_argument("--repeat", type=int, default=5, help="timings (best reported)")
+    ap.add_argument("--repeat", type=int, default=3, help="timings (the median reported)")
+    ap.add_argument("--ids-per-bag", type=int, nargs="+", default=[1],
+                    help="ids per bag (multi-hot features pool several)")
+    ap.add_argument("--variable", action="store_true",
+                    help="bags of 0 to twice --ids-per-bag ids (the same mean)")
+    ap.add_argument("--optimizer", choices=("sgd", "rowwise_adagrad"), default="sgd")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="neocomm's kernel threads per rank (TorchRec's: torch's, set to 1)")
     ap.add_argument("--shardings", nargs="+",
                     default=["table_wise", "row_wise", "column_wise", "data_parallel"],
                     choices=[s.value for s in ShardingType])
@@ -127,33 +149,37 @@ def main(argv=None) -> int:
     if have_torchrec:
         init_process_group("gloo")
     torch.set_num_threads(1)
-    data = batches(args, world.rank, 8)
     rows = []
-    for sharding in args.shardings:
-        ours = neocomm_steps(args, world, sharding, data)
-        theirs = torchrec_steps(args, world, sharding, data) if have_torchrec else None
-        ours(2)
-        if theirs is not None:
-            theirs(2)
-        best = {"neocomm": float("inf"), "torchrec": float("inf")}
-        for _ in range(args.repeat):
-            best["neocomm"] = min(best["neocomm"], timed(world, ours, args.steps))
+    for per_bag in args.ids_per_bag:
+        data = batches(args, world.rank, 8, per_bag)
+        for sharding in args.shardings:
+            ours = neocomm_steps(args, world, sharding, data)
+            theirs = torchrec_steps(args, world, sharding, data) if have_torchrec else None
+            ours(2)
             if theirs is not None:
-                best["torchrec"] = min(best["torchrec"], timed(world, theirs, args.steps))
-        samples = args.steps * args.batch * world.size
-        rate = {k: samples / v for k, v in best.items() if v != float("inf")}
-        rows.append((sharding, rate.get("neocomm"), rate.get("torchrec")))
+                theirs(2)
+            times = {"neocomm": [], "torchrec": []}
+            for _ in range(args.repeat):
+                times["neocomm"].append(timed(world, ours, args.steps))
+                if theirs is not None:
+                    times["torchrec"].append(timed(world, theirs, args.steps))
+            samples = args.steps * args.batch * world.size
+            rate = {k: samples / statistics.median(v) for k, v in times.items() if v}
+            rows.append((per_bag, sharding, rate.get("neocomm"), rate.get("torchrec")))
     if world.rank == 0:
+        bags = "0 to 2x" if args.variable else ""
         print(f"# {args.tables} tables x {args.rows:,} rows x dim {args.dim}, {args.batch} "
-              f"samples per rank, {world.size} ranks, fused SGD; samples/s (best of "
-              f"{args.repeat} x {args.steps} steps)")
-        print(f"{'sharding':<20} {'neocomm':>12} {'torchrec':>12} {'ratio':>7}")
-        for sharding, ours, theirs in rows:
+              f"samples per rank, {world.size} ranks, fused {args.optimizer}, {bags}N Zipf ids "
+              f"per bag, {args.threads} kernel thread(s); samples/s (median of {args.repeat} "
+              f"x {args.steps} steps)")
+        print(f"{'ids/bag':>7} {'sharding':<20} {'neocomm':>12} {'torchrec':>12} {'ratio':>7}")
+        for per_bag, sharding, ours, theirs in rows:
             if theirs is None:
                 why = "not available on CPU" if have_torchrec else "torchrec not installed"
-                print(f"{sharding:<20} {ours:>12,.0f} {why:>20}")
+                print(f"{per_bag:>7} {sharding:<20} {ours:>12,.0f} {why:>20}")
             else:
-                print(f"{sharding:<20} {ours:>12,.0f} {theirs:>12,.0f} {ours / theirs:>6.2f}x")
+                print(f"{per_bag:>7} {sharding:<20} {ours:>12,.0f} {theirs:>12,.0f} "
+                      f"{ours / theirs:>6.2f}x")
     if have_torchrec:
         torch.distributed.destroy_process_group()
     return 0

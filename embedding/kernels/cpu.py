@@ -18,11 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from embedding.checkpoint.fused8bit import SCALE_BIAS_BYTES, encode_into
+from embedding.kernels import compiled
 from embedding.kernels.layout import (Bags, TableLayout, check_wire_rows, per_table_configs,
                                       wire_format, wire_shape)
 from embedding.kernels.segments import (jagged_max, jagged_sum, jagged_sum_permuted,
                                         segments_of_sorted, stable_argsort)
 from embedding.optim import sparse_update
+from embedding.types import OptimizerKind
 from embedding.precision import Rounding, compute_dtype, round_to
 
 __all__ = ["pooled_lookup", "aggregate_grads", "apply_updates", "backward_update",
@@ -101,12 +103,18 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
             flat_out *= w.reshape(g_count, s_count, b).transpose(0, 2, 1).reshape(-1, 1)
         return out
 
+    jit = compiled.kernels(weights.dtype) if weights.dtype == cdt else None
+
     def block(gs: int) -> None:
         g, s = divmod(gs, s_count)
         t = bags.slot_table[s]
         d = layout.dims[t]
         first = gs * b
         c0 = bags.slot_col[s]
+        if jit is not None:
+            _compiled_block(jit, layout, weights, t, bags, idx, offsets[first:first + b + 1],
+                            w, lengths[first:first + b], s, out, g * b, c0, fmt, wire)
+            return
         dst = out[g * b:(g + 1) * b, c0:c0 + d] if fmt is None else np.empty((b, d), cdt)
         ln = lengths[first:first + b]
         if bags.slot_max[s]:
@@ -122,6 +130,47 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
 
     _map(block, range(g_count * s_count), threads)
     return out
+
+
+def _compiled_block(jit, layout, weights, t, bags, idx, offsets, w, lengths, s, out, r0, c0,
+                    fmt, wire) -> None:
+    """One (group, slot) block of :func:`pooled_lookup` by the compiled kernels: straight into
+    ``out`` when it is plain and C-contiguous, else through a ``[b, d]`` scratch block."""
+    table = table_view(layout, weights, t)
+    b, d = len(lengths), table.shape[1]
+    direct = fmt is None and out.flags.c_contiguous
+    target = out if direct else np.empty((b, d), table.dtype)
+    at, col = (r0, c0) if direct else (0, 0)
+    wv = _none_as_empty(w, table.dtype)
+    if bags.slot_max[s]:
+        bad = jit.pool_max(table, idx, offsets, wv, w is not None, target, at, col, _NO_ARG,
+                           False)
+    else:
+        mean = bool(bags.slot_mean[s])
+        inv = _inverse_lengths(lengths, table.dtype) if mean else _none_as_empty(None,
+                                                                                 table.dtype)
+        bad = jit.pool_sum(table, idx, offsets, wv, w is not None, inv, mean, target, at, col)
+    if bad >= 0:
+        raise _bad_id(idx, bad, t, table.shape[0])
+    if fmt is not None:
+        _encode_block(target, out, r0, c0, fmt, wire)
+    elif not direct:
+        out[r0:r0 + b, c0:c0 + d] = target
+
+
+_NO_ARG = np.empty((0, 0), np.int64)
+
+
+def _none_as_empty(a, dtype):
+    """``a``, or an empty array of ``dtype`` for an absent one (compiled kernels take arrays)."""
+    return np.empty(0, dtype) if a is None else a
+
+
+def _bad_id(idx, pos: int, t: int, rows: int, at: bool = True) -> IndexError:
+    """The error for id ``idx[pos]`` of local table ``t`` (``at``: name its position)."""
+    where = f"indices[{pos}]" if at else "indices"
+    return IndexError(f"{where}: id {int(idx[pos])} is out of range for local table {t} "
+                      f"({rows} rows)")
 
 
 def _encode_block(vals: np.ndarray, out: np.ndarray, r0: int, c0: int, fmt: str, wire) -> None:
@@ -172,28 +221,65 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
     ``wire.decode`` would have done.
     """
     bags.check(layout)
+    dtype, inverse = _gradient_dtype(grad_out, wire)
+    if bags.any_max and weights is None:
+        raise ValueError("weights: the gradient of max pooling needs the table weights the "
+                         "lookup read")
+
+    segments = _segments_of(layout, bags, grad_out, weights, wire, dtype, inverse)
+    jit = compiled.kernels(dtype)
+
+    def one(t: int):
+        seg = segments(t)
+        d = layout.dims[t]
+        if seg is None:
+            return np.zeros(0, np.int64), np.zeros((0, d), dtype)
+        gsrc, occ, ws, uniq, starts, lens = seg
+        if jit is not None:
+            out = np.empty((len(uniq), d), dtype)
+            _run_segments(jit, jit.AGGREGATE, seg, out, _no_rule(dtype))
+            return uniq, out
+        grads, perm = jagged_sum_permuted(gsrc, occ, starts, lens, ws)
+        return (uniq if perm is None else uniq[perm]), grads
+
+    return _map(one, range(layout.num_tables), threads)
+
+
+def _gradient_dtype(grad_out: np.ndarray, wire):
+    """``(dtype, inverse)``: the dtype gradients are summed in and the factor undoing the
+    wire's scale (None: no scale)."""
     fmt = wire_format(wire)
     if fmt == "int8":
         raise ValueError("wire: gradients travel in fp32, fp16 or bf16, not int8")
     dtype = grad_out.dtype if fmt is None else np.dtype(wire.value_dtype)
-    inverse = None if fmt is None or wire.scale is None else dtype.type(1.0 / wire.scale)
+    return dtype, None if fmt is None or wire.scale is None else dtype.type(1.0 / wire.scale)
+
+
+def _segments_of(layout: TableLayout, bags: Bags, grad_out: np.ndarray, weights, wire, dtype,
+                 inverse):
+    """A function of table ``t``: its occurrences sorted by row, ``(gsrc, occ, ws, rows,
+    starts, lengths)``, or None when no bag reads it.
+
+    Occurrence ``j`` (in row order, stable) contributes ``gsrc[occ[j]] * ws[j]`` (``ws`` None:
+    no per-id weights); ``gsrc`` holds each bag's gradient block already scaled (``1 / wire
+    scale``, ``1 / length`` for mean slots) or, for max slots, each occurrence's share;
+    ``rows[u]`` (unique, ascending) sums occurrences ``starts[u]:starts[u] + lengths[u]``.
+    """
+    fmt = wire_format(wire)
     b, s_count = bags.batch_size, bags.num_slots
     offsets = np.asarray(bags.offsets, np.int64)
     lengths = np.diff(offsets)
     idx = np.asarray(bags.indices, np.int64)
     w = _weights_of(bags, dtype)
-    if bags.any_max and weights is None:
-        raise ValueError("weights: the gradient of max pooling needs the table weights the "
-                         "lookup read")
-
     one_each = bool((lengths == 1).all())  # one id per bag: occurrence k is gradient row k
+    jit = compiled.kernels(dtype)
 
     def one(t: int):
         d = layout.dims[t]
         blocks = [(g, s) for g in range(bags.num_groups) for s in range(s_count)
                   if bags.slot_table[s] == t]
         if not blocks or b == 0:
-            return np.zeros(0, np.int64), np.zeros((0, d), dtype)
+            return None
         gsrc = [np.empty((len(blocks) * b, d), dtype)]
         ids_parts, row_parts, w_parts = [], [], []
         at = len(blocks) * b  # rows of gsrc so far (max slots append one per occurrence)
@@ -225,18 +311,27 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
                 dst *= _inverse_lengths(ln, dtype)[:, None]
             rows = np.arange(k * b, (k + 1) * b, dtype=np.int64)
             row_parts.append(rows if one_each else np.repeat(rows, ln))
-        gsrc = _cat(gsrc)
         ids = _cat(ids_parts)
         if ids.size == 0:
-            return np.zeros(0, np.int64), np.zeros((0, d), dtype)
-        occ_row = _cat(row_parts)
+            return None
+        gsrc = _cat(gsrc)
+        if jit is not None and layout.rows[t] <= 8 * ids.size + (1 << 16):
+            ws_in = _cat(w_parts) if w is not None else np.empty(0, dtype)
+            bad, occ, ws, uniq, starts, lens = jit.sort_by_row(ids, layout.rows[t],
+                                                               _cat(row_parts), ws_in,
+                                                               w is not None)
+            if bad >= 0:
+                raise _bad_id(ids, bad, t, layout.rows[t], at=False)
+            return gsrc, occ, ws if w is not None else None, uniq, starts, lens
+        if ids.min() < 0 or ids.max() >= layout.rows[t]:
+            raise _bad_id(ids, int(np.flatnonzero((ids < 0) | (ids >= layout.rows[t]))[0]), t,
+                          layout.rows[t], at=False)
         order = stable_argsort(ids, layout.rows[t] - 1)
         uniq, starts, lens = segments_of_sorted(ids[order])
         ws = _cat(w_parts)[order] if w is not None else None
-        grads, perm = jagged_sum_permuted(gsrc, occ_row[order], starts, lens, ws)
-        return (uniq if perm is None else uniq[perm]), grads
+        return gsrc, _cat(row_parts)[order], ws, uniq, starts, lens
 
-    return _map(one, range(layout.num_tables), threads)
+    return one
 
 
 def _max_occurrence_grads(table, idx, starts, lengths, w, grad, lo: int, hi: int):
@@ -297,29 +392,157 @@ def apply_updates(layout: TableLayout, config, weights: np.ndarray,
         raise ValueError(f"sparse: expected {layout.num_tables} (rows, grads) pairs, got "
                          f"{len(sparse)}")
 
+    jit = _update_kernels(weights, state, configs)
+
     def one(t: int) -> None:
         rows, grads = sparse[t]
         if len(rows) == 0:
+            return
+        term = None if row_terms is None else row_terms[t]
+        if jit is not None and grads.dtype == weights.dtype and (
+                term is None or np.asarray(term).dtype == weights.dtype):
+            _compiled_update(jit, layout, configs[t], weights, state, t, rows, grads, unique,
+                             term)
             return
         if not unique:
             rows, grads = aggregate_rows(rows, grads, layout.rows[t])
         views = {sp.name: table_view(layout, state[sp.name], t, sp.per_row)
                  for sp in state_specs(configs[t].kind)}
-        term = None if row_terms is None else row_terms[t]
         weight, store = _rounded_store(layout, weights, t, rounding)
         sparse_update(configs[t], weight, views, rows, grads, term, store)
 
     _map(one, range(layout.num_tables), threads)
 
 
+def _update_kernels(weights: np.ndarray, state: dict, configs):
+    """The compiled module when it can apply every table's optimizer in the weights' own dtype
+    (float32 or float64 tables whose float state is stored in that dtype), else None."""
+    jit = compiled.kernels(weights.dtype)
+    if jit is None:
+        return None
+    from embedding.optim import state_specs
+
+    for c in configs:
+        for sp in state_specs(c.kind):
+            if sp.dtype is None and state[sp.name].dtype != weights.dtype:
+                return None
+    return jit
+
+
+def _compiled_update(jit, layout, config, weights, state, t, rows, grads, unique, term) -> None:
+    """:func:`apply_updates` of table ``t`` by the compiled kernels (duplicates summed in the
+    given order first when not ``unique``)."""
+    rows = np.asarray(rows, np.int64)
+    grads = np.ascontiguousarray(grads)
+    n = layout.rows[t]
+    if rows.min() < 0 or rows.max() >= n:
+        bad = int(np.flatnonzero((rows < 0) | (rows >= n))[0])
+        raise IndexError(f"rows[{bad}]: row {int(rows[bad])} is out of range for local table "
+                         f"{t} ({n} rows)")
+    if not unique:
+        order = stable_argsort(rows, n - 1)
+        uniq, starts, lens = segments_of_sorted(rows[order])
+        if uniq.size < rows.size:
+            if term is not None:
+                raise ValueError("row_terms: given per row, so the rows must be unique")
+            seg = (grads, order, None, uniq, starts, lens)
+            _run_segments(jit, None, seg, None,
+                          _rule(jit, config, layout, weights, state, t, uniq, grads.dtype))
+            return
+    n_rows = np.arange(len(rows), dtype=np.int64)   # each row its own one-occurrence segment
+    seg = (grads, n_rows, None, rows, n_rows, np.ones(len(rows), np.int64))
+    _run_segments(jit, None, seg, None,
+                  _rule(jit, config, layout, weights, state, t, rows, grads.dtype), term)
+
+
+def _rule(jit, config, layout: TableLayout, weights, state, t: int, rows, dtype) -> tuple:
+    """The compiled update's arguments for table ``t``'s optimizer on unique ``rows``:
+    ``(code, weight, momentum, exp_avg, exp_avg_sq, bc1, bc2, width, lr, eps, b1, b2, 1 - b1,
+    1 - b2)``, every scalar in the compute dtype, as :func:`embedding.optim.sparse_update`
+    rounds them (Adam's per-row step counts are advanced here, its bias corrections computed
+    in float64 and rounded, as there)."""
+    dt = np.dtype(dtype).type
+    rule = list(_no_rule(dtype))
+    rule[1] = table_view(layout, weights, t)
+    kind = config.kind
+    if kind is OptimizerKind.SGD:
+        rule[0] = jit.SGD
+    elif kind is OptimizerKind.ROWWISE_ADAGRAD:
+        rule[0] = jit.ROWWISE_ADAGRAD
+        rule[2] = table_view(layout, state["momentum"], t, per_row=True)
+    elif kind is OptimizerKind.ADAM:
+        rule[0] = jit.ADAM
+        rule[3] = table_view(layout, state["exp_avg"], t)
+        rule[4] = table_view(layout, state["exp_avg_sq"], t)
+        step = table_view(layout, state["step"], t, per_row=True)
+        k = step[rows] + 1
+        step[rows] = k
+        kf = k.astype(np.float64)
+        rule[5] = (1.0 - np.power(float(config.beta1), kf)).astype(dtype)
+        rule[6] = (1.0 - np.power(float(config.beta2), kf)).astype(dtype)
+    else:
+        raise ValueError(f"config.kind: unsupported optimizer {kind}")
+    rule[7:] = [dt(layout.dims[t]), dt(config.lr), dt(config.eps), dt(config.beta1),
+                dt(config.beta2), dt(1) - dt(config.beta1), dt(1) - dt(config.beta2)]
+    return tuple(rule)
+
+
+def _no_rule(dtype) -> tuple:
+    """:func:`_rule`'s shape with nothing to update (the aggregate-only kernels' arguments)."""
+    dt = np.dtype(dtype)
+    one, two = np.empty(0, dt), np.empty((0, 0), dt)
+    z = dt.type(0)
+    return (0, two, one, two, two, one, one, z, z, z, z, z, z, z)
+
+
+def _run_segments(jit, code, seg, out, rule, term=None) -> None:
+    """:func:`~embedding.kernels._jit.segment_update` over a table's sorted occurrences ``seg``
+    (:func:`_segments_of`): into ``out``, or (``out`` None) through ``rule`` (:func:`_rule`;
+    ``code`` None: the rule's own; ``term``: row-wise AdaGrad's per-row terms)."""
+    gsrc, occ, ws, uniq, starts, lens = seg
+    kind, weight, mom, ea, es, bc1, bc2, width, lr, eps, b1, b2, a1, a2 = rule
+    if code is None:
+        code = kind
+    dtype = gsrc.dtype
+    terms = np.empty(0, dtype) if term is None else np.ascontiguousarray(term)
+    jit.segment_update(code, gsrc, occ, _none_as_empty(ws, dtype), ws is not None, starts, lens,
+                       uniq, out if out is not None else np.empty((0, 0), dtype), weight, mom,
+                       ea, es, bc1, bc2, terms, term is not None, width, lr, eps, b1, b2, a1,
+                       a2)
+
+
 def backward_update(layout: TableLayout, config, weights: np.ndarray,
                     state: dict, bags: Bags, grad_out: np.ndarray, threads: int = 1,
                     rounding=None, wire=None) -> None:
     """Fused backward + optimizer: aggregate per row, then update the touched rows
-    (``rounding`` as in :func:`apply_updates`, ``wire`` as in :func:`aggregate_grads`)."""
-    apply_updates(layout, config, weights, state,
-                  aggregate_grads(layout, bags, grad_out, threads, weights, wire),
-                  threads=threads, rounding=rounding)
+    (``rounding`` as in :func:`apply_updates`, ``wire`` as in :func:`aggregate_grads`).
+
+    The compiled kernels do both in one pass over each table's touched rows: a row's
+    gradient is summed into a ``dim``-long buffer and the optimizer applied to the row there
+    and then (no ``[rows, dim]`` gradient is written)."""
+    configs = per_table_configs(config, layout.num_tables)
+    jit = _update_kernels(weights, state, configs)
+    dtype, inverse = _gradient_dtype(grad_out, wire)
+    if jit is None or dtype != weights.dtype:
+        apply_updates(layout, configs, weights, state,
+                      aggregate_grads(layout, bags, grad_out, threads, weights, wire),
+                      threads=threads, rounding=rounding)
+        return
+    bags.check(layout)
+    if bags.any_max and weights is None:
+        raise ValueError("weights: the gradient of max pooling needs the table weights the "
+                         "lookup read")
+    # every table's occurrences first: a bad id raises before any row changes
+    segments = _map(_segments_of(layout, bags, grad_out, weights, wire, dtype, inverse),
+                    range(layout.num_tables), threads)
+
+    def one(t: int) -> None:
+        seg = segments[t]
+        if seg is not None:
+            _run_segments(jit, None, seg, None, _rule(jit, configs[t], layout, weights, state,
+                                                      t, seg[3], dtype))
+
+    _map(one, range(layout.num_tables), threads)
 
 
 def _rounded_store(layout: TableLayout, weights: np.ndarray, t: int, rounding):
@@ -360,9 +583,20 @@ def _inverse_lengths(lengths, dtype):
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 
 
+def host_cores() -> int:
+    """The cores this process may run on (its affinity), at least 1."""
+    import os
+
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count() or 1)
+
+
 def _map(fn, items, threads: int) -> list:
-    """``[fn(i) for i in items]``, on a shared pool of ``threads`` threads when > 1."""
+    """``[fn(i) for i in items]``, on a shared pool of ``threads`` threads (never more than
+    :func:`host_cores`) when > 1; the compiled kernels release the GIL, so they run side by
+    side."""
     items = list(items)
+    threads = min(threads, host_cores())
     if threads <= 1 or len(items) <= 1:
         return [fn(i) for i in items]
     pool = _POOLS.get(threads)

@@ -165,9 +165,9 @@ class Trainer:
 
     # -- setup -------------------------------------------------------------------
     def _setup_threads(self) -> None:
-        from embedding.train.threads import default_threads, limit_blas_threads, ranks_on_host
+        from embedding.train.threads import limit_blas_threads, rank_threads, ranks_on_host
 
-        n = self.cfg.train.threads or default_threads(ranks_on_host(self.group.size))
+        n = rank_threads(self.cfg.train.threads, ranks_on_host(self.group.size))
         limit_blas_threads(n)
         self.threads = n
 

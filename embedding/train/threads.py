@@ -12,7 +12,9 @@ import ctypes
 import logging
 import os
 
-__all__ = ["default_threads", "limit_blas_threads", "ranks_on_host"]
+from embedding.kernels.cpu import host_cores
+
+__all__ = ["default_threads", "rank_threads", "limit_blas_threads", "ranks_on_host"]
 
 _log = logging.getLogger(__name__)
 _SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
@@ -30,9 +32,20 @@ def ranks_on_host(default: int = 1) -> int:
 
 def default_threads(local_ranks: int) -> int:
     """This host's cores shared out over ``local_ranks`` ranks (at least 1)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
-    return max(1, cores // max(1, int(local_ranks)))
+    return max(1, host_cores() // max(1, int(local_ranks)))
+
+
+def rank_threads(requested: int, local_ranks: int) -> int:
+    """The threads a rank uses: ``requested`` (0: :func:`default_threads`), never more than
+    the cores it may run on (a larger request is lowered, with a warning)."""
+    if not requested:
+        return default_threads(local_ranks)
+    cores = host_cores()
+    if requested > cores:
+        _log.warning("threads = %d, but this rank may run on %d cores: using %d", requested,
+                     cores, cores)
+        return cores
+    return int(requested)
 
 
 def limit_blas_threads(n: int) -> bool:

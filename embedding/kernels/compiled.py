@@ -1,0 +1,82 @@
+"""Compiled CPU kernels: the NumPy kernels' inner loops, compiled by numba.
+
+The NumPy kernels (:mod:`embedding.kernels.cpu`) loop in Python over tables
+and in NumPy over ids; with many ids per bag their cost is the temporaries
+(a gathered ``[ids, dim]`` block per positional pass, a sort-order scatter)
+rather than the bytes of the rows. The compiled loops
+(:mod:`embedding.kernels._jit`) read each row once and keep a bag's sum, or
+a touched row's gradient, in a ``dim``-long buffer:
+
+- the pooled lookup sums (or takes the maximum of) a bag's rows straight
+  into its output row;
+- the backward sorts the occurrences by row (as the NumPy path does), then,
+  for each touched row, sums its gradients and applies the optimizer to the
+  row in place (SGD, row-wise AdaGrad, Adam): FBGEMM's CPU scheme, with no
+  ``[rows, dim]`` gradient written out.
+
+numba is picked over a C extension because it compiles for the host's own
+vector units at run time and needs no compiler on the user's machine (the
+wheel brings LLVM); the compiled functions are cached next to the module, so
+only the first run on a machine pays the compile (a few seconds).
+
+The results are bitwise those of the NumPy kernels (same operations, same
+order, no contraction); ``NEOCOMM_EMBEDDING_KERNELS=numpy`` selects the NumPy
+kernels, ``compiled`` requires the compiled ones. They serve float32 and
+float64 tables; half tables (float16, bfloat16, whose rounding modes the
+NumPy path implements) and optimizer state stored narrower than the compute
+dtype take the NumPy path.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from neocomm import config
+
+__all__ = ["kernels", "info", "MODES"]
+
+MODES = ("auto", "compiled", "numpy")
+
+config.declare("EMBEDDING_KERNELS", str, "auto",
+               "CPU embedding kernels: auto (compiled when numba loads, else NumPy), compiled "
+               "(fail when numba does not load) or numpy", choices=MODES)
+
+_COMPUTE = (np.dtype(np.float32), np.dtype(np.float64))
+_loaded = None       # the _jit module once imported
+_why = None          # why it could not be imported
+
+
+def _load():
+    global _loaded, _why
+    if _loaded is None and _why is None:
+        try:
+            from embedding.kernels import _jit
+            _loaded = _jit
+        except Exception as exc:  # numba missing or broken: the NumPy kernels serve
+            _why = f"{type(exc).__name__}: {exc}"
+    return _loaded
+
+
+def info() -> tuple[str, str]:
+    """``(title, state)`` for ``neocomm info``: which kernels run the CPU embedding work."""
+    title = "embedding kernels (CPU)"
+    if config.get("EMBEDDING_KERNELS") == "numpy":
+        return title, "NumPy (NEOCOMM_EMBEDDING_KERNELS=numpy)"
+    if _load() is None:
+        return title, f"NumPy (numba does not load: {_why})"
+    import numba
+
+    return title, f"compiled (numba {numba.__version__}; half tables use NumPy)"
+
+
+def kernels(dtype):
+    """The compiled module for tables of ``dtype``, or None where the NumPy kernels serve."""
+    mode = config.get("EMBEDDING_KERNELS")
+    if mode == "numpy":
+        return None
+    jit = _load()
+    if jit is None and mode == "compiled":
+        raise RuntimeError(f"NEOCOMM_EMBEDDING_KERNELS=compiled, but the compiled kernels do not "
+                           f"load ({_why}); install numba or set NEOCOMM_EMBEDDING_KERNELS=numpy")
+    if jit is None or np.dtype(dtype) not in _COMPUTE:
+        return None
+    return jit

@@ -1,0 +1,242 @@
+"""The compiled CPU kernels against the NumPy kernels, byte for byte.
+
+Every case runs twice, once with ``NEOCOMM_EMBEDDING_KERNELS=numpy`` (the
+reference) and once with ``compiled``, from the same starting weights and
+state: lookups (sum, mean and max pooling, weighted ids, every wire format),
+gradient aggregation, the fused backward with each optimizer, and updates of
+given rows (duplicates, row-wise AdaGrad's terms) must give the same bytes.
+Bags are random multi-hot (Zipf ids, fixed and variable lengths up to 200)
+and adversarial (empty bags, one hot id repeated, the last row, ties under max
+pooling, a table of one row, dims that are not multiples of 8).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedding.kernels import Bags, FusedTables, TableLayout, compiled, cpu
+from embedding.sharding.qcomm import CommPrecision, Wire
+from embedding.types import OptimizerConfig, OptimizerKind
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))
+from gpu_cases import assert_same_bytes, bag_case  # noqa: E402
+
+KINDS = (OptimizerKind.SGD, OptimizerKind.ROWWISE_ADAGRAD, OptimizerKind.ADAM)
+
+
+def multi_hot(dtype="float32", seed=0, ids_per_bag=32, fixed=True, rows=(1000, 300, 1),
+              dims=(16, 64, 5), groups=2, batch=64, weighted=False, mean=(False, True, False),
+              slot_max=(False, False, True)):
+    """Multi-hot bags over three tables: Zipf ids (a few rows take most of them), bags of
+    ``ids_per_bag`` ids (or 0 to 2x that when not ``fixed``), a table of one row."""
+    rng = np.random.default_rng(seed)
+    layout = TableLayout(rows, dims)
+    slot_table = tuple(range(len(rows)))
+    cols = tuple(int(x) for x in np.concatenate([[0], np.cumsum(dims)[:-1]]))
+    lens, ids = [], []
+    for _ in range(groups):
+        for t in slot_table:
+            n = (np.full(batch, ids_per_bag) if fixed
+                 else rng.integers(0, 2 * ids_per_bag + 1, batch))
+            lens.extend(int(x) for x in n)
+            ids.append((rng.zipf(1.2, int(n.sum())) - 1) % rows[t])
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    ids = np.concatenate(ids).astype(np.int64)
+    w = rng.uniform(-2, 2, ids.size) if weighted else None
+    bags = Bags(ids, offsets, slot_table, cols, mean, batch, int(sum(dims)), groups, w,
+                slot_max)
+    weights = rng.standard_normal(layout.total_elements).astype(dtype)
+    grad = rng.standard_normal((groups * batch, int(sum(dims)))).astype(dtype)
+    return layout, bags, weights, grad
+
+
+def both(monkeypatch, fn):
+    """``fn()`` under the NumPy kernels, then under the compiled ones."""
+    out = []
+    for mode in ("numpy", "compiled"):
+        monkeypatch.setenv("NEOCOMM_EMBEDDING_KERNELS", mode)
+        out.append(fn())
+    return out
+
+
+def test_the_compiled_kernels_load():
+    # numba is a dependency: without this the comparisons below would compare NumPy with itself
+    assert compiled.kernels(np.float32) is not None and compiled.kernels(np.float64) is not None
+    assert compiled.kernels(np.float16) is None   # half tables: the NumPy kernels
+    title, state = compiled.info()
+    assert state.startswith("compiled (numba")
+
+
+CASES = {
+    "adversarial": lambda dt, w: bag_case(dt, seed=3, weighted=w),
+    "1-hot": lambda dt, w: multi_hot(dt, 1, 1, weighted=w),
+    "8-hot": lambda dt, w: multi_hot(dt, 2, 8, weighted=w),
+    "32-hot": lambda dt, w: multi_hot(dt, 3, 32, weighted=w),
+    "variable": lambda dt, w: multi_hot(dt, 4, 32, fixed=False, weighted=w),
+    "200-hot": lambda dt, w: multi_hot(dt, 5, 200, rows=(3, 50, 1), batch=8, weighted=w),
+    "sum-only": lambda dt, w: multi_hot(dt, 6, 16, weighted=w, slot_max=(False,) * 3),
+}
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_lookup_and_aggregate(monkeypatch, case, dtype, weighted, threads):
+    layout, bags, weights, grad = CASES[case](dtype, weighted)
+    ref, got = both(monkeypatch, lambda: cpu.pooled_lookup(layout, weights, bags,
+                                                           threads=threads))
+    assert_same_bytes(got, ref, "lookup")
+    ref, got = both(monkeypatch, lambda: cpu.aggregate_grads(layout, bags, grad, threads,
+                                                             weights))
+    for t, ((rr, rg), (gr, gg)) in enumerate(zip(ref, got)):
+        o1, o2 = np.argsort(rr), np.argsort(gr)
+        assert_same_bytes(gr[o2], rr[o1], f"rows of table {t}")
+        assert_same_bytes(gg[o2], rg[o1], f"gradients of table {t}")
+
+
+def test_lookup_into_a_strided_out(monkeypatch):
+    layout, bags, weights, _ = multi_hot("float32", 7, 8)
+    def run():
+        big = np.full((bags.out_rows, bags.out_dim + 3), 7.0, np.float32)
+        return cpu.pooled_lookup(layout, weights, bags, out=big[:, 1:1 + bags.out_dim]), big
+    (ref, rbig), (got, gbig) = both(monkeypatch, run)
+    assert_same_bytes(gbig, rbig, "strided out and the columns around it")
+
+
+@pytest.mark.parametrize("precision", [CommPrecision.FP16, CommPrecision.BF16,
+                                       CommPrecision.INT8], ids=lambda p: p.value)
+def test_lookup_writes_the_same_wire_bytes(monkeypatch, precision):
+    layout, bags, weights, _ = multi_hot("float32", 8, 8, dims=(16, 64, 8))
+    kw = {"row": 8} if precision is CommPrecision.INT8 else {"scale": 64.0}
+    wire = Wire(precision, np, np.float32, **kw)
+    ref, got = both(monkeypatch, lambda: cpu.pooled_lookup(layout, weights, bags, wire=wire,
+                                                           threads=2))
+    assert_same_bytes(got, ref, precision.value)
+
+
+def _tables(layout, weights, kind, dtype, threads):
+    ft = FusedTables(layout.rows, layout.dims, OptimizerConfig(kind, lr=0.05), dtype=dtype,
+                     threads=threads)
+    ft.weights[...] = weights
+    for name, arr in ft.state.items():   # state that is not zero: a later step, not the first
+        if arr.dtype.kind == "f":
+            arr[...] = np.random.default_rng(1).uniform(0, 0.5, arr.shape)
+        else:
+            arr[...] = np.random.default_rng(1).integers(0, 5, arr.shape)
+    return ft
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", ["adversarial", "1-hot", "32-hot", "variable", "200-hot"])
+def test_backward_update(monkeypatch, case, dtype, kind, threads):
+    layout, bags, weights, grad = CASES[case](dtype, True)
+
+    def run():
+        ft = _tables(layout, weights, kind, dtype, threads)
+        for _ in range(2):    # two steps: the second reads the state the first wrote
+            ft.lookup(bags)
+            ft.backward_update(bags, grad)
+        return ft
+
+    ref, got = both(monkeypatch, run)
+    assert_same_bytes(got.weights, ref.weights, "weights")
+    for name in ref.state:
+        assert_same_bytes(got.state[name], ref.state[name], name)
+    assert not np.array_equal(ref.weights, weights)   # the step did something
+
+
+@pytest.mark.parametrize("precision", [CommPrecision.FP16, CommPrecision.BF16],
+                         ids=lambda p: p.value)
+def test_backward_update_reads_the_wire(monkeypatch, precision):
+    layout, bags, weights, grad = multi_hot("float32", 9, 8, weighted=True)
+    wire = Wire(precision, np, np.float32, scale=128.0)
+    received = wire.encode(grad.reshape(-1)).reshape(grad.shape)
+
+    def run():
+        ft = _tables(layout, weights, OptimizerKind.ROWWISE_ADAGRAD, "float32", 1)
+        ft.backward_update(bags, received, wire)
+        return ft
+
+    ref, got = both(monkeypatch, run)
+    assert_same_bytes(got.weights, ref.weights, "weights")
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+@pytest.mark.parametrize("unique", [True, False])
+def test_update_of_given_rows(monkeypatch, kind, unique):
+    rng = np.random.default_rng(5)
+    layout = TableLayout((50, 7), (16, 3))
+    weights = rng.standard_normal(layout.total_elements).astype(np.float32)
+    sparse = []
+    for t in range(2):
+        n = 40
+        rows = (rng.integers(0, layout.rows[t], n) if not unique
+                else rng.permutation(layout.rows[t])[:min(n, layout.rows[t])])
+        sparse.append((rows.astype(np.int64),
+                       rng.standard_normal((len(rows), layout.dims[t])).astype(np.float32)))
+    terms = [rng.uniform(0, 1, len(r)).astype(np.float32) for r, _ in sparse] \
+        if unique and kind is OptimizerKind.ROWWISE_ADAGRAD else None
+
+    def run():
+        ft = _tables(layout, weights, kind, "float32", 1)
+        ft.update(sparse, unique=unique, row_terms=terms)
+        return ft
+
+    ref, got = both(monkeypatch, run)
+    assert_same_bytes(got.weights, ref.weights, "weights")
+    for name in ref.state:
+        assert_same_bytes(got.state[name], ref.state[name], name)
+
+
+def test_a_bad_id_is_named(monkeypatch):
+    layout, bags, weights, grad = multi_hot("float32", 10, 4)
+    idx = np.array(bags.indices)
+    idx[5] = layout.rows[0] + 3
+    bad = Bags(idx, bags.offsets, bags.slot_table, bags.slot_col, bags.slot_mean,
+               bags.batch_size, bags.out_dim, bags.num_groups, None, bags.slot_max)
+    monkeypatch.setenv("NEOCOMM_EMBEDDING_KERNELS", "compiled")
+    with pytest.raises(IndexError, match=rf"id {layout.rows[0] + 3} is out of range for local "
+                                         rf"table 0 \({layout.rows[0]} rows\)"):
+        cpu.pooled_lookup(layout, weights, bad)
+    ft = _tables(layout, weights, OptimizerKind.SGD, "float32", 1)
+    before = ft.weights.copy()
+    with pytest.raises(IndexError, match=r"out of range for local table 0"):
+        ft.backward_update(bad, grad)
+    assert np.array_equal(ft.weights, before)   # nothing written before the check
+
+
+def test_the_setting(monkeypatch):
+    monkeypatch.setenv("NEOCOMM_EMBEDDING_KERNELS", "numpy")
+    assert compiled.kernels(np.float32) is None
+    assert "NumPy" in compiled.info()[1]
+    monkeypatch.setattr(compiled, "_loaded", None)
+    monkeypatch.setattr(compiled, "_why", "ModuleNotFoundError: No module named 'numba'")
+    monkeypatch.setenv("NEOCOMM_EMBEDDING_KERNELS", "auto")
+    assert compiled.kernels(np.float32) is None      # auto: NumPy when numba does not load
+    monkeypatch.setenv("NEOCOMM_EMBEDDING_KERNELS", "compiled")
+    with pytest.raises(RuntimeError, match="NEOCOMM_EMBEDDING_KERNELS=compiled, but the "
+                                           "compiled kernels do not load .*No module named"):
+        compiled.kernels(np.float32)
+
+
+def test_threads_never_exceed_the_cores(monkeypatch, caplog):
+    from embedding.kernels import cpu as kcpu
+    from embedding.train import threads
+
+    monkeypatch.setattr(threads, "host_cores", lambda: 2)
+    assert threads.rank_threads(0, 2) == 1          # the default: cores over local ranks
+    assert threads.rank_threads(2, 4) == 2
+    with caplog.at_level("WARNING"):
+        assert threads.rank_threads(16, 1) == 2
+    assert "threads = 16, but this rank may run on 2 cores: using 2" in caplog.text
+    seen = set()
+    monkeypatch.setattr(kcpu, "host_cores", lambda: 1)   # one core: no pool at all
+    import threading
+    kcpu._map(lambda i: seen.add(threading.get_ident()), range(8), threads=8)
+    assert seen == {threading.get_ident()}
