@@ -16,6 +16,7 @@ import numpy as np
 from embedding.precision import Rounding, compute_dtype, storage_dtype
 from neocomm.errors import NeocommError
 from neocomm.types import is_half
+from topology.numbers import positive_arg  # re-exported: the planner's and tables' check
 
 __all__ = ["Rounding", "Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig",
            "ShardingType", "Shard", "Tier", "CachePolicy", "Eviction", "TableMemory", "TablePlan",
@@ -35,14 +36,6 @@ def enum_arg(cls: type[enum.Enum], value, name: str):
         raise ValueError(f"{name}: expected one of {[m.value for m in cls]}, "
                          f"got {value!r:.80}") from None
 
-
-def positive_arg(name: str, value, kind=(int, float)):
-    """``value`` when it is a positive number of ``kind`` (``int``, or by default int or
-    float; never a bool); ValueError naming the argument ``name`` and the value otherwise."""
-    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
-        what = "int" if kind is int else "number"
-        raise ValueError(f"{name}: expected a positive {what}, got {value!r:.80}")
-    return value
 
 
 class Pooling(enum.Enum):

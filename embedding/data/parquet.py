@@ -522,7 +522,7 @@ class _ScanPart:
             if c in self.counters:
                 self.counters[c].add(_flat(col, pa)[0])
         if self.schema is not None:
-            self.positives += _check_labels(t.column(self.schema.label), source, index)
+            self.positives += _label_positives(t.column(self.schema.label), source, index)
             moments = {}
             for i, d in enumerate(self.schema.dense):
                 x = transform_values(dense_values(t.column(d.column), d.fill, pa)[0],
@@ -568,11 +568,11 @@ def _merge_stats(into: ColumnStats, other: ColumnStats) -> None:
 
 def check_label_column(source: ParquetSource, label: str) -> int:
     """Read ``label`` of every row group: DataFormatError unless 0/1; returns the positives."""
-    return sum(_check_labels(source.read_row_group(i, [label]).column(label), source, i)
+    return sum(_label_positives(source.read_row_group(i, [label]).column(label), source, i)
                for i in range(len(source.row_groups)))
 
 
-def _check_labels(col, source: ParquetSource, index: int) -> int:
+def _label_positives(col, source: ParquetSource, index: int) -> int:
     """Positives in ``col``; DataFormatError at the first null or value other than 0/1."""
     pa = _pa()
     import pyarrow.compute as pc
@@ -583,13 +583,17 @@ def _check_labels(col, source: ParquetSource, index: int) -> int:
                               path=source.where(index))
     if pa.types.is_boolean(col.type):
         return int(pc.sum(col.cast(pa.int64())).as_py() or 0)
+    from embedding.dense.checks import check_labels
+    from embedding.types import BatchError
+
     arr = np.asarray(col.to_numpy(), np.float64)
-    bad = (arr != 0) & (arr != 1)
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
+    try:
+        check_labels(arr, name="label column")
+    except BatchError as exc:  # the file's row and value, as the file holds it
+        row = exc.index
         value = col[row].as_py()
         raise DataFormatError(f"label column: {value!r} at row {row} of the row group is not "
-                              f"0 or 1", path=source.where(index))
+                              f"0 or 1", path=source.where(index)) from None
     return int(arr.sum())
 
 
@@ -701,7 +705,7 @@ class ParquetDataset:
         if s.label in table.column_names:
             col = table.column(s.label)
             if self.check_labels:
-                _check_labels(col, self.source, index)
+                _label_positives(col, self.source, index)
             labels = np.asarray(col.cast(pa.float32()).fill_null(0).to_numpy(), np.float32)
         else:  # scoring data without labels
             labels = np.zeros(n, np.float32)
