@@ -48,7 +48,8 @@ def test_a_name_without_a_source_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("data,key,match", [
-    ({"source": "synthetic", "path": ["a.bin"]}, "data.path", "set, but data.source is 'synthetic'"),
+    ({"source": "synthetic", "path": ["a.bin"]}, "data.path",
+     "set, but data.source is 'synthetic'"),
     ({"source": "criteo"}, "data.path", "required when data.source is 'criteo'"),
     ({"source": "criteo", "path": ["a.txt"], "label": "y"}, "data.label", "names Parquet columns"),
     ({"source": "binary", "path": ["a.parquet"]}, "data.path", "is a Parquet file"),
