@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from embedding.errors import BatchError  # re-exported: the vocabulary names it
 from embedding.precision import Rounding, compute_dtype, storage_dtype
-from neocomm.errors import NeocommError
 from neocomm.types import is_half
 from topology.numbers import positive_arg  # re-exported: the planner's and tables' check
 
@@ -588,18 +588,3 @@ class IdPolicy(enum.Enum):
     ERROR = "error"
     MODULO = "modulo"
     HASH = "hash"
-
-
-class BatchError(NeocommError, ValueError):
-    """A batch holds values a model must not see (a label outside {0, 1}, an id out of range).
-
-    ``step`` is the training step (-1 when unknown), ``tensor`` the offending
-    array's name and ``index`` the first offending position (flat, -1 if none).
-    """
-
-    def __init__(self, message: str, *, step: int = -1, tensor: str = "", index: int = -1):
-        prefix = f"step {step}: " if step >= 0 else ""
-        super().__init__(prefix + message)
-        self.step = int(step)
-        self.tensor = tensor
-        self.index = int(index)
