@@ -311,6 +311,14 @@ def test_graph_sees_the_packages():
     assert sources == set(LAYERS), f"import graph covers {sorted(sources)}, expected {LAYERS}"
 
 
+def _plant(tmp_path, monkeypatch, files: dict) -> None:
+    """Write ``files`` (path -> text) under ``tmp_path`` and check that tree instead."""
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+
+
 def test_the_checks_find_a_planted_upward_import_and_cycle(tmp_path, monkeypatch):
     """On a small tree of the four packages: an import of a higher layer hidden in a
     function, and two modules importing each other, are both reported with their lines;
@@ -325,10 +333,7 @@ def test_the_checks_find_a_planted_upward_import_and_cycle(tmp_path, monkeypatch
         "embedding/__init__.py": "",
         "embedding/model.py": "from collectives.a import thing\n",
     }
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    _plant(tmp_path, monkeypatch, files)
     edges = import_graph()
     assert [str(e) for e in upward_edges(edges)] == [
         "topology/probe.py:2: topology.probe imports embedding.model"]
@@ -403,10 +408,7 @@ def test_the_check_finds_planted_reaches_up_at_run_time(tmp_path, monkeypatch):
         "embedding/__init__.py": "",
         "embedding/progress.py": "",
     }
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    _plant(tmp_path, monkeypatch, files)
     assert [str(r) for r in reach_ups()] == [
         "neocomm/config.py:4: neocomm.config reads entry points of 'neocomm.settings', provided "
         "by the higher layer(s) ['embedding']",
