@@ -30,7 +30,8 @@ from collectives.topofabric import TCP_TERMS, TERMS, Term, model_key
 from collectives.types import CollectiveOp, FabricModel
 
 __all__ = ["Measurement", "read_bench", "predicted", "fit", "Fit", "TERMS", "Comparison",
-           "compare", "link_kinds", "model_table", "fabric_file", "huge_page_bytes"]
+           "compare", "link_kinds", "model_table", "fabric_file", "huge_page_bytes",
+           "measured_rows", "check_kinds", "fit_spec", "call_key"]
 
 
 @dataclass(frozen=True)
@@ -505,3 +506,55 @@ def measured_kinds(runs: list[dict]) -> tuple[str, str]:
                          f"{sorted(intra)}, between nodes: {sorted(inter)}); calibrate each "
                          f"fabric on its own")
     return (intra.pop() if intra else "", inter.pop() if inter else "")
+
+
+def measured_rows(runs: list[dict], device: bool) -> list[Measurement]:
+    """The rows of bench ``runs`` timed through the API, all of ``device`` (or host)
+    buffers; ValueError saying which to pass otherwise."""
+    rows = [m for i, run in enumerate(runs)
+            for m in read_bench(run, f"measurement {i + 1} ({run.get('op', '?')})") if m.api]
+    wrong = [m for m in rows if m.device != device]
+    if wrong:
+        have = "device" if wrong[0].device else "host"
+        raise ValueError(f"--device: the measurements are of {have} buffers; "
+                         + ("drop --device" if device else "pass --device") + " to match them")
+    return rows
+
+
+def check_kinds(fabric: FabricModel, kinds, spec_name: str) -> None:
+    """Refuse measurements taken on links of another class than the fabric's."""
+    for which, measured in zip(("intra", "inter"), kinds):
+        have = getattr(fabric, which).kind
+        if measured and have and measured != have:
+            where = "within" if which == "intra" else "between"
+            raise ValueError(f"the measurements were taken with {measured} {where} nodes, but "
+                             f"fabric {spec_name!r} has {have} {where} nodes: measure on the "
+                             f"fabric itself (or pick the fabric the runs were made on)")
+
+
+def fit_spec(spec, runs: list[dict], rows: list[Measurement], *,
+             device: bool) -> tuple[Fit, FabricModel]:
+    """:func:`fit` of a fabric spec's links (its ``[model]`` aside) to ``rows`` of ``runs``,
+    with this host's cache, cores and huge pages for host buffers; also the starting links."""
+    import os
+
+    from collectives.topofabric import spec_links
+    from topology.sysfs import probe_cache_bytes, probe_thp_mode
+
+    kinds = measured_kinds(runs)
+    start = spec_links(replace(spec, model=()), device=device)
+    if kinds[1] == "shm" and start.inter.kind != "shm" and spec.nic is None:
+        # nodes emulated on one host talk over its shared memory
+        start = replace(start, inter=replace(start.intra))
+    check_kinds(start, kinds, spec.name)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 0)
+    result = fit(rows, start, cache_bytes=0 if device else probe_cache_bytes(),
+                 cores_per_node=0 if device else cores,
+                 huge_page_bytes=0 if device else huge_page_bytes(probe_thp_mode()))
+    return result, start
+
+
+def call_key(m: Measurement) -> tuple:
+    """What identifies a measured call across measurements of it."""
+    return (m.op, m.ranks, m.ranks_per_node, m.size, m.algorithm, m.root, m.line_rate)

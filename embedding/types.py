@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from embedding.errors import BatchError  # re-exported: the vocabulary names it
 from embedding.precision import Rounding, compute_dtype, storage_dtype
-from neocomm.errors import NeocommError
 from neocomm.types import is_half
+from topology.numbers import positive_arg  # re-exported: the planner's and tables' check
 
 __all__ = ["Rounding", "Pooling", "OptimizerKind", "OptimizerConfig", "TableConfig",
            "ShardingType", "Shard", "Tier", "CachePolicy", "Eviction", "TableMemory", "TablePlan",
@@ -35,14 +36,6 @@ def enum_arg(cls: type[enum.Enum], value, name: str):
         raise ValueError(f"{name}: expected one of {[m.value for m in cls]}, "
                          f"got {value!r:.80}") from None
 
-
-def positive_arg(name: str, value, kind=(int, float)):
-    """``value`` when it is a positive number of ``kind`` (``int``, or by default int or
-    float; never a bool); ValueError naming the argument ``name`` and the value otherwise."""
-    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
-        what = "int" if kind is int else "number"
-        raise ValueError(f"{name}: expected a positive {what}, got {value!r:.80}")
-    return value
 
 
 class Pooling(enum.Enum):
@@ -595,18 +588,3 @@ class IdPolicy(enum.Enum):
     ERROR = "error"
     MODULO = "modulo"
     HASH = "hash"
-
-
-class BatchError(NeocommError, ValueError):
-    """A batch holds values a model must not see (a label outside {0, 1}, an id out of range).
-
-    ``step`` is the training step (-1 when unknown), ``tensor`` the offending
-    array's name and ``index`` the first offending position (flat, -1 if none).
-    """
-
-    def __init__(self, message: str, *, step: int = -1, tensor: str = "", index: int = -1):
-        prefix = f"step {step}: " if step >= 0 else ""
-        super().__init__(prefix + message)
-        self.step = int(step)
-        self.tensor = tensor
-        self.index = int(index)

@@ -3,7 +3,10 @@
 Every setting is declared once here with its type, default, unit and help.
 ``settings()`` reads the environment; unknown ``NEOCOMM_*`` names are warned
 about (a typo must not silently do nothing). Packages above register their
-own entries with :func:`declare` at import time, so the table stays one.
+own entries with :func:`declare` when they are imported, so the table stays
+one and the core never looks upward for them; a program that may meet the
+settings of layers it has not imported yet (the ``neocomm`` command line)
+registers a loader for them with :func:`add_declarations`.
 """
 from __future__ import annotations
 
@@ -14,8 +17,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Setting", "declare", "settings", "get", "prefixed", "table", "load_declarations",
-           "SettingsError"]
+__all__ = ["Setting", "declare", "settings", "get", "prefixed", "table", "add_declarations",
+           "load_declarations", "SettingsError"]
 
 _log = logging.getLogger(__name__)
 
@@ -129,27 +132,32 @@ def prefixed(name: str, suffix: str, environ: dict | None = None) -> Any:
     return setting.default if raw is None or raw == "" else setting.parse(raw, key)
 
 
-_DECLARATIONS_LOADED = False
+_LOADERS: list = []  # functions declaring settings, not run yet
+_ADDED: set = set()  # every loader ever given (each runs once)
+
+
+def add_declarations(loader) -> None:
+    """Run ``loader`` (a function that declares settings, e.g. by importing the modules
+    that declare them) once, before unknown names are next warned about."""
+    if loader not in _ADDED:
+        _ADDED.add(loader)
+        _LOADERS.append(loader)
 
 
 def load_declarations() -> None:
-    """Import every module registered under the ``neocomm.settings`` entry point.
+    """Run the loaders given to :func:`add_declarations` (each once).
 
-    Packages above the core declare their settings at import time; loading
-    them here (once) lets the table be complete before unknown names are
-    warned about, whatever the program imported so far.
+    The layers above the core declare their settings when imported; a loader
+    lets a program complete the table with layers it has not imported (yet)
+    before unknown names are warned about. A loader that fails is warned
+    about, never fatal.
     """
-    global _DECLARATIONS_LOADED
-    if _DECLARATIONS_LOADED:
-        return
-    _DECLARATIONS_LOADED = True
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group="neocomm.settings"):
+    while _LOADERS:
+        loader = _LOADERS.pop(0)
         try:
-            ep.load()
+            loader()
         except Exception as exc:  # noqa: BLE001 - a broken plug-in must not stop the job
-            warnings.warn(f"settings of {ep.value} could not be loaded: {exc}", stacklevel=2)
+            warnings.warn(f"settings could not be loaded: {exc}", stacklevel=2)
 
 
 def settings(environ: dict | None = None, *, warn_unknown: bool = True) -> dict[str, Any]:

@@ -36,6 +36,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from topology.numbers import is_positive
 from topology.types import LinkLayer, PciPath
 
 __all__ = ["FabricSpec", "NvlinkSpec", "NicSpec", "TcpSpec", "SpecError", "load_spec", "parse_spec",
@@ -115,7 +116,7 @@ class FabricSpec:
 
 # key -> (python types, required, check(value) -> problem or None)
 def _positive(v):
-    return None if v > 0 else f"must be > 0, got {v}"
+    return None if is_positive(v) else f"must be > 0, got {v}"
 
 
 def _non_negative(v):
@@ -129,8 +130,7 @@ def _choice(options):
 _NUM = (int, float)
 _LINK_CLASSES = ("nvlink", "pcie", "shm", "roce", "infiniband", "tcp")
 def _positive_map(table: dict, per: str) -> str | None:
-    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
-             for x in table.values())
+    ok = all(is_positive(x) for x in table.values())
     return None if ok else f"expected positive numbers per {per}"
 
 

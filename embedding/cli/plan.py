@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from topology.numbers import positive_float_arg
 from topology.sizes import GIB, size_arg
 
 from embedding.cli import positive_int as _positive_int
@@ -21,16 +22,6 @@ from embedding.cli import positive_int as _positive_int
 __all__ = ["HELP", "add_arguments", "run"]
 
 HELP = "plan the sharding of embedding tables"
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def _fraction(text: str) -> float:
@@ -70,12 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="host memory per node for tables kept in host memory behind a "
                         "device cache, e.g. 512GiB (default: none, every table in device "
                         "memory; with --config: its [plan] host_memory)")
-    parser.add_argument("--host-bandwidth", type=_positive_float, default=None,
+    parser.add_argument("--host-bandwidth", type=positive_float_arg, default=None,
                         metavar="GB/S", help="host-to-device copy throughput per rank in "
                         "GB/s, each way, that cache misses move at (default: 0.8 of the "
                         "PCIe x16 line rate of the GPUs of --fabric, 25.2 for A100; the copy "
                         "throughput on hosts without GPUs)")
-    parser.add_argument("--zipf-exponent", type=_positive_float, default=None, metavar="S",
+    parser.add_argument("--zipf-exponent", type=positive_float_arg, default=None, metavar="S",
                         help="the ids of a table without access statistics follow Zipf(S) "
                         "over its rows, for the hit rate of a device cache (default 1.05)")
     parser.add_argument("--reserve", type=_fraction, default=0.1,
@@ -84,14 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=_positive_int, default=None,
                         help="global batch, samples per step over all ranks (default 65536; "
                         "with --config its train.batch_size)")
-    parser.add_argument("--ids-per-sample", type=_positive_float, default=None,
+    parser.add_argument("--ids-per-sample", type=positive_float_arg, default=None,
                         help="mean ids per sample per table; tables may override it "
                         "(default 1: one-hot)")
     parser.add_argument("--fabric", default=None, metavar="NAME|FILE",
                         help="the machines planned for: a captured host (dgx-a100, dgx1-v100, "
                         "cpu-host), a fabric spec (zionex, dgx-h100, or a .toml file) or a "
                         "topology JSON file (default dgx-a100)")
-    parser.add_argument("--device-bandwidth", type=_positive_float, default=None,
+    parser.add_argument("--device-bandwidth", type=positive_float_arg, default=None,
                         metavar="GB/S", help="device memory throughput in GB/s (a datasheet "
                         "figure such as 2039 for an A100-SXM4-80GB): lookups, local copies "
                         "and reductions run at it (default: the link model's figure for the "

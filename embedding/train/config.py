@@ -48,10 +48,10 @@ from typing import Any, Callable, Mapping
 
 from embedding.data.schema import SchemaError, dense_columns, sparse_features
 from embedding.dense.types import DenseOptimizerConfig, DenseOptimizerKind
+from embedding.train.sources import SOURCES, source_of
 from embedding.train.types import (CheckpointConfig, CommsConfig, ConfigError, DataConfig,
-                                   DataSource,
-                                   LoopConfig, ModelConfig, OutputConfig, PlanConfig,
-                                   TablesConfig, TrainConfig)
+                                   DataSource, LoopConfig, ModelConfig, OutputConfig,
+                                   PlanConfig, TablesConfig, TrainConfig, cache_rows)
 from embedding.types import (CachePolicy, Eviction, IdPolicy, OptimizerConfig, OptimizerKind,
                              Pooling, Rounding, Tier)
 from topology.sizes import parse_size
@@ -163,36 +163,8 @@ def _cache_text(v):
     return v
 
 
-def cache_rows(text: str, shard_rows: int, row_bytes: int) -> int:
-    """Rows of a device cache of ``text`` (see ``[tables] cache``) for a shard of
-    ``shard_rows`` rows of ``row_bytes`` bytes each (with optimizer state); at least 1."""
-    import math
-
-    s = text.strip()
-    if s.endswith("%"):
-        try:
-            pct = float(s[:-1])
-        except ValueError:
-            pct = -1.0
-        if not 0 < pct <= 100:
-            raise ValueError(f"expected a share in (0%, 100%], got {text!r}")
-        return max(1, math.ceil(pct / 100 * shard_rows))
-    if s.isdigit():
-        if int(s) < 1:
-            raise ValueError(f"expected at least 1 row, got {text!r}")
-        return int(s)
-    try:
-        size = parse_size(s)
-    except ValueError:
-        raise ValueError(f"expected a cache size such as \"5%\", \"4096\" (rows) or "
-                         f"\"64MiB\", got {text!r}") from None
-    if size < row_bytes:
-        raise ValueError(f"{text!r} holds no row of {row_bytes} bytes")
-    return size // row_bytes
-
-
 def _source(v):
-    choices = [s.value for s in DataSource]
+    choices = [s.value for s in SOURCES]
     if v in choices:
         return v
     hint = ""
@@ -354,38 +326,7 @@ def _cross_check(cfg: TrainConfig, path: str) -> None:
         raise ConfigError(path, "model.top_mlp", f"the last width is the logit and must be 1, "
                           f"got {list(m.top_mlp)}")
     d = cfg.data
-    if d.source is DataSource.SYNTHETIC:
-        if d.path or d.eval_path:
-            raise ConfigError(path, "data.path", "set, but data.source is 'synthetic'; set "
-                              "source = \"parquet\", \"criteo\" or \"binary\" to read files")
-    elif not d.path:
-        raise ConfigError(path, "data.path", f"required when data.source is "
-                          f"{d.source.value!r}")
-    if d.source is DataSource.PARQUET:
-        if not d.label:
-            raise ConfigError(path, "data.label", "required with source = \"parquet\": the "
-                              "name of the 0/1 label column")
-        if not d.sparse:
-            raise ConfigError(path, "data.sparse", "required with source = \"parquet\": "
-                              "one [[data.sparse]] table per categorical feature (name, "
-                              "column, table, pooling)")
-        try:
-            d.schema().check()
-        except SchemaError as exc:
-            raise ConfigError(path, exc.key, exc.reason) from None
-    else:
-        for key in ("label", "dense", "sparse"):
-            if getattr(d, key):
-                raise ConfigError(path, f"data.{key}", f"names Parquet columns; set source = "
-                                  f"\"parquet\" (data.source is {d.source.value!r})")
-        parquet = [p for p in d.path + d.eval_path if p.endswith(".parquet")]
-        if parquet:
-            raise ConfigError(path, "data.path", f"{parquet[0]} is a Parquet file; set "
-                              f"source = \"parquet\" and name its columns (data.label, "
-                              f"data.dense, [[data.sparse]])")
-    if d.source is DataSource.BINARY and (len(d.path) > 1 or len(d.eval_path) > 1):
-        raise ConfigError(path, "data.path", "the binary source reads one file (convert "
-                          "several with neocomm data convert)")
+    source_of(d.source).check(cfg, path)  # the [data] table, as its source reads it
     t = cfg.tables
     _check_precision(path, cfg)
     if not t.rows:

@@ -40,13 +40,13 @@ from embedding.train.step import (EmbeddingStages, GradSync, PhaseTimer, finite,
                                   symmetric_grads)
 from embedding.train.types import ConfigError, DataSource, Phase, TrainConfig, TrainingError
 
-__all__ = ["Trainer", "TrainResult", "Prepared"]
+__all__ = ["Trainer", "TrainResult", "PreparedBatch"]
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass
-class Prepared:
+class PreparedBatch:
     """A local batch ready for its input dist, the reader position before it, its problem."""
 
     batch: object
@@ -161,7 +161,7 @@ class Trainer:
         self.last_eval: dict | None = None
         self.last_checkpoint: Path | None = None
         self.planted_auc: float | None = None
-        self._pending = None  # (Prepared, DistributedBatch) of the next step
+        self._pending = None  # (PreparedBatch, DistributedBatch) of the next step
 
     # -- setup -------------------------------------------------------------------
     def _setup_threads(self) -> None:
@@ -205,7 +205,7 @@ class Trainer:
                 "dense_optimizer": self.cfg.dense_optimizer.kind.value}
 
     # -- data ----------------------------------------------------------------------
-    def prepare(self, reader, guard, step: int, timer: PhaseTimer) -> Prepared:
+    def prepare(self, reader, guard, step: int, timer: PhaseTimer) -> PreparedBatch:
         """Read this rank's slice of the next batch of ``reader`` for ``step`` and check it.
 
         A batch that fails to read or to check becomes a filler batch and
@@ -224,7 +224,7 @@ class Trainer:
                 batch = filler_batch(batch.batch_size, self.data.num_dense,
                                      self.data.feature_names)
             kjt = batch.to_jagged()
-        return Prepared(batch, kjt, position, problem)
+        return PreparedBatch(batch, kjt, position, problem)
 
     def _start(self, step: int):
         prep = self.prepare(self.reader, self._guard, step, self.timer)
@@ -233,7 +233,7 @@ class Trainer:
         return prep, dist
 
     # -- one step ------------------------------------------------------------------
-    def _step(self, prep: Prepared, dist, step: int, has_next: bool) -> float:
+    def _step(self, prep: PreparedBatch, dist, step: int, has_next: bool) -> float:
         """Train on ``prep``; returns the global mean loss. Starts the next input dist."""
         timer = self.timer
         pooled, ctx = self.stages.forward(dist, timer)

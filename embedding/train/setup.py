@@ -244,7 +244,7 @@ def apply_tiers(cfg: TrainConfig, plan: ShardingPlan, tables) -> ShardingPlan:
     import dataclasses
 
     from embedding.optim import row_bytes
-    from embedding.train.config import cache_rows
+    from embedding.train.types import cache_rows
     from embedding.types import ShardingType, TableMemory, Tier
 
     tc = cfg.tables

@@ -17,7 +17,7 @@ from neocomm.errors import NeocommError
 
 __all__ = ["DataSource", "Phase", "DataConfig", "TablesConfig", "ModelConfig", "LoopConfig",
            "PlanConfig", "CheckpointConfig", "OutputConfig", "CommsConfig", "TrainConfig",
-           "ConfigError", "TrainingError", "DEFAULT_OUT"]
+           "ConfigError", "TrainingError", "DEFAULT_OUT", "cache_rows"]
 
 #: Where outputs go when neither the config nor ``--out`` says (relative to the cwd).
 DEFAULT_OUT = "neocomm-out"
@@ -321,3 +321,33 @@ class TrainingError(NeocommError):
         self.step = int(step)
         self.tensor = tensor
         self.per_rank = dict(per_rank or {})
+
+
+def cache_rows(text: str, shard_rows: int, row_bytes: int) -> int:
+    """Rows of a device cache of ``text`` (see ``[tables] cache``) for a shard of
+    ``shard_rows`` rows of ``row_bytes`` bytes each (with optimizer state); at least 1."""
+    import math
+
+    from topology.sizes import parse_size
+
+    s = text.strip()
+    if s.endswith("%"):
+        try:
+            pct = float(s[:-1])
+        except ValueError:
+            pct = -1.0
+        if not 0 < pct <= 100:
+            raise ValueError(f"expected a share in (0%, 100%], got {text!r}")
+        return max(1, math.ceil(pct / 100 * shard_rows))
+    if s.isdigit():
+        if int(s) < 1:
+            raise ValueError(f"expected at least 1 row, got {text!r}")
+        return int(s)
+    try:
+        size = parse_size(s)
+    except ValueError:
+        raise ValueError(f"expected a cache size such as \"5%\", \"4096\" (rows) or "
+                         f"\"64MiB\", got {text!r}") from None
+    if size < row_bytes:
+        raise ValueError(f"{text!r} holds no row of {row_bytes} bytes")
+    return size // row_bytes

@@ -6,7 +6,7 @@ carried by the package it belongs to and registered in the
 ``pyproject.toml``::
 
     [project.entry-points."neocomm.commands"]
-    topo = "topology.cli.topo"
+    bench = "collectives.cli.bench"
 
 A command is a module (or an object, ``"module:attr"``) with ``HELP`` (its
 one-line help), ``add_arguments(parser)`` and ``run(args) -> int``. It is
@@ -19,10 +19,12 @@ import importlib
 import sys
 from dataclasses import dataclass
 
-__all__ = ["main", "commands", "Command", "CommandLoadError", "COMMAND_GROUP"]
+__all__ = ["main", "commands", "Command", "CommandLoadError", "COMMAND_GROUP", "SETTINGS_GROUP"]
 
-#: the entry-point group the commands of the packages above the core are registered in
+#: the entry-point group the commands beyond the core's ``run`` and ``info`` are registered in
 COMMAND_GROUP = "neocomm.commands"
+#: the entry-point group of the modules that declare the layers' ``NEOCOMM_*`` settings
+SETTINGS_GROUP = "neocomm.settings"
 _CORE = {"run": "neocomm.cli.run", "info": "neocomm.cli.info"}
 #: ``neocomm --help`` lists the core's commands, then the others by layer, lowest first
 _LAYERS = ("topology", "neocomm", "collectives", "embedding")
@@ -121,9 +123,28 @@ def _top_parser(table: dict[str, Command], listing: bool = False) -> argparse.Ar
     return parser
 
 
+def declare_settings() -> None:
+    """Import every module registered under ``neocomm.settings``, which declare the
+    ``NEOCOMM_*`` settings of the layers above the core (each warned about, not fatal,
+    when it cannot be imported)."""
+    import warnings
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=SETTINGS_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plug-in must not stop the job
+            warnings.warn(f"settings of {ep.value} could not be loaded: {exc}", stacklevel=2)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``neocomm`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from neocomm import config
+
+    # any command may start the world, which warns about unknown NEOCOMM_* names: the
+    # settings of every layer are known first (loaded only when needed)
+    config.add_declarations(declare_settings)
     table = commands()
     if not argv or argv[0] in ("-h", "--help"):
         _top_parser(table, listing=True).print_help()

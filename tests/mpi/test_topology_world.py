@@ -98,7 +98,7 @@ def test_bad_node_list_fails_every_rank(world):
 
 @pytest.mark.mpi(min_size=2)
 def test_measurement_over_the_runtime(world, all_ranks):
-    from topology.cli.fabric import measure
+    from neocomm.bandwidth import measure
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProbeWarning)

@@ -1,7 +1,12 @@
 """The layers of the code base, checked on the source: topology < neocomm < collectives < embedding.
 
 A module imports only from its own layer or layers below, and no set of
-modules imports itself round in a cycle. Every import counts: at module
+modules imports itself round in a cycle. Nor does it reach a higher layer at
+run time: it reads no entry-point group whose providers (``pyproject.toml``)
+live in a higher layer, and names no higher layer's module in a string
+(``import_module("embedding.x")``, ``"collectives.settings"``). Only the
+``neocomm`` program's dispatcher loads other layers' code by name
+(:data:`PLUGIN_LOADERS`). Every import counts: at module
 level, inside functions, under ``if TYPE_CHECKING``. ``import a.b.c`` is an
 edge to ``a.b.c``; ``from a.b import c`` is an edge to ``a.b.c`` when that is
 a module, else to ``a.b``. Python runs the packages ``a`` and ``a.b`` before
@@ -13,10 +18,16 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 import pytest
 
@@ -24,6 +35,13 @@ ROOT = Path(__file__).resolve().parents[2]
 #: lowest first; a layer imports only from itself and the layers before it
 LAYERS = ("topology", "neocomm", "collectives", "embedding")
 RANK = {name: i for i, name in enumerate(LAYERS)}
+#: the modules that load other layers' code by name, on purpose: the ``neocomm`` program's
+#: dispatcher, which finds every layer's commands, ``neocomm info`` lines and settings
+#: modules through their entry points (it runs above every layer, as the program itself)
+PLUGIN_LOADERS = {
+    "neocomm.cli": "the dispatcher: commands (neocomm.commands), settings (neocomm.settings)",
+    "neocomm.cli.info": "`neocomm info`: the lines of the layers above (neocomm.info)",
+}
 
 
 @dataclass(frozen=True)
@@ -194,10 +212,111 @@ def cycles(edges: list[Edge]) -> list[tuple[list[str], list[Edge]]]:
     return found
 
 
+@dataclass(frozen=True)
+class Reach:
+    source: str  # the reaching module
+    path: str
+    line: int
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.source} {self.what}"
+
+
+def entry_point_groups() -> dict[str, set[str]]:
+    """Entry-point group -> the layers of the modules registered in it (``pyproject.toml``)."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f).get("project", {})
+    return {group: {v.split(":")[0].strip().split(".")[0] for v in eps.values()} & set(RANK)
+            for group, eps in project.get("entry-points", {}).items()}
+
+
+#: a dotted module path of the project, optionally ``:attr`` (as entry points write them)
+_MODULE_NAME = re.compile(r"(%s)(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?" % "|".join(LAYERS))
+#: calls that import a module named by their first argument
+_IMPORTERS = {"import_module", "__import__", "find_spec", "run_module"}
+
+
+def _call_name(func) -> str:
+    return func.id if isinstance(func, ast.Name) else (
+        func.attr if isinstance(func, ast.Attribute) else "")
+
+
+def reach_ups() -> list[Reach]:
+    """Run-time reaches into a higher layer, outside :data:`PLUGIN_LOADERS`:
+    ``entry_points(group=G)`` where a higher layer provides G (or G is not a string the
+    check can read), an import by a string naming a higher layer, and any other string
+    (docstrings aside) that is the dotted name of a higher layer's module."""
+    modules = _modules()
+    groups = entry_point_groups()
+    found: list[Reach] = []
+    for module, (path, _package) in modules.items():
+        if module in PLUGIN_LOADERS:
+            continue
+        rank = RANK[_layer(module)]
+        rel = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text(), filename=str(path))
+        consts = {t.id: n.value.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                  and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                  for t in n.targets if isinstance(t, ast.Name)}
+
+        def text(node):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                return node.value
+            return consts.get(node.id) if isinstance(node, ast.Name) else None
+
+        def higher(name: str) -> bool:
+            top = name.split(":")[0].split(".")[0]
+            return top in RANK and RANK[top] > rank
+
+        # docstrings, and the names already reported as imported by name
+        skip = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)
+                and isinstance(n.value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                name = _call_name(node.func)
+                args = list(node.args)
+                if name == "entry_points":
+                    given = [k.value for k in node.keywords if k.arg == "group"] or args[:1]
+                    if not given:
+                        continue
+                    group = text(given[0])
+                    if group is None:
+                        found.append(Reach(module, rel, node.lineno, "reads entry points of a "
+                                           "group not written as a string"))
+                        continue
+                    up = sorted(g for g in groups.get(group, ()) if RANK[g] > rank)
+                    if up:
+                        found.append(Reach(module, rel, node.lineno, f"reads entry points of "
+                                           f"{group!r}, provided by the higher layer(s) {up}"))
+                elif name in _IMPORTERS and args:
+                    target = text(args[0])
+                    skip.add(id(args[0]))
+                    if target is not None and higher(target):
+                        found.append(Reach(module, rel, node.lineno,
+                                           f"imports {target!r} by name ({name})"))
+            elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and id(node) not in skip and _MODULE_NAME.fullmatch(node.value)
+                  and higher(node.value)
+                  and _resolve(node.value.split(":")[0], modules) == node.value.split(":")[0]):
+                found.append(Reach(module, rel, node.lineno,
+                                   f"names the higher layer's module {node.value!r}"))
+    unique = {(r.path, r.line, r.what): r for r in found}
+    return sorted(unique.values(), key=lambda r: (r.path, r.line, r.what))
+
+
 def test_graph_sees_the_packages():
     edges = import_graph()
     sources = {_layer(e.source) for e in edges}
     assert sources == set(LAYERS), f"import graph covers {sorted(sources)}, expected {LAYERS}"
+
+
+def _plant(tmp_path, monkeypatch, files: dict) -> None:
+    """Write ``files`` (path -> text) under ``tmp_path`` and check that tree instead."""
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
 
 
 def test_the_checks_find_a_planted_upward_import_and_cycle(tmp_path, monkeypatch):
@@ -214,10 +333,7 @@ def test_the_checks_find_a_planted_upward_import_and_cycle(tmp_path, monkeypatch
         "embedding/__init__.py": "",
         "embedding/model.py": "from collectives.a import thing\n",
     }
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    _plant(tmp_path, monkeypatch, files)
     edges = import_graph()
     assert [str(e) for e in upward_edges(edges)] == [
         "topology/probe.py:2: topology.probe imports embedding.model"]
@@ -251,8 +367,72 @@ def test_no_import_cycles():
                     "each:\n" + "\n".join(lines), pytrace=False)
 
 
-@pytest.mark.parametrize("module", LAYERS + ("neocomm.cli", "topology.cli.topo",
-                                              "topology.cli.fabric", "collectives.cli.bench"))
+def test_the_check_finds_planted_reaches_up_at_run_time(tmp_path, monkeypatch):
+    """On a small tree: a lower layer reading an entry-point group that a higher layer
+    provides (by a constant or a literal), importing a higher module by name, or naming
+    one in a string is reported with its line; the dispatcher, docstrings, downward
+    names and groups provided below are not."""
+    files = {
+        "pyproject.toml": (
+            '[project.entry-points."neocomm.runtime"]\nworld = "neocomm.world:init"\n'
+            '[project.entry-points."neocomm.settings"]\ntrain = "embedding.progress"\n'
+            '[project.entry-points."neocomm.commands"]\nbench = "collectives.bench"\n'
+            '[project.entry-points."topology.probes"]\nsmi = "topology.smi"\n'),
+        "topology/__init__.py": "",
+        "topology/smi.py": "",
+        "topology/topo.py": (
+            '"""Mentions neocomm.world in its docstring."""\n'
+            'GROUP = "neocomm.runtime"\n'
+            "def world():\n"
+            "    from importlib.metadata import entry_points\n"
+            "    return entry_points(group=GROUP, name='world')\n"
+            "def probes():\n"
+            "    from importlib.metadata import entry_points\n"
+            "    return entry_points(group='topology.probes')\n"),
+        "neocomm/__init__.py": "",
+        "neocomm/world.py": "def init():\n    pass\n",
+        "neocomm/config.py": (
+            "import importlib\n"
+            "from importlib import metadata\n"
+            "def load():\n"
+            "    metadata.entry_points(group='neocomm.settings')\n"
+            "    importlib.import_module('embedding.progress')\n"
+            "    return 'topology.smi'\n"
+            "HOOK = 'collectives.bench:run'\n"),
+        "neocomm/cli/__init__.py": (
+            "from importlib.metadata import entry_points\n"
+            "def commands():\n"
+            "    return entry_points(group='neocomm.commands'), 'embedding.progress'\n"),
+        "collectives/__init__.py": "",
+        "collectives/bench.py": "",
+        "embedding/__init__.py": "",
+        "embedding/progress.py": "",
+    }
+    _plant(tmp_path, monkeypatch, files)
+    assert [str(r) for r in reach_ups()] == [
+        "neocomm/config.py:4: neocomm.config reads entry points of 'neocomm.settings', provided "
+        "by the higher layer(s) ['embedding']",
+        "neocomm/config.py:5: neocomm.config imports 'embedding.progress' by name "
+        "(import_module)",
+        "neocomm/config.py:7: neocomm.config names the higher layer's module "
+        "'collectives.bench:run'",
+        "topology/topo.py:5: topology.topo reads entry points of 'neocomm.runtime', provided "
+        "by the higher layer(s) ['neocomm']",
+    ]
+
+
+def test_no_module_reaches_a_higher_layer_at_run_time():
+    found = reach_ups()
+    if found:
+        pytest.fail(
+            f"{len(found)} reach(es) into a higher layer at run time (layers, lowest first: "
+            f"{' < '.join(LAYERS)}); let the higher layer hand the values down or register "
+            "into the lower one:\n" + "\n".join(f"  {r}" for r in found), pytrace=False)
+
+
+@pytest.mark.parametrize("module", LAYERS + ("neocomm.cli", "neocomm.cli.topo",
+                                              "neocomm.cli.fabric", "topology.cli.sources",
+                                              "collectives.cli.bench"))
 def test_import_alone_loads_no_higher_layer(module):
     code = (f"import json, sys; import {module}; "
             f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))")

@@ -45,7 +45,7 @@ def test_every_command_is_registered_and_loads(capsys):
         missing = [o for o in options if o not in out]
         assert not missing, f"{name} --help lacks {missing}"
     assert table["bench"].target == "collectives.cli.bench"
-    assert table["topo"].target == "topology.cli.topo"
+    assert table["topo"].target == "neocomm.cli.topo"
     assert table["train"].target == "embedding.cli.train"
 
 

@@ -66,14 +66,37 @@ def test_errors_survive_pickling():
     assert unavailable.reason == "no GPU" and "not available: no GPU" in str(unavailable)
 
 
-def test_settings_of_packages_above_are_known_before_they_are_imported():
-    """A fresh process that imports only the core does not warn about NEOCOMM_ALGO_* or CHUNK_BYTES."""
+def _fresh(code: str):
     import subprocess
     import sys
 
-    code = ("import warnings; warnings.simplefilter('error'); from neocomm import config; "
-            "s = config.settings({'NEOCOMM_ALGO_ALL_REDUCE': 'ring', 'NEOCOMM_CHUNK_BYTES': '1M', "
-            "'NEOCOMM_PROGRESS': 'off'}); print(s['CHUNK_BYTES'], s['PROGRESS'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [str(1 << 20), "off"]
+    return out.stdout.split()
+
+
+ENV = "{'NEOCOMM_ALGO_ALL_REDUCE': 'ring', 'NEOCOMM_CHUNK_BYTES': '1M', 'NEOCOMM_PROGRESS': 'off'}"
+
+
+def test_layers_above_declare_their_settings_when_imported():
+    """The core knows only its own settings; importing a layer declares that layer's (the
+    core never looks upward for them)."""
+    code = ("import warnings; from neocomm import config; "
+            "print(sorted({'CHUNK_BYTES', 'PROGRESS'} & {s.name for s in config.table()}) "
+            "or 'none'); "
+            "import collectives, embedding.train; warnings.simplefilter('error'); "
+            f"s = config.settings({ENV}); print(s['CHUNK_BYTES'], s['PROGRESS'])")
+    assert _fresh(code) == ["none", str(1 << 20), "off"]
+
+
+def test_the_command_line_knows_every_layers_settings_before_it_imports_them():
+    """``neocomm`` may start the world before a command imports its layer: every layer's
+    settings are declared before unknown names are warned about."""
+    code = ("import contextlib, io, json, os, sys; "
+            f"os.environ.update({ENV}); from neocomm import cli; out = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out): cli.main(['info', '--json'])\n"
+            "info = json.loads(out.getvalue()); "
+            "print(info['unknown_settings'] or 'none', "
+            "info['settings']['NEOCOMM_CHUNK_BYTES']['value'], "
+            "info['settings']['NEOCOMM_PROGRESS']['value'], 'collectives' in sys.modules)")
+    assert _fresh(code) == ["none", str(1 << 20), "off", "True"]

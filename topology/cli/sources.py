@@ -1,14 +1,10 @@
-"""``neocomm topo``: print the discovered topology of this host or of the whole job.
+"""What to probe: the options of ``neocomm topo`` and ``neocomm fabric`` and the topology they give.
 
-Run alone it probes this host; under ``mpirun`` with several ranks every
-host of the job is probed once and rank 0 prints the cluster (ranks, nodes
-- emulated ones included - hosts, GPUs, NICs). ``--fixture``,
-``--sysfs-root``, ``--nvidia-smi-topo`` and ``--nvidia-smi-query`` probe a
-captured host instead of the live one.
-
-Topology sits below the runtime: under ``mpirun`` the job's world comes
-from the runtime registered as the ``world`` entry point of the
-``neocomm.runtime`` group (``neocomm.init``), never from an import of it.
+``--fixture``, ``--sysfs-root``, ``--nvidia-smi-topo`` and ``--nvidia-smi-query``
+probe a captured host instead of the live one. :func:`discover` probes this
+host, or, given the job's communicator and the node of every rank, every host
+of the job once (collective). The runtime's commands (``neocomm/cli``) start
+the world and pass those plain values down: this layer never starts the runtime.
 """
 from __future__ import annotations
 
@@ -16,11 +12,8 @@ import os
 import sys
 import warnings
 
-__all__ = ["HELP", "add_arguments", "run", "add_source_arguments", "discover", "init_world",
-           "SourceError"]
-
-HELP = "print the discovered topology of the job"
-RUNTIME_GROUP = "neocomm.runtime"
+__all__ = ["SourceError", "add_source_arguments", "probe_kwargs", "job_size", "discover",
+           "load_topology", "print_cluster"]
 
 
 class SourceError(ValueError):
@@ -42,13 +35,6 @@ def add_source_arguments(parser) -> None:
     group.add_argument("--nvidia-smi-query", metavar="FILE",
                        help="captured `nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,"
                             "memory.total --format=csv` output")
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--json", action="store_true",
-                        help="print the topology as JSON (input of `neocomm fabric validate "
-                             "--topology`)")
-    add_source_arguments(parser)
 
 
 def _read(path: str, what: str) -> str:
@@ -92,58 +78,42 @@ def job_size() -> int:
     return 1
 
 
-def init_world():
-    """The runtime's world of this MPI job (collective: every rank calls it).
-
-    The runtime registers its ``init`` as the entry point ``world`` of the
-    ``neocomm.runtime`` group; RuntimeError when none is installed.
-    """
-    from importlib.metadata import entry_points
-
-    found = entry_points(group=RUNTIME_GROUP, name="world")
-    if not found:
-        raise RuntimeError(f"no runtime to start the job's world: no entry point 'world' in "
-                           f"group {RUNTIME_GROUP!r} (is neocomm installed? pip install -e .)")
-    return next(iter(found)).load()()
-
-
-def discover(args):
-    """``(cluster, world)``: the topology to show or validate, and the neocomm
-    World when running under mpirun with several ranks (else None).
+def discover(kw: dict, comm=None, nodes=None):
+    """The topology of the probe arguments ``kw`` (:func:`probe_kwargs`): this host alone,
+    or with ``comm`` (an MPI communicator of the job) and ``nodes`` (the node of each of
+    its ranks) every host of the job, each probed once (collective over ``comm``).
 
     Probe warnings are recorded in the topology, not printed.
     """
     from topology import ClusterTopology, ProbeWarning, discover_host, discover_world
 
-    kw = probe_kwargs(args)
-    world = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProbeWarning)
-        if job_size() > 1:
-            world = init_world()
-            nodes = [world.node_of(r) for r in range(world.size)]
-            cluster = discover_world(world.comm, nodes, **kw)
-        else:
-            cluster = ClusterTopology.single(discover_host(**kw))
-    return cluster, world
+        if comm is not None:
+            return discover_world(comm, list(nodes), **kw)
+        return ClusterTopology.single(discover_host(**kw))
 
 
-def run(args) -> int:
+def load_topology(path: str):
+    """The cluster of a topology JSON file (``neocomm topo --json``; one host is a
+    cluster of one); OSError, UnicodeDecodeError or TopologyError when it cannot be."""
+    from topology import ClusterTopology, HostTopology, from_json
+
+    with open(path) as f:
+        obj = from_json(f.read())
+    return ClusterTopology.single(obj) if isinstance(obj, HostTopology) else obj
+
+
+def print_cluster(cluster, as_json: bool = False, prog: str = "neocomm topo") -> None:
+    """Print ``cluster`` as text (like ``nvidia-smi topo -m``) or as JSON, its hosts'
+    probe warnings then going to stderr."""
     from topology import to_json
     from topology.render import render_cluster
 
-    try:
-        cluster, world = discover(args)
-    except SourceError as exc:
-        print(f"neocomm topo: {exc}", file=sys.stderr)
-        return 2
-    if world is not None and world.rank != 0:
-        return 0
-    if args.json:
+    if as_json:
         for host in cluster.hosts:
             for w in host.warnings:
-                print(f"neocomm topo: warning: {host.hostname}: {w}", file=sys.stderr)
+                print(f"{prog}: warning: {host.hostname}: {w}", file=sys.stderr)
         print(to_json(cluster))
     else:
         print(render_cluster(cluster))
-    return 0
