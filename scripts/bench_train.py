@@ -6,7 +6,8 @@
         --local-batch 2048 --steps 20 --json bench.json
 
 Every rank builds the trainer of ``neocomm train`` (tables of ``--rows`` x
-``--dim``, one id per bag, the planner's plan, a small dense model) over an
+``--dim``, ``--ids-per-bag`` ids per bag, the planner's plan, a small dense
+model) over an
 in-memory pool of synthetic batches (so the synthetic generator's hashing is
 not what is measured; a memory-mapped binary file reads about as fast), then
 measures, after warm-up steps, in one run:
@@ -43,6 +44,9 @@ def parse(argv=None):
                    help="table rows spread geometrically from LO to HI over the tables, "
                    "instead of --rows for all")
     p.add_argument("--dim", type=int, default=64, help="embedding dimension (default 64)")
+    p.add_argument("--ids-per-bag", type=int, default=1,
+                   help="ids per feature and sample (multi-hot bags: the synthetic id and "
+                   "Zipf ids beside it; default 1)")
     p.add_argument("--local-batch", type=int, default=2048,
                    help="samples per rank per step (default 2048)")
     p.add_argument("--steps", type=int, default=8, help="measured steps per round")
@@ -125,11 +129,17 @@ def build(args, world):
     keep = [full.read(i * gb + r * lb, i * gb + (r + 1) * lb) for i in range(args.pool + 1)]
     dense = np.zeros((gb * (args.pool + 1), syn.num_dense), np.float32)
     labels = np.zeros(gb * (args.pool + 1), np.float32)
-    ids = np.zeros((gb * (args.pool + 1), args.tables), np.int64)
+    ids = np.zeros((gb * (args.pool + 1), args.tables, args.ids_per_bag), np.int64)
+    extra = np.random.default_rng(r)
     for i, b in enumerate(keep):
         a = i * gb + r * lb
         dense[a:a + lb], labels[a:a + lb] = b.dense, b.labels
-        ids[a:a + lb] = np.stack(b.values, axis=1)
+        ids[a:a + lb, :, 0] = np.stack(b.values, axis=1)
+        if args.ids_per_bag > 1:  # the rest of each bag: Zipf ids of the same table
+            more = extra.zipf(1.1, (lb, args.tables, args.ids_per_bag - 1)) - 1
+            ids[a:a + lb, :, 1:] = more % np.asarray(rows)[None, :, None]
+    if args.ids_per_bag == 1:
+        ids = ids[:, :, 0]
     mem = MemoryDataset(dense, labels, ids, syn.feature_names)
     data = TrainData(WindowDataset(mem, 0, gb * args.pool),
                      WindowDataset(mem, gb * args.pool, gb * (args.pool + 1)),
@@ -205,11 +215,14 @@ def main(argv=None) -> int:
         packs = trainer.plan.packs
         if packs:
             plan += f" ({sum(len(p.members) for p in packs)} tables packed into {len(packs)})"
+        from embedding.kernels.compiled import info
+
+        kernels = info()[1].split(" ")[0]
         rows = (f"{args.rows_range.replace(':', '-')} rows (geometric, "
                 f"{sum(table_rows(args)):,} in all)" if args.rows_range else f"{args.rows} rows")
         print(f"bench_train: {world.size} rank(s), {args.tables} tables x {rows} x "
               f"dim {args.dim} (float32), {args.local_batch} samples per rank per step "
-              f"(global {gb}), 1 id per bag, dense {list(trainer.cfg.model.bottom_mlp)} / "
+              f"(global {gb}), {args.ids_per_bag} id(s) per bag, {kernels} kernels, dense {list(trainer.cfg.model.bottom_mlp)} / "
               f"{list(trainer.cfg.model.top_mlp)} ({trainer.model.buffers.numel:,} parameters "
               f"in {len(trainer.model.buckets)} gradient bucket(s)); plan: {plan}; "
               f"{trainer.threads} thread(s) per rank", flush=True)
@@ -221,7 +234,8 @@ def main(argv=None) -> int:
         runs["embedding_only"].append(embedding_steps(trainer, args.steps))
     trainer.close()
     result = {"world_size": world.size, "tables": args.tables, "rows": table_rows(args),
-              "dim": args.dim, "local_batch": args.local_batch, "global_batch": gb,
+              "dim": args.dim, "ids_per_bag": args.ids_per_bag,
+              "local_batch": args.local_batch, "global_batch": gb,
               "steps": args.steps, "rounds": args.rounds, "threads": trainer.threads,
               "plan": trainer.describe_plan()}
     calls = [c for s, ph, c in runs["overlap_on"] + runs["overlap_off"]]

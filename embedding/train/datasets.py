@@ -49,7 +49,8 @@ class WindowDataset:
 
 
 class MemoryDataset:
-    """Preprocessed records held in memory: dense ``[N, D]``, labels ``[N]``, ids ``[N, F]``."""
+    """Preprocessed records held in memory: dense ``[N, D]``, labels ``[N]``, ids ``[N, F]``
+    (one id per feature) or ``[N, F, L]`` (bags of ``L`` ids)."""
 
     def __init__(self, dense, labels, ids, feature_names=()):
         self.dense = np.ascontiguousarray(dense, np.float32)
@@ -62,8 +63,14 @@ class MemoryDataset:
         if not 0 <= start <= stop <= self.num_records:
             raise ValueError(f"start/stop: expected 0 <= start <= stop <= {self.num_records}, "
                              f"got {start}, {stop}")
-        return Batch.from_ids(self.dense[start:stop], self.labels[start:stop].astype(np.float32),
-                              self.ids[start:stop], self.feature_names)
+        dense, labels = self.dense[start:stop], self.labels[start:stop].astype(np.float32)
+        if self.ids.ndim == 2:
+            return Batch.from_ids(dense, labels, self.ids[start:stop], self.feature_names)
+        ids = self.ids[start:stop]
+        bag = np.full(stop - start, ids.shape[2], np.int64)
+        return Batch(dense, labels, tuple(np.ascontiguousarray(ids[:, f]).reshape(-1)
+                                          for f in range(ids.shape[1])),
+                     (bag,) * ids.shape[1], self.feature_names)
 
 
 def load_criteo_text(paths, table_sizes, missing: str = "zero") -> MemoryDataset:
