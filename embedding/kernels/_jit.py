@@ -28,22 +28,23 @@ _OPTS = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 #: backward, whose rows cost more work each, half as far (measured best here)
 AHEAD = 16
 AHEAD_ROWS = 8
+#: bytes of a cache line: a row is prefetched line by line
+LINE = 64
 
 
 @intrinsic
-def _prefetch_row(typingctx, table, row):
-    """Ask the CPU to bring row ``row`` of the 2-D ``table`` into cache (LLVM's prefetch:
-    a read, high locality); a hint that never faults."""
-    sig = types.void(table, row)
+def _prefetch(typingctx, table, row, col):
+    """Ask the CPU to bring the cache line of ``table[row, col]`` (2-D) into cache (LLVM's
+    prefetch: a read, high locality); a hint that never faults."""
+    sig = types.void(table, row, col)
 
     def codegen(context, builder, signature, args):
         aryty = signature.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
-        zero = context.get_constant(types.intp, 0)
         ptr = cgutils.get_item_pointer2(context, builder, ary.data,
                                         cgutils.unpack_tuple(builder, ary.shape),
                                         cgutils.unpack_tuple(builder, ary.strides),
-                                        aryty.layout, [args[1], zero], wraparound=False,
+                                        aryty.layout, [args[1], args[2]], wraparound=False,
                                         boundscheck=False)
         i8p = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
@@ -58,11 +59,13 @@ def _prefetch_row(typingctx, table, row):
 
 @nb.njit(inline="always", **_OPTS)
 def _prefetch_id(table, idx, j):
-    """Prefetch the row of ``idx[j]`` when ``j`` is in range and the id a row of ``table``."""
+    """Prefetch the row of ``idx[j]`` (every cache line of it) when ``j`` is in range and the
+    id a row of ``table``."""
     if j < idx.size:
         r = idx[j]
         if r >= 0 and r < table.shape[0]:
-            _prefetch_row(table, r)
+            for c in range(0, table.shape[1], LINE // table.itemsize):
+                _prefetch(table, r, c)
 
 #: optimizer codes of :func:`segment_update`
 AGGREGATE, SGD, ROWWISE_ADAGRAD, ADAM = 0, 1, 2, 3
