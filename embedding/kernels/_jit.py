@@ -266,3 +266,50 @@ def sort_by_row(ids, rows, occ_in, ws_in, weighted):
         if weighted:
             ws[p] = ws_in[i]
     return -1, occ, ws, uniq, starts, lengths
+
+
+@nb.njit(**_OPTS)
+def unique_inverse(ids):
+    """``np.unique(ids, return_inverse=True, return_counts=True)`` of int64 ``ids``: the
+    distinct ids found with a hash table (Fibonacci hashing, linear probing), then only they
+    are sorted."""
+    n = ids.size
+    bits = 1
+    while (1 << bits) < 2 * n:
+        bits += 1
+    mask = (1 << bits) - 1
+    shift = np.uint64(64 - bits)
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    slot_key = np.empty(mask + 1, np.int64)
+    slot_of = np.full(mask + 1, -1, np.int64)
+    seen = np.empty(n, np.int64)      # the distinct ids, first seen first
+    which = np.empty(n, np.int64)     # each id's place in ``seen``
+    nd = 0
+    for i in range(n):
+        x = ids[i]
+        h = np.int64((np.uint64(x) * golden) >> shift)
+        while True:
+            k = slot_of[h]
+            if k < 0:
+                slot_of[h] = nd
+                slot_key[h] = x
+                seen[nd] = x
+                which[i] = nd
+                nd += 1
+                break
+            if slot_key[h] == x:
+                which[i] = k
+                break
+            h = (h + 1) & mask
+    order = np.argsort(seen[:nd])
+    rank = np.empty(nd, np.int64)
+    for r in range(nd):
+        rank[order[r]] = r
+    uniq = seen[:nd][order]
+    inverse = np.empty(n, np.int64)
+    counts = np.zeros(nd, np.int64)
+    for i in range(n):
+        v = rank[which[i]]
+        inverse[i] = v
+        counts[v] += 1
+    return uniq, inverse, counts

@@ -32,7 +32,7 @@ import numpy as np
 
 from neocomm import config
 
-__all__ = ["kernels", "info", "MODES"]
+__all__ = ["kernels", "info", "unique", "MODES"]
 
 MODES = ("auto", "compiled", "numpy")
 
@@ -80,3 +80,14 @@ def kernels(dtype):
     if jit is None or np.dtype(dtype) not in _COMPUTE:
         return None
     return jit
+
+
+def unique(ids):
+    """``np.unique(ids, return_inverse=True, return_counts=True)`` (inverse flat) of host
+    int64 ids, by the compiled hash dedup where it serves (the same arrays), else by NumPy."""
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    jit = kernels(np.float32)
+    if jit is None or ids.size == 0:
+        u, inv, n = np.unique(ids, return_inverse=True, return_counts=True)
+        return u, inv.reshape(-1), n
+    return jit.unique_inverse(ids)

@@ -192,7 +192,12 @@ class IdMap:
         """
         xp = self.xp
         ids = xp.asarray(ids, xp.int64)
-        uniq, inv, n = xp.unique(ids, return_inverse=True, return_counts=True)
+        if xp is np:
+            from embedding.kernels import compiled
+
+            uniq, inv, n = compiled.unique(ids)
+        else:
+            uniq, inv, n = xp.unique(ids, return_inverse=True, return_counts=True)
         inv = inv.reshape(-1)
         if uniq.size and int(uniq[0]) <= RESERVED[1]:
             raise ValueError(f"ids: {int(uniq[0])} is reserved (the markers {list(RESERVED)} "

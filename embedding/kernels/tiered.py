@@ -45,6 +45,7 @@ from typing import Sequence
 
 import numpy as np
 
+from embedding.kernels import compiled
 from embedding.kernels.cache import RowCache
 from embedding.kernels.fused import FusedTables, adopt_layout
 from embedding.kernels.layout import Bags, host_array
@@ -251,7 +252,7 @@ class TieredTables:
         per = [[] for _ in range(self.num_tables)]
         for t, ids in pairs:
             per[t].append(np.asarray(ids, np.int64))
-        uniq = [np.unique(np.concatenate(p), return_counts=True) if p else
+        uniq = [compiled.unique(np.concatenate(p))[::2] if p else
                 (np.zeros(0, np.int64), np.zeros(0, np.int64)) for p in per]
         step = self._open(None, [u for u, _ in uniq], [c for _, c in uniq])
         self._land(step)
@@ -323,7 +324,7 @@ class TieredTables:
                 bad = ids[(ids < 0) | (ids >= self.layout.rows[t])][0]
                 raise ValueError(f"bags: id {int(bad)} of {self.names[t]} is outside "
                                  f"[0, {self.layout.rows[t]})")
-            u, inv, n = np.unique(ids, return_inverse=True, return_counts=True)
+            u, inv, n = compiled.unique(ids)
             unique.append(u)
             counts.append(n)
             inverse[t] = (mask, inv)

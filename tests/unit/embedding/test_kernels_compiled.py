@@ -240,3 +240,17 @@ def test_threads_never_exceed_the_cores(monkeypatch, caplog):
     import threading
     kcpu._map(lambda i: seen.add(threading.get_ident()), range(8), threads=8)
     assert seen == {threading.get_ident()}
+
+
+@pytest.mark.parametrize("case", ["empty", "one", "repeated", "zipf", "extremes", "negative"])
+def test_unique_is_numpys(monkeypatch, case):
+    rng = np.random.default_rng(11)
+    ids = {"empty": np.zeros(0, np.int64), "one": np.array([7]),
+           "repeated": np.full(1000, 3),
+           "zipf": rng.zipf(1.1, 50_000) - 1,
+           "extremes": np.array([np.iinfo(np.int64).max, np.iinfo(np.int64).min, 0, -1,
+                                 np.iinfo(np.int64).max, 2 ** 40, -(2 ** 40)]),
+           "negative": -rng.integers(0, 1000, 5000)}[case].astype(np.int64)
+    ref, got = both(monkeypatch, lambda: compiled.unique(ids))
+    for r, g, what in zip(ref, got, ("unique", "inverse", "counts")):
+        assert_same_bytes(g.astype(np.int64), r.astype(np.int64), what)
