@@ -136,15 +136,26 @@ def sparse_update(config: OptimizerConfig, weight: np.ndarray, state: dict,
     raise ValueError(f"config.kind: unsupported optimizer {kind}")
 
 
+#: lanes of the device's warp: row-wise AdaGrad's sum of squares is reduced in their order
+WARP = 32
+
+
 def mean_square(grads: np.ndarray) -> np.ndarray:
-    """Row-wise AdaGrad's ``mean(g * g)`` of each row of ``grads``: the squares summed in
-    column order, then divided by the width, in ``grads``' dtype (the compiled kernels sum in
-    the same order, so the two agree bit for bit)."""
+    """Row-wise AdaGrad's ``mean(g * g)`` of each row of ``grads``, in ``grads``' dtype, summed
+    in the device kernel's order: lane ``l`` of a 32-lane warp adds the squares of columns
+    ``l, l + 32, ...`` in turn, then the lanes are combined by an XOR butterfly (lane ``l``
+    adds lane ``l ^ o`` for ``o`` = 16, 8, 4, 2, 1); the total is divided by the width. The
+    compiled CPU kernels sum in the same order, so the three agree bit for bit."""
+    n, d = grads.shape
     sq = grads * grads
-    total = sq[:, 0].copy()
-    for c in range(1, sq.shape[1]):
-        total += sq[:, c]
-    return total / grads.dtype.type(grads.shape[1])
+    lanes = np.zeros((n, WARP), grads.dtype)
+    for c0 in range(0, d, WARP):
+        w = min(WARP, d - c0)
+        lanes[:, :w] += sq[:, c0:c0 + w]
+    partner = np.arange(WARP)
+    for o in (16, 8, 4, 2, 1):
+        lanes = lanes + lanes[:, partner ^ o]
+    return lanes[:, 0] / grads.dtype.type(d)
 
 
 def _subtract_rows(weight: np.ndarray, rows: np.ndarray, delta: np.ndarray, store) -> None:

@@ -30,6 +30,8 @@ AHEAD = 16
 AHEAD_ROWS = 8
 #: bytes of a cache line: a row is prefetched line by line
 LINE = 64
+#: lanes of the device's warp (row-wise AdaGrad's sum of squares is reduced in their order)
+WARP = 32
 
 
 @intrinsic
@@ -169,6 +171,8 @@ def segment_update(kind, src, occ, ws, weighted, starts, lengths, uniq, out, wei
     more than the work of a short segment."""
     d = src.shape[1]
     acc = np.empty(d, src.dtype)
+    lanes = np.empty(WARP, src.dtype)
+    pair = np.empty(WARP, src.dtype)
     for u in range(starts.size):
         s = starts[u]
         e = s + lengths[u]
@@ -204,11 +208,17 @@ def segment_update(kind, src, occ, ws, weighted, starts, lengths, uniq, out, wei
         elif kind == ROWWISE_ADAGRAD:
             if has_terms:
                 t = terms[u]
-            else:   # mean(g * g): squares summed in column order
-                t = acc[0] * acc[0]
-                for c in range(1, d):
-                    t += acc[c] * acc[c]
-                t = t / width
+            else:   # mean(g * g) in the device's warp order (embedding.optim.mean_square)
+                lanes[:] = 0
+                for c in range(d):
+                    lanes[c & (WARP - 1)] += acc[c] * acc[c]
+                o = WARP // 2
+                while o > 0:
+                    for lane in range(WARP):
+                        pair[lane] = lanes[lane] + lanes[lane ^ o]
+                    lanes[:] = pair
+                    o //= 2
+                t = lanes[0] / width
             m = mom[r] + t
             mom[r] = m
             scale = lr / (np.sqrt(m) + eps)
