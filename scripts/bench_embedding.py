@@ -168,7 +168,8 @@ def bench_cpu(args) -> list[dict]:
                 times = _interleaved(steps, args)
                 bound = bytes_touched(ids, table_of, t_count, dim, batch, kind) / bandwidth
                 ours_t = times["neocomm compiled"]
-                row = dict(bench="cpu", tables=t_count, rows=rows, dim=dim, batch=batch,
+                row = dict(bench="cpu", clock=args.clock, tables=t_count, rows=rows, dim=dim,
+                           batch=batch,
                            ids_per_bag=length, variable=args.variable, optimizer=kind,
                            threads=args.threads, check=check, bound_ms=bound * 1e3,
                            copy_gb_per_s=bandwidth / 1e9,
@@ -211,20 +212,21 @@ def _interleaved(steps: dict, args) -> dict:
     for fn in steps.values():
         for _ in range(args.warmup):
             fn()
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     per = {k: [] for k in steps}
     for _ in range(args.repeat):
         for name, fn in steps.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(args.iters):
                 fn()
-            per[name].append((time.perf_counter() - t0) / args.iters)
+            per[name].append((clock() - t0) / args.iters)
     return {k: statistics.median(v) for k, v in per.items()}
 
 
 def _cpu_line(r) -> str:
     ms = "  ".join(f"{k} {v:.1f}" for k, v in r["ms"].items())
     vs = f"  compiled/FBGEMM speed {r['vs_fbgemm']:.2f}x" if "vs_fbgemm" in r else ""
-    return (f"dim {r['dim']:>3}  ids/bag {'~' if r['variable'] else ''}{r['ids_per_bag']:<3} "
+    return (f"[{r['clock']}] dim {r['dim']:>3}  ids/bag {'~' if r['variable'] else ''}{r['ids_per_bag']:<3} "
             f"{r['optimizer']:<16} ms/step: {ms}  bound {r['bound_ms']:.1f} "
             f"({r['over_bound']:.1f}x){vs}  check {r['check']}")
 
@@ -396,6 +398,10 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help="kernel threads (default: 1 cpu, CPUs / ranks on this host sharded)")
     p.add_argument("--numpy", action="store_true", help="cpu: also time the NumPy kernels")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: time steps by the wall clock, or by the CPU time of the one "
+                   "thread that runs them all (--threads 1 only; steadier on a shared host, "
+                   "since time spent waiting for a core is not counted)")
     p.add_argument("--embedding-bag", action="store_true",
                    help="cpu: also time torch.nn.EmbeddingBag(sparse=True)")
     p.add_argument("--dedup", action="store_true", help="sharded: deduplicate ids")
@@ -410,6 +416,8 @@ def main(argv=None) -> int:
                                           else ["sgd", "rowwise_adagrad"])
     if args.threads is None:
         args.threads = 1 if not sharded else None
+    if args.clock == "cpu" and (sharded or args.threads != 1):
+        p.error("--clock cpu: one thread runs every step only in cpu mode with --threads 1")
     if sharded:
         results = bench_sharded(args)
         for r in results:
