@@ -1,8 +1,12 @@
-"""Inputs shared by the device tests: random bags with the cases that break kernels, and
-the cases of ``tests/mpi`` modules, which the device tests run again on device arrays."""
+"""Inputs shared by the device tests: random bags with the cases that break kernels, the
+cases of ``tests/mpi`` modules, which the device tests run again on device arrays, and the
+CPU OpenCL runner of ``tests/devsim`` that the kernel tests launch on."""
 from __future__ import annotations
 
+import functools
 import importlib.util
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +14,10 @@ import numpy as np
 from embedding.kernels import Bags, TableLayout
 from embedding.kernels.cuda_src import MAX_DIM
 
-__all__ = ["assert_same_bytes", "bag_case", "load_mpi_tests", "skip_unless_usable",
-           "wire_case"]
+__all__ = ["assert_same_bytes", "bag_case", "load_mpi_tests", "load_opencl", "require_opencl",
+           "skip_unless_usable", "wire_case"]
+
+_OPENCL = Path(__file__).resolve().parents[1] / "devsim" / "opencl.py"
 
 
 def skip_unless_usable(kind: str, world) -> None:
@@ -38,6 +44,38 @@ def load_mpi_tests(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@functools.lru_cache(maxsize=None)
+def load_opencl():
+    """``tests/devsim/opencl.py``: the module ``opencl`` when that is it, else loaded from its
+    file under a name of its own (another ``opencl`` module took the name)."""
+    mod = sys.modules.get("opencl")
+    if mod is not None and Path(getattr(mod, "__file__", "") or "").resolve() == _OPENCL:
+        return mod
+    name = "opencl" if mod is None else "_devsim_opencl"
+    spec = importlib.util.spec_from_file_location(name, _OPENCL)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require_opencl(device: str) -> None:
+    """Return when OpenCL ``device`` ("pocl" or "oclgrind") is usable; else fail the test with
+    the reason when ``CI`` is set, and skip it with the reason elsewhere."""
+    import pytest
+
+    ok, why = load_opencl().available(device)
+    if ok:
+        return
+    if _in_ci():
+        pytest.fail(f"{device} must run in CI but is not usable: {why}")
+    pytest.skip(f"{device} is not usable: {why}")
 
 
 def bag_case(dtype, seed=0, weighted=True, groups=2, batch=6,
