@@ -255,16 +255,3 @@ def test_unique_is_numpys(monkeypatch, case):
     for r, g, what in zip(ref, got, ("unique", "inverse", "counts")):
         assert_same_bytes(g.astype(np.int64), r.astype(np.int64), what)
 
-
-def test_memory_dataset_holds_multi_hot_bags():
-    from embedding.train.datasets import MemoryDataset
-
-    ids = np.arange(5 * 2 * 3).reshape(5, 2, 3)
-    data = MemoryDataset(np.zeros((5, 1)), np.ones(5), ids, ("a", "b"))
-    batch = data.read(1, 4)
-    assert batch.feature_names == ("a", "b")
-    assert [list(n) for n in batch.lengths] == [[3, 3, 3], [3, 3, 3]]
-    assert list(batch.values[0]) == [6, 7, 8, 12, 13, 14, 18, 19, 20]
-    assert list(batch.values[1]) == [9, 10, 11, 15, 16, 17, 21, 22, 23]
-    one = MemoryDataset(np.zeros((5, 1)), np.ones(5), ids[:, :, 0], ("a", "b")).read(0, 2)
-    assert [list(v) for v in one.values] == [[0, 6], [3, 9]]
