@@ -5,7 +5,7 @@ what ``MPI_Alltoall_init`` is to ``MPI_Alltoall``: the arguments are checked
 and agreed across the group once (bad input on any rank raises
 :class:`~neocomm.errors.CollectiveArgumentError` on every rank, exactly as
 the normal call does), the algorithm and chunking are chosen once, and the
-returned :class:`Prepared` then moves whatever the buffers hold at each run::
+returned :class:`PreparedCollective` then moves whatever the buffers hold at each run::
 
     with collectives.prepare_all_to_all(x, y) as a2a:
         for step in range(steps):
@@ -13,7 +13,7 @@ returned :class:`Prepared` then moves whatever the buffers hold at each run::
             a2a()               # blocking; returns y
             # or: a2a.start(); ...overlap...; y = a2a.wait()
 
-A :class:`Prepared` is the call's :class:`~collectives.plan.Plan` — built
+A :class:`PreparedCollective` is the call's :class:`~collectives.plan.Plan` — built
 exactly as the plain call builds it — held by the user with its buffers.
 When the chosen algorithm is ``native`` on host (NumPy) buffers over MPI,
 each blocking run is one MPI call under the stall watchdog: an MPI persistent
@@ -25,11 +25,11 @@ three run slower than its tuned blocking algorithms; see
 
 Every rank of the group prepares, runs and frees the same collectives in
 the same order, and runs them the same way: every rank calls it, or every
-rank calls :meth:`Prepared.start` and :meth:`Prepared.wait` (as MPI never
+rank calls :meth:`PreparedCollective.start` and :meth:`PreparedCollective.wait` (as MPI never
 matches a blocking collective with a non-blocking one). A prepared run
 matches only runs of the same prepared collective on the other ranks
-(never a plain call). A :class:`Prepared` keeps
-its buffers alive until :meth:`Prepared.free`; the buffers must keep their
+(never a plain call). A :class:`PreparedCollective` keeps
+its buffers alive until :meth:`PreparedCollective.free`; the buffers must keep their
 size, dtype and memory while it lives (fill them in place).
 """
 from __future__ import annotations
@@ -48,11 +48,12 @@ from collectives.progress import MpiRequest
 from collectives.state import state_of
 from collectives.types import CollectiveOp
 
-__all__ = ["Prepared", "prepare_all_to_all", "prepare_all_to_all_v", "prepare_all_reduce",
-           "prepare_reduce_scatter", "prepare_all_gather", "prepare_broadcast"]
+__all__ = ["PreparedCollective", "prepare_all_to_all", "prepare_all_to_all_v",
+           "prepare_all_reduce", "prepare_reduce_scatter", "prepare_all_gather",
+           "prepare_broadcast"]
 
 
-class Prepared:
+class PreparedCollective:
     """One prepared collective; call it (or :meth:`start` then :meth:`wait`) to run it.
 
     ``op`` is the collective's name (``"all_to_all"``), ``algo`` the algorithm
@@ -147,7 +148,7 @@ class Prepared:
         self._layout = ()
         self._freed = True
 
-    def __enter__(self) -> "Prepared":
+    def __enter__(self) -> "PreparedCollective":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -156,7 +157,7 @@ class Prepared:
     def __repr__(self) -> str:
         state = ("freed" if self._freed else "persistent" if self.persistent
                  else "direct" if self.plan.fast is not None else "rerun")
-        return f"<Prepared {self.op} ({self.algo}), {state}>"
+        return f"<PreparedCollective {self.op} ({self.algo}), {state}>"
 
     def _check(self, what: str) -> None:
         gone = self._group.gone
@@ -175,10 +176,10 @@ def _persistent_steps(request):
     yield (MpiRequest(request),)
 
 
-def _prepare(plan, bufs, result, kind: CollectiveOp) -> Prepared:
-    """The :class:`Prepared` of a plan built for ``bufs`` (with an MPI persistent request
+def _prepare(plan, bufs, result, kind: CollectiveOp) -> PreparedCollective:
+    """The :class:`PreparedCollective` of a plan built for ``bufs`` (with an MPI persistent request
     when its runs can be one)."""
-    return Prepared(plan, bufs, result, _persistent_request(plan, bufs, kind))
+    return PreparedCollective(plan, bufs, result, _persistent_request(plan, bufs, kind))
 
 
 def _persistent_request(plan, bufs, kind: CollectiveOp):
@@ -219,7 +220,7 @@ def _require(state, kind: CollectiveOp, buf, missing: Problem | None) -> None:
 
 @foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_all_to_all(sendbuf, recvbuf=None, *, group=None, algo: str | None = None,
-                       chunk_bytes: int | None = None) -> Prepared:
+                       chunk_bytes: int | None = None) -> PreparedCollective:
     """Prepare :func:`collectives.all_to_all` on these buffers (``recvbuf=None``:
     allocated once, with ``sendbuf``'s shape). Runs return ``recvbuf``."""
     state = state_of(group)
@@ -243,7 +244,7 @@ def _same_memory(sendbuf, recvbuf) -> Problem | None:
 @foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_all_to_all_v(sendbuf, send_counts, recvbuf, recv_counts, *, group=None,
                          algo: str | None = None,
-                         chunk_bytes: int | None = None) -> Prepared:
+                         chunk_bytes: int | None = None) -> PreparedCollective:
     """Prepare :func:`collectives.all_to_all_v` with fixed counts. ``recvbuf`` and
     ``recv_counts`` are required (as ``MPI_Alltoallv_init`` needs them). Runs
     return ``(recvbuf, recv_counts)``."""
@@ -261,7 +262,8 @@ def prepare_all_to_all_v(sendbuf, send_counts, recvbuf, recv_counts, *, group=No
 
 @foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_all_reduce(sendbuf, recvbuf=None, *, op="sum", group=None,
-                       algo: str | None = None, chunk_bytes: int | None = None) -> Prepared:
+                       algo: str | None = None,
+                       chunk_bytes: int | None = None) -> PreparedCollective:
     """Prepare :func:`collectives.all_reduce` (``recvbuf=None``: in place). Runs
     return the result buffer."""
     from collectives.validate import same_memory
@@ -276,7 +278,7 @@ def prepare_all_reduce(sendbuf, recvbuf=None, *, op="sum", group=None,
 @foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_reduce_scatter(sendbuf, recvbuf=None, *, recv_counts=None, op="sum", group=None,
                            algo: str | None = None,
-                           chunk_bytes: int | None = None) -> Prepared:
+                           chunk_bytes: int | None = None) -> PreparedCollective:
     """Prepare :func:`collectives.reduce_scatter` (``recvbuf=None``: allocated once).
     Runs return ``recvbuf``."""
     state = state_of(group)
@@ -300,7 +302,7 @@ def _rs_count(sendbuf, recv_counts, group) -> int:
 
 @foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_all_gather(sendbuf, recvbuf=None, *, group=None, algo: str | None = None,
-                       chunk_bytes: int | None = None) -> Prepared:
+                       chunk_bytes: int | None = None) -> PreparedCollective:
     """Prepare :func:`collectives.all_gather` (``recvbuf=None``: allocated once with
     shape ``(p,) + sendbuf.shape``). Runs return ``recvbuf``."""
     state = state_of(group)
@@ -313,7 +315,7 @@ def prepare_all_gather(sendbuf, recvbuf=None, *, group=None, algo: str | None = 
 
 @foreign_arrays("buf", prepared=True)
 def prepare_broadcast(buf, *, root: int = 0, group=None, algo: str | None = None,
-                      chunk_bytes: int | None = None) -> Prepared:
+                      chunk_bytes: int | None = None) -> PreparedCollective:
     """Prepare :func:`collectives.broadcast` of ``buf`` from ``root``. Runs return ``buf``."""
     state = state_of(group)
     missing = None
