@@ -206,7 +206,7 @@ class Plan:
     """
 
     __slots__ = ("op", "algo", "_algo", "state", "_call", "fast", "afast", "_agree", "_result_at",
-                 "_extra", "_alloc", "_refs", "_kinds", "_check", "_snap", "slot", "_sym",
+                 "_extra", "_alloc", "_refs", "_kinds", "_check", "_version", "slot", "_sym",
                  "_send_at", "_recv_at", "key", "__weakref__")
 
     def __init__(self, state: GroupState, call: Call, algo, bufs: tuple, result_at: int,
@@ -214,7 +214,7 @@ class Plan:
         self.op, self.algo, self._algo, self.state = call.op.value, algo.name, algo, state
         self._agree = agreements
         self._result_at, self._extra, self._alloc = result_at, tuple(extra), alloc
-        self._check, self._snap = state.check, settings.current()
+        self._check, self._version = state.check, settings.version()
         self._sym = getattr(call, "peer_send", None) is not None
         self.key = None
         # The direct mpi4py calls of a native call on host buffers, blocking and not (made
@@ -252,7 +252,7 @@ class Plan:
         the plan allocates), proved and remembered, or :data:`MISS` when they need a
         plan of their own."""
         state = self.state
-        if self._check is not state.check or self._snap is not settings._SNAPSHOT:
+        if self._check is not state.check or self._version != settings.VERSION:
             return MISS
         refs = self._refs
         if not refs:  # a rank with no part in the call (a OneToMany's outsider)
