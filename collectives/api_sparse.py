@@ -13,7 +13,7 @@ import numpy as np
 
 from neocomm.agree import Problem
 from neocomm import types
-from neocomm.types import dtype_from_code
+from neocomm.types import ReduceOp, dtype_from_code
 
 from neocomm import watchdog
 
@@ -29,6 +29,9 @@ from collectives.types import CollectiveOp
 from collectives.validate import check_buffer, check_peer, check_same_dtype, first
 
 __all__ = ["one_to_many", "many_to_many"]
+
+
+_HOST = np.zeros(0, np.int64)  # (what picks a group's host backend: MPI)
 
 
 def _digest(values) -> int:
@@ -183,7 +186,7 @@ def _o2m_resume(ctx, agreements, role, sendbuf, recvbuf, root, members, cnt, out
     head = np.array([_dcode(sendbuf) if is_root else 0,
                      sendbuf.size if is_root and identical else 0], np.int64)
     with watchdog.guard("one_to_many (the payload's dtype and size)"):
-        ctx.group.comm.Bcast(head, root=root)
+        ctx.group.backend(head).direct("broadcast", head.dtype, root=root)(head)
     code, size = int(head[0]), int(head[1])
     problem = None
     if receiver and recvbuf is not None:
@@ -322,13 +325,14 @@ def _m2m_resume(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out, 
     then the sizes agreed, and its plan selected, kept and run."""
     kind = CollectiveOp.MANY_TO_MANY
     p, comm, check = ctx.group.size, ctx.group.comm, ctx.check
+    mpi = ctx.group.backend(_HOST)  # the counts and sizes are host data: MPI moves them
     exchange = rpeers is None or (check and stale(out))
     if exchange:  # who sends what to whom: -1 no message, else the count
         dense = np.full(p, -1, np.int64)
         dense[speers] = sc
         offered = np.empty(p, np.int64)
         with watchdog.guard("many_to_many (exchange of the counts)"):
-            comm.Alltoall(dense, offered)
+            mpi.direct("all_to_all", dense.dtype)(dense, offered)
         problem = None
         if rpeers is None:
             rpeers = [int(x) for x in np.flatnonzero(offered >= 0)]
@@ -356,11 +360,9 @@ def _m2m_resume(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out, 
             agreements[int(bool(async_op))].run(comm, problem)
         elif problem is not None:
             _raise_here(ctx.group.rank, kind.value, problem)
-    from mpi4py import MPI
-
     sizes = np.array([int(sc.sum()), int(sc.max(initial=0)), len(speers)], np.int64)
     with watchdog.guard("many_to_many (agreement of the sizes)"):
-        comm.Allreduce(MPI.IN_PLACE, sizes, op=MPI.MAX)
+        mpi.direct("all_reduce", sizes.dtype, reduce_op=ReduceOp.MAX, in_place=True)(sizes)
     itemsize = sendbuf.dtype.itemsize
     request = _request(ctx, kind, int(sizes[0]) * itemsize, itemsize,
                        max_block=int(sizes[1]) * itemsize, peers=int(sizes[2]), uniform=False)

@@ -176,7 +176,7 @@ def _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, ch
     if not known or (ctx.check and stale(out)):  # exchange the counts: to learn or check them
         offered = np.empty(p, np.int64)
         with watchdog.guard("all_to_all_v (exchange of the counts)"):
-            comm.Alltoall(sc, offered)
+            ctx.group.backend(sc).direct("all_to_all", sc.dtype)(sc, offered)  # host: MPI
         problem = None
         if not known:
             rc = offered

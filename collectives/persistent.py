@@ -184,20 +184,18 @@ def _prepare(plan, bufs, result, kind: CollectiveOp) -> PreparedCollective:
 
 def _persistent_request(plan, bufs, kind: CollectiveOp):
     """The MPI persistent request of a native AlltoAll(v) or Broadcast on host
-    buffers (those a direct mpi4py call runs: ``plan.fast``), else None."""
-    from neocomm.backends.mpi import predefined_datatype
-
+    buffers (those the MPI backend runs directly: ``plan.fast``), made by the MPI
+    backend, else None."""
     if plan.fast is None or kind not in _PERSISTENT:
         return None
-    call, t = plan._call, predefined_datatype(bufs[0].dtype)
-    comm = call.group.comm
+    call = plan._call
+    mpi = call.backend.persistent
     if kind is CollectiveOp.ALL_TO_ALL:
-        return comm.Alltoall_init([bufs[0], t], [bufs[1], t])
+        return mpi("all_to_all", bufs[0], bufs[1])
     if kind is CollectiveOp.ALL_TO_ALL_V:
-        return comm.Alltoallv_init(
-            [bufs[0], call.send_counts.tolist(), call.send_displs.tolist(), t],
-            [bufs[1], call.recv_counts.tolist(), call.recv_displs.tolist(), t])
-    return comm.Bcast_init([bufs[0], t], call.root)
+        return mpi("all_to_all_v", bufs[0], bufs[1], counts=(
+            call.send_counts, call.send_displs, call.recv_counts, call.recv_displs))
+    return mpi("broadcast", bufs[0], root=call.root)
 
 
 #: Ops whose native runs use MPI persistent requests (see the module docstring).
