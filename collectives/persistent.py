@@ -43,7 +43,7 @@ from neocomm.errors import GroupGoneError
 
 from collectives.arrays import foreign_arrays
 from collectives import api, api_v, progress
-from collectives.plan import LAST_CHOSEN, OP_CODES, array_module, context, fail
+from collectives.plan import OP_CODES, array_module, context, fail
 from collectives.progress import MpiRequest
 from collectives.state import state_of
 from collectives.types import CollectiveOp
@@ -89,7 +89,6 @@ class PreparedCollective:
             self.plan._start(self._bufs, next(self._seq), False)
             return self.result
         next(self._seq)  # every run numbers its group's operations, as any call does
-        LAST_CHOSEN[self.op] = self.algo
         if not self.plan.state.progress.active:  # else drive the outstanding ones too
             slot = self.plan.slot
             slot.since = _now()
@@ -112,7 +111,6 @@ class PreparedCollective:
             self._handle = self._started(True)
 
     def _started(self, async_op: bool):
-        LAST_CHOSEN[self.op] = self.algo
         return progress.start(_persistent_steps(self._request), self.result, async_op,
                               self.plan.slot.what, self.plan.state.progress)
 

@@ -12,7 +12,8 @@ blocking or ``async_op=True`` (the same plan, with a handle), on the same
 buffers or on new ones of the same layout (checked on the spot: kind,
 contiguity, writability, overlap), with a ``recvbuf`` or with one the plan
 allocates. A prepared collective (:mod:`collectives.persistent`) is a plan
-the user holds.
+the user holds. A plan's ``algo`` names the algorithm it runs: the one a
+call of its layout gets.
 
 With argument checks on (``NEOCOMM_CHECK_ARGS``, per group:
 :attr:`~collectives.state.GroupState.check`), a run still agrees the
@@ -55,14 +56,10 @@ from collectives.validate import check_buffer, overlapping
 from numpy import may_share_memory as _may_share, ndarray as _ndarray
 
 __all__ = ["Plan", "VPlan", "Context", "context", "build", "remember", "fail", "OP_CODES",
-           "LAST_CHOSEN", "MISS", "array_module", "stale", "allocator"]
+           "MISS", "array_module", "stale", "allocator"]
 
 #: Stable op codes of the collectives layer in agreement signatures.
 OP_CODES = {op: 101 + i for i, op in enumerate(CollectiveOp)}
-
-#: op value (``"all_to_all"``) -> name of the algorithm its last call ran (read by
-#: the benchmark harness).
-LAST_CHOSEN: dict = {}
 
 #: What :meth:`Plan.replay` returns when the buffers given need a plan of their own.
 MISS = object()
@@ -217,17 +214,13 @@ class Plan:
         self._check, self._version = state.check, settings.version()
         self._sym = getattr(call, "peer_send", None) is not None
         self.key = None
-        # The direct mpi4py calls of a native call on host buffers, blocking and not (made
-        # while the Call still holds its buffers), else None.
-        direct = hasattr(algo, "fast") and bufs is not None
+        # The MPI backend's direct calls of a native call on host buffers, blocking and not
+        # (made while the Call still holds its buffers), else None.
+        direct = hasattr(algo, "fast")
         self.fast = algo.fast(call) if direct else None
         self.afast = algo.fast(call, blocking=False) if direct else None
         self.slot = Slot(f"{self.op} ({self.algo}) on group {state.group.name!r}",
                          lambda: state.peek() - 1)
-        if bufs is None:  # a call run once (:meth:`once`): the Call keeps its buffers
-            self._call, self._kinds, self._refs = call, (), []
-            self._send_at = self._recv_at = None
-            return
         # Which of ``bufs`` the Call's flat buffers view: (send, recv) or (buf,).
         self._send_at = 0 if call.sendbuf is not None else None
         self._recv_at = len(bufs) - 1 if call.recvbuf is not None else None
@@ -292,14 +285,7 @@ class Plan:
         call, whichever path it takes)."""
         return self._start(bufs, next(self.state.seq), async_op)
 
-    def once(self, result, async_op: bool = False):
-        """Run the call this plan was built with (``bufs=None``: agreed already, its
-        buffers in its Call) and return ``result`` (or a handle whose ``wait()`` does)."""
-        LAST_CHOSEN[self.op] = self.algo
-        return self._drive(self._call, next(self.state.seq), result, async_op)
-
     def _start(self, bufs, seq: int, async_op: bool):
-        LAST_CHOSEN[self.op] = self.algo
         at = self._result_at
         result = None if at is None else bufs[at]
         if self._extra:
