@@ -223,7 +223,7 @@ def prepare_all_to_all(sendbuf, recvbuf=None, *, group=None, algo: str | None = 
     if recvbuf is None:
         recvbuf = _like(sendbuf, getattr(sendbuf, "shape", ()))
     _require(state, CollectiveOp.ALL_TO_ALL, sendbuf, _same_memory(sendbuf, recvbuf))
-    plan, bufs = api._plan_all_to_all(state, sendbuf, recvbuf, False, algo, chunk_bytes)
+    plan, bufs = api._plan_all_to_all(state, None, sendbuf, recvbuf, False, algo, chunk_bytes)
     return _prepare(plan, bufs, bufs[1], CollectiveOp.ALL_TO_ALL)
 
 
@@ -251,8 +251,8 @@ def prepare_all_to_all_v(sendbuf, send_counts, recvbuf, recv_counts, *, group=No
         missing = Problem(name, f"{name}: a prepared all_to_all_v needs it, got None")
     _require(state, CollectiveOp.ALL_TO_ALL_V, sendbuf,
              missing or _same_memory(sendbuf, recvbuf))
-    plan, bufs = api_v._all_to_all_v(state, sendbuf, send_counts, recvbuf, recv_counts, False,
-                                   algo, chunk_bytes, None, run=False)
+    plan, bufs = api_v._plan_all_to_all_v(state, None, sendbuf, recvbuf, False, send_counts,
+                                          recv_counts, algo, chunk_bytes)
     return _prepare(plan, bufs, (bufs[1],) + plan._extra, CollectiveOp.ALL_TO_ALL_V)
 
 
@@ -267,7 +267,8 @@ def prepare_all_reduce(sendbuf, recvbuf=None, *, op="sum", group=None,
     state = state_of(group)
     if recvbuf is not None and sendbuf is not None and same_memory(sendbuf, recvbuf):
         recvbuf = None
-    plan, bufs = api._plan_all_reduce(state, sendbuf, recvbuf, op, False, algo, chunk_bytes)
+    plan, bufs = api._plan_all_reduce(state, None, sendbuf, recvbuf, False, op, algo,
+                                      chunk_bytes)
     return _prepare(plan, bufs, bufs[-1], CollectiveOp.ALL_REDUCE)
 
 
@@ -281,8 +282,8 @@ def prepare_reduce_scatter(sendbuf, recvbuf=None, *, recv_counts=None, op="sum",
     if recvbuf is None:
         recvbuf = _like(sendbuf, _rs_count(sendbuf, recv_counts, state.group))
     _require(state, CollectiveOp.REDUCE_SCATTER, sendbuf, _same_memory(sendbuf, recvbuf))
-    plan, bufs = api._plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, False,
-                                          algo, chunk_bytes)
+    plan, bufs = api._plan_reduce_scatter(state, None, sendbuf, recvbuf, False, recv_counts,
+                                          op, algo, chunk_bytes)
     return _prepare(plan, bufs, bufs[1], CollectiveOp.REDUCE_SCATTER)
 
 
@@ -305,7 +306,7 @@ def prepare_all_gather(sendbuf, recvbuf=None, *, group=None, algo: str | None = 
     if recvbuf is None:
         recvbuf = _like(sendbuf, (state.group.size,) + tuple(getattr(sendbuf, "shape", ())))
     _require(state, CollectiveOp.ALL_GATHER, sendbuf, _same_memory(sendbuf, recvbuf))
-    plan, bufs = api._plan_all_gather(state, sendbuf, recvbuf, False, algo, chunk_bytes)
+    plan, bufs = api._plan_all_gather(state, None, sendbuf, recvbuf, False, algo, chunk_bytes)
     return _prepare(plan, bufs, bufs[1], CollectiveOp.ALL_GATHER)
 
 
@@ -320,5 +321,5 @@ def prepare_broadcast(buf, *, root: int = 0, group=None, algo: str | None = None
     if not isinstance(root, int):
         missing = Problem("root", f"root: expected a group rank, got {root!r}")
     _require(state, CollectiveOp.BROADCAST, buf, missing)
-    plan, bufs = api._plan_broadcast(state, buf, root, False, algo, chunk_bytes)
+    plan, bufs = api._plan_broadcast(state, None, buf, None, False, root, algo, chunk_bytes)
     return _prepare(plan, bufs, bufs[0], CollectiveOp.BROADCAST)

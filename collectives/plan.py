@@ -11,9 +11,10 @@ identity of an array — and every later call of that layout runs it:
 blocking or ``async_op=True`` (the same plan, with a handle), on the same
 buffers or on new ones of the same layout (checked on the spot: kind,
 contiguity, writability, overlap), with a ``recvbuf`` or with one the plan
-allocates. A prepared collective (:mod:`collectives.persistent`) is a plan
-the user holds. A plan's ``algo`` names the algorithm it runs: the one a
-call of its layout gets.
+allocates. Every public collective enters through :func:`call`, which
+replays the kept plan or builds one. A prepared collective
+(:mod:`collectives.persistent`) is a plan the user holds. A plan's ``algo``
+names the algorithm it runs: the one a call of its layout gets.
 
 With argument checks on (``NEOCOMM_CHECK_ARGS``, per group:
 :attr:`~collectives.state.GroupState.check`), a run still agrees the
@@ -55,14 +56,44 @@ from collectives.validate import check_buffer, overlapping
 
 from numpy import may_share_memory as _may_share, ndarray as _ndarray
 
-__all__ = ["Plan", "VPlan", "Context", "context", "build", "remember", "fail", "OP_CODES",
-           "MISS", "array_module", "stale", "allocator"]
+__all__ = ["Plan", "VPlan", "Context", "call", "context", "build", "kept", "remember", "fail",
+           "OP_CODES", "MISS", "array_module", "stale", "allocator"]
 
 #: Stable op codes of the collectives layer in agreement signatures.
 OP_CODES = {op: 101 + i for i, op in enumerate(CollectiveOp)}
 
 #: What :meth:`Plan.replay` returns when the buffers given need a plan of their own.
 MISS = object()
+
+
+def call(group, key, build, a, b, async_op: bool, *args):
+    """The one way a collective call runs (every public collective is this call).
+
+    The plan that group ``group`` keeps under ``key`` (the call's layout; None: a call
+    that cannot have one) replays the call on buffers ``a`` and ``b`` (``b`` None: one
+    the plan allocates, or a one-buffer call). Otherwise — no plan, or one these
+    buffers cannot use — ``build(state, key, a, b, async_op, *args)`` checks, agrees
+    and selects the call and returns ``(plan, bufs)``, the plan kept under ``key`` when
+    it suits later calls (:func:`kept`), and the plan runs once on ``bufs`` without
+    agreeing again. Returns what the call returns (or a handle whose ``wait()`` does).
+    """
+    state = state_of(group)
+    if key is not None:
+        plan = state.plans.get(key)
+        if plan is not None:
+            out = plan.replay(a, b, async_op)
+            if out is not MISS:
+                return out
+    plan, bufs = build(state, key, a, b, async_op, *args)
+    return plan.first(bufs, async_op)
+
+
+def kept(state: GroupState, key, plan: "Plan", bufs: tuple, a, b) -> tuple:
+    """``(plan, bufs)``, the plan kept under ``key`` when it runs on the caller's own
+    buffers ``a`` and ``b`` (not on a copy made apart, nor on one view standing for two)."""
+    if key is not None and bufs[0] is a and (b is None or bufs[-1] is b):
+        remember(state, key, plan)
+    return plan, bufs
 
 
 def array_module(buf):
