@@ -36,11 +36,16 @@ from collectives.validate import dtype_code_of as _dcode
 __all__ = ["all_to_all", "reduce_scatter", "all_reduce", "all_gather", "broadcast"]
 
 _NDARRAY = np.ndarray
-#: The types of an ``algo=`` or ``chunk_bytes=`` that may be part of a plan's key (others
-#: are for the call's checks to name).
-_OPTION = frozenset({str, int, type(None)})
 #: The types of an ``op=`` that may be part of a plan's key.
 _REDUCE = frozenset({ReduceOp, str})
+
+
+def _options(algo, chunk_bytes) -> bool:
+    """Whether ``algo=`` and ``chunk_bytes=`` may be part of a plan's key: None, a name
+    and an integer (anything else is for the call's checks to name). The callers ask
+    only when one of them is not None."""
+    return (algo is None or type(algo) is str) and (
+        chunk_bytes is None or type(chunk_bytes) is int or isinstance(chunk_bytes, np.integer))
 
 
 def _device_array(buf) -> bool:
@@ -168,8 +173,8 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
     Returns the result (or a handle whose ``wait()`` returns it).
     """
     key = None
-    if (type(sendbuf) is _NDARRAY or _device_array(sendbuf)) and type(algo) in _OPTION \
-            and type(chunk_bytes) in _OPTION:
+    if (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)) \
+            and (type(sendbuf) is _NDARRAY or _device_array(sendbuf)):
         key = ("all_to_all", algo, chunk_bytes, sendbuf.dtype, sendbuf.size, recvbuf is None)
     return call(group, key, _plan_all_to_all, sendbuf, recvbuf, async_op, algo, chunk_bytes)
 
@@ -234,9 +239,9 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
     """
     key = None
     counts = None if recv_counts is None else _counts_key(recv_counts)
-    if (type(sendbuf) is _NDARRAY or _device_array(sendbuf)) and type(algo) in _OPTION \
-            and type(chunk_bytes) in _OPTION and type(op) in _REDUCE \
-            and (counts is not None or recv_counts is None):
+    if (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)) \
+            and (type(sendbuf) is _NDARRAY or _device_array(sendbuf)) \
+            and type(op) in _REDUCE and (counts is not None or recv_counts is None):
         key = ("reduce_scatter", algo, chunk_bytes, op, sendbuf.dtype, sendbuf.size,
                recvbuf is None, counts)
     return call(group, key, _plan_reduce_scatter, sendbuf, recvbuf, async_op, recv_counts, op,
@@ -307,8 +312,8 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
     if recvbuf is sendbuf:
         recvbuf = None  # the in-place call
     key = None
-    if (type(sendbuf) is _NDARRAY or _device_array(sendbuf)) and type(algo) in _OPTION \
-            and type(chunk_bytes) in _OPTION and type(op) in _REDUCE:
+    if (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)) \
+            and (type(sendbuf) is _NDARRAY or _device_array(sendbuf)) and type(op) in _REDUCE:
         key = ("all_reduce", algo, chunk_bytes, op, sendbuf.dtype, sendbuf.size,
                recvbuf is None)
     return call(group, key, _plan_all_reduce, sendbuf, recvbuf, async_op, op, algo,
@@ -362,8 +367,8 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
         rank 1: sendbuf [b0 b1]  ->  result [[a0 a1] [b0 b1]]
     """
     key = None
-    if (type(sendbuf) is _NDARRAY or _device_array(sendbuf)) and type(algo) in _OPTION \
-            and type(chunk_bytes) in _OPTION:
+    if (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)) \
+            and (type(sendbuf) is _NDARRAY or _device_array(sendbuf)):
         key = ("all_gather", algo, chunk_bytes, sendbuf.dtype, sendbuf.size, recvbuf is None)
     return call(group, key, _plan_all_gather, sendbuf, recvbuf, async_op, algo, chunk_bytes)
 
@@ -410,8 +415,8 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
     Returns ``buf``.
     """
     key = None  # (a root that is no int, 0.0 or "0", is for the call's checks: no key)
-    if (type(buf) is _NDARRAY or _device_array(buf)) and type(algo) in _OPTION \
-            and type(chunk_bytes) in _OPTION \
+    if (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)) \
+            and (type(buf) is _NDARRAY or _device_array(buf)) \
             and (type(root) is int or isinstance(root, np.integer)):
         key = ("broadcast", algo, chunk_bytes, int(root), buf.dtype, buf.size)
     return call(group, key, _plan_broadcast, buf, None, async_op, root, algo, chunk_bytes)

@@ -19,7 +19,7 @@ from neocomm import watchdog
 
 from collectives.algorithms import displs
 from collectives.arrays import foreign_arrays
-from collectives.api import (_NDARRAY, _OPTION, _counts_key, _dcode, _device_array, _flat,
+from collectives.api import (_NDARRAY, _counts_key, _dcode, _device_array, _flat, _options,
                              _request, _shown)
 from collectives.fabric import fabric_for
 from collectives.plan import (OP_CODES, VPlan, _agreements, _raise_here, allocator, build, call,
@@ -101,7 +101,7 @@ def _key(name, algo, chunk_bytes, sendbuf, recvbuf, *layout):
     """The cache key of a targeted call: this rank's buffers (dtype and size, or None) and
     the call's ``layout`` (peers, counts, root); None when an argument cannot be part of a
     key (the call's checks then say why)."""
-    if type(algo) not in _OPTION or type(chunk_bytes) not in _OPTION:
+    if not (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)):
         return None
     key = [name, algo, chunk_bytes]
     for x in (sendbuf, recvbuf):

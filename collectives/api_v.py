@@ -17,8 +17,8 @@ from neocomm.agree import Problem
 from collectives import settings
 from collectives.algorithms import displs
 from collectives.arrays import foreign_arrays
-from collectives.api import (_NDARRAY, _OPTION, _apart, _check_out, _counts_key, _described,
-                             _device_array, _flat, _request, _shown, _total)
+from collectives.api import (_NDARRAY, _apart, _check_out, _counts_key, _described,
+                             _device_array, _flat, _options, _request, _shown, _total)
 from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _raise_here, allocator, build,
                               call, context, remember, stale)
 from collectives.types import CollectiveOp
@@ -58,7 +58,7 @@ def _key(kind: str, algo, chunk_bytes, sendbuf, recvbuf, send_counts, recv_count
     counts), ``"send"`` (the send side of a call that learns them) or ``"learned"``;
     None when an argument cannot be part of a key (the call's checks then say why)."""
     if not (type(sendbuf) is _NDARRAY or _device_array(sendbuf)) \
-            or type(algo) not in _OPTION or type(chunk_bytes) not in _OPTION:
+            or not (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)):
         return None
     if recvbuf is not None and not (type(recvbuf) is _NDARRAY or _device_array(recvbuf)):
         return None
