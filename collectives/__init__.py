@@ -16,14 +16,14 @@ from collectives.api import all_gather, all_reduce, all_to_all, broadcast, reduc
 from collectives.api_v import all_to_all_v
 from collectives.api_sparse import many_to_many, one_to_many
 from collectives.cost import estimate
-from collectives.persistent import (Prepared, prepare_all_gather, prepare_all_reduce,
+from collectives.persistent import (PreparedCollective, prepare_all_gather, prepare_all_reduce,
                                     prepare_all_to_all, prepare_all_to_all_v,
                                     prepare_broadcast, prepare_reduce_scatter)
 from collectives.state import state_of
-from collectives.types import CollectiveOp, FabricModel, Link
+from collectives.types import CollectiveOp, FabricModel, LinkCost
 
 __all__ = ["all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce", "all_gather",
            "broadcast", "one_to_many", "many_to_many", "estimate", "CollectiveOp",
-           "FabricModel", "Link", "Prepared", "prepare_all_to_all", "prepare_all_to_all_v",
-           "prepare_all_reduce", "prepare_reduce_scatter", "prepare_all_gather",
-           "prepare_broadcast", "state_of"]
+           "FabricModel", "LinkCost", "PreparedCollective", "prepare_all_to_all",
+           "prepare_all_to_all_v", "prepare_all_reduce", "prepare_reduce_scatter",
+           "prepare_all_gather", "prepare_broadcast", "state_of"]

@@ -9,10 +9,12 @@ in elements. ``algo=`` forces an algorithm (as ``NEOCOMM_ALGO_<OP>`` does),
 arguments on any rank raise :class:`~neocomm.errors.CollectiveArgumentError`
 on every rank.
 
-Every call runs through its :class:`~collectives.plan.Plan`: the first call
-of a layout (operation, options, dtype, sizes) is checked, agreed and
-selected and leaves its plan with the group; the next ones run it, on the
-same buffers or new ones, blocking or not (see :mod:`collectives.plan`).
+Every call runs through its :class:`~collectives.plan.Plan`, by one door
+(:func:`collectives.plan.call`): the first call of a layout (operation,
+options, dtype, sizes) is checked, agreed and selected and leaves its plan
+with the group; the next ones run it, on the same buffers or new ones,
+blocking or not (see :mod:`collectives.plan`). Each collective here only
+says its layout (the key of its plan) and how to plan a new call.
 """
 from __future__ import annotations
 
@@ -25,14 +27,45 @@ from neocomm.types import REDUCE_CODES, ReduceOp
 from collectives import symmetric
 from collectives.algorithms import displs
 from collectives.arrays import foreign_arrays
-from collectives.plan import MISS, OP_CODES, build, context, remember
-from collectives.state import state_of
+from collectives.plan import OP_CODES, build, call, context, kept
 from collectives.types import CollectiveOp, Request
 from collectives.validate import (check_buffer, check_counts, check_overlap, check_peer,
                                   check_same_dtype, counts_digest, first, same_memory)
 from collectives.validate import dtype_code_of as _dcode
 
 __all__ = ["all_to_all", "reduce_scatter", "all_reduce", "all_gather", "broadcast"]
+
+_NDARRAY = np.ndarray
+#: The types of an ``op=`` that may be part of a plan's key.
+_REDUCE = frozenset({ReduceOp, str})
+
+
+def _options(algo, chunk_bytes) -> bool:
+    """Whether ``algo=`` and ``chunk_bytes=`` may be part of a plan's key: None, a name
+    and an integer (anything else is for the call's checks to name). The callers ask
+    only when one of them is not None."""
+    return (algo is None or type(algo) is str) and (
+        chunk_bytes is None or type(chunk_bytes) is int or isinstance(chunk_bytes, np.integer))
+
+
+def _device_array(buf) -> bool:
+    """Whether ``buf`` is a CuPy array. A NumPy or CuPy array's dtype and size may key a
+    plan; of anything else the call's checks say what is wrong."""
+    return type(buf).__module__.startswith("cupy")
+
+
+def _counts_key(counts):
+    """Counts as part of a plan's key — an array's dtype and bytes (quick to hash), a
+    sequence's integers — or None when they cannot be (the call's checks say why)."""
+    t = type(counts)
+    if t is _NDARRAY:
+        return counts.dtype.char, counts.tobytes()
+    if t is list or t is tuple or t is range:
+        for c in counts:
+            if type(c) is not int and not isinstance(c, np.integer):
+                return None
+        return tuple(counts)
+    return None
 
 
 def _size(buf) -> int:
@@ -81,7 +114,7 @@ def _shown(value) -> str:
         return repr(value)
 
 
-def _call(name: str, buf, *args, async_op: bool = False, **kw):
+def _described(name: str, buf, *args, async_op: bool = False, **kw):
     """This rank's call in the user's words (``all_to_all_v(float32, counts [8, 8])``),
     made only when an error needs it (it keeps no reference to the buffer: a plan holds
     it)."""
@@ -124,26 +157,6 @@ def _request(ctx, op, nbytes, itemsize, **kw) -> Request:
                    device=ctx.xp.__name__ != "numpy", uniform_nodes=ctx.layout.uniform, **kw)
 
 
-def _first(state, key, a, b, async_op: bool, plan, bufs):
-    """Run a plan just built and agreed for a call on buffers ``a``, ``b`` (on ``bufs``),
-    without agreeing again; keep it under ``key`` when it runs on the caller's own
-    buffers (not on a copy made apart, nor on one view standing for two)."""
-    if bufs[0] is a and (b is None or bufs[-1] is b):
-        remember(state, key, plan)
-    return plan.first(bufs, async_op)
-
-
-def _replay(state, key, a, b, async_op: bool):
-    """What the group's plan of ``key`` returns on these buffers (see
-    :meth:`~collectives.plan.Plan.replay`), or MISS: no plan, or one these buffers
-    cannot use (the call then builds its own)."""
-    try:
-        plan = state.plans.get(key)
-    except TypeError:  # an argument that cannot be a key: the call's checks say why
-        return MISS
-    return MISS if plan is None else plan.replay(a, b, async_op)
-
-
 @foreign_arrays("sendbuf", "recvbuf")
 def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
                algo: str | None = None, chunk_bytes: int | None = None):
@@ -159,19 +172,17 @@ def all_to_all(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
 
     Returns the result (or a handle whose ``wait()`` returns it).
     """
-    state = state_of(group)
-    try:
+    key = None
+    if (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)) \
+            and (type(sendbuf) is _NDARRAY or _device_array(sendbuf)):
         key = ("all_to_all", algo, chunk_bytes, sendbuf.dtype, sendbuf.size, recvbuf is None)
-    except AttributeError:
-        key = None
-    out = _replay(state, key, sendbuf, recvbuf, async_op)
-    if out is not MISS:
-        return out
-    plan, bufs = _plan_all_to_all(state, sendbuf, recvbuf, async_op, algo, chunk_bytes)
-    return _first(state, key, sendbuf, recvbuf, async_op, plan, bufs)
+    return call(group, key, _plan_all_to_all, sendbuf, recvbuf, async_op, algo, chunk_bytes)
 
 
-def _plan_all_to_all(state, sendbuf, recvbuf, async_op, algo, chunk_bytes):
+def _plan_all_to_all(state, key, sendbuf, recvbuf, async_op, algo, chunk_bytes):
+    """A new AlltoAll call checked, agreed and selected: ``(plan, buffers)``, the plan
+    kept under ``key`` when there is one (as every ``_plan_*`` here returns)."""
+    given = sendbuf, recvbuf
     op = CollectiveOp.ALL_TO_ALL
     ctx = context(None, sendbuf, op.value, state)
     p, dev = ctx.group.size, ctx.backend.device
@@ -201,8 +212,8 @@ def _plan_all_to_all(state, sendbuf, recvbuf, async_op, algo, chunk_bytes):
     plan = build(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                  itemsize=itemsize, fields=fields, bufs=(sendbuf, recvbuf), result_at=1,
                  async_op=async_op, alloc=alloc,
-                 call=_call("all_to_all", sendbuf, _size(sendbuf), async_op=async_op))
-    return plan, (sendbuf, recvbuf)
+                 call=_described("all_to_all", sendbuf, _size(sendbuf), async_op=async_op))
+    return kept(state, key, plan, (sendbuf, recvbuf), *given)
 
 
 def _like_send(xp):
@@ -226,22 +237,20 @@ def reduce_scatter(sendbuf, recvbuf=None, *, recv_counts: Sequence[int] | None =
 
     Returns the result (allocated when ``recvbuf`` is None).
     """
-    state = state_of(group)
-    try:
+    key = None
+    counts = None if recv_counts is None else _counts_key(recv_counts)
+    if (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)) \
+            and (type(sendbuf) is _NDARRAY or _device_array(sendbuf)) \
+            and type(op) in _REDUCE and (counts is not None or recv_counts is None):
         key = ("reduce_scatter", algo, chunk_bytes, op, sendbuf.dtype, sendbuf.size,
-               recvbuf is None, None if recv_counts is None else tuple(recv_counts))
-    except (AttributeError, TypeError):
-        key = None
-    out = _replay(state, key, sendbuf, recvbuf, async_op)
-    if out is not MISS:
-        return out
-    plan, bufs = _plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, async_op, algo,
-                                      chunk_bytes)
-    return _first(state, key, sendbuf, recvbuf, async_op, plan, bufs)
+               recvbuf is None, counts)
+    return call(group, key, _plan_reduce_scatter, sendbuf, recvbuf, async_op, recv_counts, op,
+                algo, chunk_bytes)
 
 
-def _plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, async_op, algo,
+def _plan_reduce_scatter(state, key, sendbuf, recvbuf, async_op, recv_counts, op, algo,
                          chunk_bytes):
+    given = sendbuf, recvbuf
     kind = CollectiveOp.REDUCE_SCATTER
     rop, problem = _reduce_op(op)
     ctx = context(None, sendbuf, kind.value, state)
@@ -281,9 +290,9 @@ def _plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, async_op, alg
     plan = build(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                  itemsize=itemsize, fields=fields, bufs=(sendbuf, recvbuf), result_at=1,
                  async_op=async_op, alloc=alloc,
-                 call=_call("reduce_scatter", sendbuf, _size(sendbuf), op=op,
-                            async_op=async_op, **extra))
-    return plan, (sendbuf, recvbuf)
+                 call=_described("reduce_scatter", sendbuf, _size(sendbuf), op=op,
+                                 async_op=async_op, **extra))
+    return kept(state, key, plan, (sendbuf, recvbuf), *given)
 
 
 @foreign_arrays("sendbuf", "recvbuf")
@@ -300,22 +309,19 @@ def all_reduce(sendbuf, recvbuf=None, *, op: ReduceOp | str = ReduceOp.SUM, grou
 
     Returns the result buffer.
     """
-    state = state_of(group)
     if recvbuf is sendbuf:
         recvbuf = None  # the in-place call
-    try:
+    key = None
+    if (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)) \
+            and (type(sendbuf) is _NDARRAY or _device_array(sendbuf)) and type(op) in _REDUCE:
         key = ("all_reduce", algo, chunk_bytes, op, sendbuf.dtype, sendbuf.size,
                recvbuf is None)
-    except AttributeError:
-        key = None
-    out = _replay(state, key, sendbuf, recvbuf, async_op)
-    if out is not MISS:
-        return out
-    plan, bufs = _plan_all_reduce(state, sendbuf, recvbuf, op, async_op, algo, chunk_bytes)
-    return _first(state, key, sendbuf, recvbuf, async_op, plan, bufs)
+    return call(group, key, _plan_all_reduce, sendbuf, recvbuf, async_op, op, algo,
+                chunk_bytes)
 
 
-def _plan_all_reduce(state, sendbuf, recvbuf, op, async_op, algo, chunk_bytes):
+def _plan_all_reduce(state, key, sendbuf, recvbuf, async_op, op, algo, chunk_bytes):
+    given = sendbuf, recvbuf
     if recvbuf is not None and same_memory(sendbuf, recvbuf):
         recvbuf = None  # the same memory: the in-place call
     kind = CollectiveOp.ALL_REDUCE
@@ -343,8 +349,9 @@ def _plan_all_reduce(state, sendbuf, recvbuf, op, async_op, algo, chunk_bytes):
     plan = build(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                  itemsize=itemsize, fields=fields, bufs=bufs, result_at=len(bufs) - 1,
                  async_op=async_op,
-                 call=_call("all_reduce", sendbuf, _size(sendbuf), op=op, async_op=async_op))
-    return plan, bufs
+                 call=_described("all_reduce", sendbuf, _size(sendbuf), op=op,
+                                 async_op=async_op))
+    return kept(state, key, plan, bufs, *given)
 
 
 @foreign_arrays("sendbuf", "recvbuf")
@@ -359,19 +366,15 @@ def all_gather(sendbuf, recvbuf=None, *, group=None, async_op: bool = False,
         rank 0: sendbuf [a0 a1]  ->  result [[a0 a1] [b0 b1]]
         rank 1: sendbuf [b0 b1]  ->  result [[a0 a1] [b0 b1]]
     """
-    state = state_of(group)
-    try:
+    key = None
+    if (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)) \
+            and (type(sendbuf) is _NDARRAY or _device_array(sendbuf)):
         key = ("all_gather", algo, chunk_bytes, sendbuf.dtype, sendbuf.size, recvbuf is None)
-    except AttributeError:
-        key = None
-    out = _replay(state, key, sendbuf, recvbuf, async_op)
-    if out is not MISS:
-        return out
-    plan, bufs = _plan_all_gather(state, sendbuf, recvbuf, async_op, algo, chunk_bytes)
-    return _first(state, key, sendbuf, recvbuf, async_op, plan, bufs)
+    return call(group, key, _plan_all_gather, sendbuf, recvbuf, async_op, algo, chunk_bytes)
 
 
-def _plan_all_gather(state, sendbuf, recvbuf, async_op, algo, chunk_bytes):
+def _plan_all_gather(state, key, sendbuf, recvbuf, async_op, algo, chunk_bytes):
+    given = sendbuf, recvbuf
     kind = CollectiveOp.ALL_GATHER
     ctx = context(None, sendbuf, kind.value, state)
     p, dev = ctx.group.size, ctx.backend.device
@@ -394,8 +397,8 @@ def _plan_all_gather(state, sendbuf, recvbuf, async_op, algo, chunk_bytes):
     plan = build(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                  itemsize=itemsize, fields=fields, bufs=(sendbuf, recvbuf), result_at=1,
                  async_op=async_op, alloc=alloc,
-                 call=_call("all_gather", sendbuf, _size(sendbuf), async_op=async_op))
-    return plan, (sendbuf, recvbuf)
+                 call=_described("all_gather", sendbuf, _size(sendbuf), async_op=async_op))
+    return kept(state, key, plan, (sendbuf, recvbuf), *given)
 
 
 @foreign_arrays("buf")
@@ -411,20 +414,16 @@ def broadcast(buf, *, root: int = 0, group=None, async_op: bool = False,
 
     Returns ``buf``.
     """
-    state = state_of(group)
-    try:  # (a root that is no int, 0.0 or "0", is for the call's checks: no key)
-        key = ("broadcast", algo, chunk_bytes, int(root), buf.dtype, buf.size) \
-            if type(root) is int or isinstance(root, np.integer) else None
-    except AttributeError:
-        key = None
-    out = _replay(state, key, buf, None, async_op)
-    if out is not MISS:
-        return out
-    plan, bufs = _plan_broadcast(state, buf, root, async_op, algo, chunk_bytes)
-    return _first(state, key, buf, None, async_op, plan, bufs)
+    key = None  # (a root that is no int, 0.0 or "0", is for the call's checks: no key)
+    if (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)) \
+            and (type(buf) is _NDARRAY or _device_array(buf)) \
+            and (type(root) is int or isinstance(root, np.integer)):
+        key = ("broadcast", algo, chunk_bytes, int(root), buf.dtype, buf.size)
+    return call(group, key, _plan_broadcast, buf, None, async_op, root, algo, chunk_bytes)
 
 
-def _plan_broadcast(state, buf, root, async_op, algo, chunk_bytes):
+def _plan_broadcast(state, key, buf, _, async_op, root, algo, chunk_bytes):
+    given = buf
     kind = CollectiveOp.BROADCAST
     ctx = context(None, buf, kind.value, state)
     p, dev = ctx.group.size, ctx.backend.device
@@ -442,6 +441,6 @@ def _plan_broadcast(state, buf, root, async_op, algo, chunk_bytes):
     plan = build(ctx, request, problem, sig, algo=algo, chunk_bytes=chunk_bytes,
                  itemsize=itemsize, fields=fields, bufs=(buf,), result_at=0,
                  async_op=async_op,
-                 call=_call("broadcast", buf, _size(buf), root=root, async_op=async_op))
-    return plan, (buf,)
+                 call=_described("broadcast", buf, _size(buf), root=root, async_op=async_op))
+    return kept(state, key, plan, (buf,), given, None)
 

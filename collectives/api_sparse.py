@@ -13,22 +13,24 @@ import numpy as np
 
 from neocomm.agree import Problem
 from neocomm import types
-from neocomm.types import dtype_from_code
+from neocomm.types import ReduceOp, dtype_from_code
 
 from neocomm import watchdog
 
 from collectives.algorithms import displs
 from collectives.arrays import foreign_arrays
-from collectives.api import _dcode, _flat, _replay, _request, _shown
-from collectives.api_v import _counts_key
+from collectives.api import (_NDARRAY, _counts_key, _dcode, _device_array, _flat, _options,
+                             _request, _shown)
 from collectives.fabric import fabric_for
-from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _raise_here, allocator,
-                              build, context, remember, stale)
-from collectives.state import state_of
+from collectives.plan import (OP_CODES, VPlan, _agreements, _raise_here, allocator, build, call,
+                              context, remember, stale)
 from collectives.types import CollectiveOp
 from collectives.validate import check_buffer, check_peer, check_same_dtype, first
 
 __all__ = ["one_to_many", "many_to_many"]
+
+
+_HOST = np.zeros(0, np.int64)  # (what picks a group's host backend: MPI)
 
 
 def _digest(values) -> int:
@@ -89,35 +91,42 @@ def one_to_many(sendbuf=None, recvbuf=None, *, root: int, ranks: Sequence[int],
     algorithm is priced with the host links (ranks outside ``ranks`` may have
     no buffer to tell them the array kind).
     """
-    state = state_of(group)
     key = _key("one_to_many", algo, chunk_bytes, sendbuf, recvbuf, root, ranks, counts)
     a, b = (sendbuf, recvbuf) if sendbuf is not None else (recvbuf, None)
-    out = _replay(state, key, a, b, async_op)
-    if out is not MISS:
-        return out
-    return _one_to_many(state, key, sendbuf, recvbuf, root, ranks, counts, async_op, algo,
-                        chunk_bytes)
+    return call(group, key, _plan_one_to_many, a, b, async_op, sendbuf, recvbuf, root, ranks,
+                counts, algo, chunk_bytes)
 
 
 def _key(name, algo, chunk_bytes, sendbuf, recvbuf, *layout):
     """The cache key of a targeted call: this rank's buffers (dtype and size, or None) and
-    the call's ``layout`` (peers, counts, root); None when an argument cannot be a key."""
-    def part(x):
-        if x is None or type(x) is int or isinstance(x, np.integer):
-            return x if x is None else int(x)
-        return _counts_key(x)
-
-    try:
-        mine = tuple(None if x is None else (x.dtype, x.size) for x in (sendbuf, recvbuf))
-        return (name, algo, chunk_bytes) + mine + tuple(part(x) for x in layout)
-    except (AttributeError, TypeError, ValueError):
+    the call's ``layout`` (peers, counts, root); None when an argument cannot be part of a
+    key (the call's checks then say why)."""
+    if not (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)):
         return None
+    key = [name, algo, chunk_bytes]
+    for x in (sendbuf, recvbuf):
+        if x is None:
+            key.append(None)
+        elif type(x) is _NDARRAY or _device_array(x):
+            key.append((x.dtype, x.size))
+        else:
+            return None
+    for x in layout:
+        if x is None or type(x) is int or isinstance(x, np.integer):
+            key.append(x if x is None else int(x))
+        else:
+            part = _counts_key(x)
+            if part is None:
+                return None
+            key.append(part)
+    return tuple(key)
 
 
-def _one_to_many(state, key, sendbuf, recvbuf, root, ranks, counts, async_op, algo,
-                 chunk_bytes):
+def _plan_one_to_many(state, key, _a, _b, async_op, sendbuf, recvbuf, root, ranks, counts,
+                      algo, chunk_bytes):
     """A new OneToMany call: checked and agreed, the payload's dtype and size sent from the
-    root, then selected and run (leaving its plan under ``key`` when there is one)."""
+    root, then selected: ``(plan, buffers)``, the plan kept under ``key`` when there is
+    one."""
     kind = CollectiveOp.ONE_TO_MANY
     probe = sendbuf if sendbuf is not None else recvbuf
     ctx = context(None, probe if probe is not None else np.empty(0, np.uint8), kind.value,
@@ -162,8 +171,8 @@ def _one_to_many(state, key, sendbuf, recvbuf, root, ranks, counts, async_op, al
                              f"{_shown(ranks)}, counts={_shown(counts)})", ctx.group)
     out = _agree_new(ctx, agreements, problem, async_op)
     role = (is_root, receiver, identical)
-    return _o2m_resume(ctx, agreements, role, sendbuf, recvbuf, int(root), members, cnt,
-                       out, async_op, algo, chunk_bytes, key)
+    return _o2m_plan(ctx, agreements, role, sendbuf, recvbuf, int(root), members, cnt,
+                     out, async_op, algo, chunk_bytes, key)
 
 
 def _agree_new(ctx, agreements, problem, async_op):
@@ -173,17 +182,18 @@ def _agree_new(ctx, agreements, problem, async_op):
     return agreements[int(bool(async_op))].run(ctx.group.comm, problem, fresh=1, sizes=(0, 0))
 
 
-def _o2m_resume(ctx, agreements, role, sendbuf, recvbuf, root, members, cnt, out, async_op,
-                algo, chunk_bytes, key):
+def _o2m_plan(ctx, agreements, role, sendbuf, recvbuf, root, members, cnt, out, async_op,
+              algo, chunk_bytes, key):
     """A OneToMany from its agreement on: the payload's dtype and size travel from the
-    root (receivers may not know them), then its plan is selected, kept and run."""
+    root (receivers may not know them), then its plan is selected and kept: ``(plan,
+    buffers)``."""
     kind = CollectiveOp.ONE_TO_MANY
     is_root, receiver, identical = role
     me, recv_given = ctx.group.rank, recvbuf is not None
     head = np.array([_dcode(sendbuf) if is_root else 0,
                      sendbuf.size if is_root and identical else 0], np.int64)
     with watchdog.guard("one_to_many (the payload's dtype and size)"):
-        ctx.group.comm.Bcast(head, root=root)
+        ctx.group.backend(head).direct("broadcast", head.dtype, root=root)(head)
     code, size = int(head[0]), int(head[1])
     problem = None
     if receiver and recvbuf is not None:
@@ -219,15 +229,16 @@ def _o2m_resume(ctx, agreements, role, sendbuf, recvbuf, root, members, cnt, out
     def resume(given, agreed, async_again):  # a rank's call is new: go on as it does
         send = given[0] if is_root else None
         recv = given[-1] if receiver and recv_given else None  # (not the plan's own)
-        return _o2m_resume(ctx, agreements, role, send, recv, root, members, cnt, agreed,
-                           async_again, algo, chunk_bytes, key)
+        again, now = _o2m_plan(ctx, agreements, role, send, recv, root, members, cnt, agreed,
+                               async_again, algo, chunk_bytes, key)
+        return again.first(now, async_again)
 
     plan = build(ctx, request, None, [], algo=algo, chunk_bytes=chunk_bytes,
                  itemsize=itemsize, fields=fields, bufs=bufs, result_at=result_at,
                  async_op=async_op, agreements=agreements, kind=VPlan, alloc=alloc,
                  sizes=(code, size), resume=resume)
     remember(ctx.state, key, plan)
-    return plan.first(bufs, async_op)
+    return plan, bufs
 
 
 @foreign_arrays("sendbuf", "recvbuf")
@@ -253,23 +264,19 @@ def many_to_many(sendbuf, send_peers: Sequence[int], send_counts: Sequence[int] 
 
     Returns ``(recvbuf, recv_peers, recv_counts)``.
     """
-    state = state_of(group)
     key = None
     if recv_peers is not None and recv_counts is not None:
         key = _key("many_to_many", algo, chunk_bytes, sendbuf, recvbuf, send_peers,
                    send_counts, recv_peers, recv_counts)
-    out = _replay(state, key, sendbuf, recvbuf, async_op)
-    if out is not MISS:
-        return out
-    return _many_to_many(state, key, sendbuf, send_peers, send_counts, recv_peers,
-                         recv_counts, recvbuf, async_op, algo, chunk_bytes)
+    return call(group, key, _plan_many_to_many, sendbuf, recvbuf, async_op, send_peers,
+                send_counts, recv_peers, recv_counts, algo, chunk_bytes)
 
 
-def _many_to_many(state, key, sendbuf, send_peers, send_counts, recv_peers, recv_counts,
-                  recvbuf, async_op, algo, chunk_bytes):
+def _plan_many_to_many(state, key, sendbuf, recvbuf, async_op, send_peers, send_counts,
+                       recv_peers, recv_counts, algo, chunk_bytes):
     """A new ManyToMany call: checked and agreed; the senders discovered or checked, the
-    sizes agreed; then selected and run (leaving its plan under ``key`` when there is
-    one)."""
+    sizes agreed; then selected: ``(plan, buffers)``, the plan kept under ``key`` when
+    there is one."""
     kind = CollectiveOp.MANY_TO_MANY
     ctx = context(None, sendbuf, kind.value, state)
     p, dev = ctx.group.size, ctx.backend.device
@@ -311,24 +318,25 @@ def _many_to_many(state, key, sendbuf, send_peers, send_counts, recv_peers, recv
            ("recv_counts given", int(recv_counts is not None))]
     agreements = _agreements(kind.value, sig, None, ctx.group)
     out = _agree_new(ctx, agreements, problem, async_op)
-    return _m2m_resume(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out,
-                       async_op, algo, chunk_bytes, key)
+    return _m2m_plan(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out,
+                     async_op, algo, chunk_bytes, key)
 
 
-def _m2m_resume(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out, async_op,
-                algo, chunk_bytes, key):
+def _m2m_plan(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out, async_op,
+              algo, chunk_bytes, key):
     """A ManyToMany from its agreement on: the senders discovered (no ``recv_peers``) or,
     with checks on and some rank's call new, checked against what the senders name;
-    then the sizes agreed, and its plan selected, kept and run."""
+    then the sizes agreed, and its plan selected and kept: ``(plan, buffers)``."""
     kind = CollectiveOp.MANY_TO_MANY
     p, comm, check = ctx.group.size, ctx.group.comm, ctx.check
+    mpi = ctx.group.backend(_HOST)  # the counts and sizes are host data: MPI moves them
     exchange = rpeers is None or (check and stale(out))
     if exchange:  # who sends what to whom: -1 no message, else the count
         dense = np.full(p, -1, np.int64)
         dense[speers] = sc
         offered = np.empty(p, np.int64)
         with watchdog.guard("many_to_many (exchange of the counts)"):
-            comm.Alltoall(dense, offered)
+            mpi.direct("all_to_all", dense.dtype)(dense, offered)
         problem = None
         if rpeers is None:
             rpeers = [int(x) for x in np.flatnonzero(offered >= 0)]
@@ -356,11 +364,9 @@ def _m2m_resume(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out, 
             agreements[int(bool(async_op))].run(comm, problem)
         elif problem is not None:
             _raise_here(ctx.group.rank, kind.value, problem)
-    from mpi4py import MPI
-
     sizes = np.array([int(sc.sum()), int(sc.max(initial=0)), len(speers)], np.int64)
     with watchdog.guard("many_to_many (agreement of the sizes)"):
-        comm.Allreduce(MPI.IN_PLACE, sizes, op=MPI.MAX)
+        mpi.direct("all_reduce", sizes.dtype, reduce_op=ReduceOp.MAX, in_place=True)(sizes)
     itemsize = sendbuf.dtype.itemsize
     request = _request(ctx, kind, int(sizes[0]) * itemsize, itemsize,
                        max_block=int(sizes[1]) * itemsize, peers=int(sizes[2]), uniform=False)
@@ -372,8 +378,9 @@ def _m2m_resume(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out, 
                   recv_displs=displs(rc))
 
     def resume(bufs, agreed, async_again):  # a rank's call is new: go on as it does
-        return _m2m_resume(ctx, agreements, bufs[0], bufs[1], speers, sc, rpeers, rc,
-                           agreed, async_again, algo, chunk_bytes, key)
+        again, now = _m2m_plan(ctx, agreements, bufs[0], bufs[1], speers, sc, rpeers, rc,
+                               agreed, async_again, algo, chunk_bytes, key)
+        return again.first(now, async_again)
 
     # the sizes the plan was selected for, as two numbers every rank's plan must share
     chosen = (int(sizes[0]), (int(sizes[1]) << 16) | int(sizes[2]))
@@ -382,4 +389,4 @@ def _m2m_resume(ctx, agreements, sendbuf, recvbuf, speers, sc, rpeers, rc, out, 
                  async_op=async_op, extra=(rpeers, rc), agreements=agreements, kind=VPlan,
                  alloc=alloc, sizes=chosen, resume=resume)
     remember(ctx.state, key, plan)
-    return plan.first((sendbuf, recvbuf), async_op)
+    return plan, (sendbuf, recvbuf)

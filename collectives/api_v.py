@@ -14,13 +14,13 @@ import numpy as np
 
 from neocomm import watchdog
 from neocomm.agree import Problem
+from collectives import settings
 from collectives.algorithms import displs
 from collectives.arrays import foreign_arrays
-from collectives.api import (_apart, _call, _check_out, _flat, _replay, _request, _shown,
-                             _total)
+from collectives.api import (_NDARRAY, _apart, _check_out, _counts_key, _described,
+                             _device_array, _flat, _options, _request, _shown, _total)
 from collectives.plan import (MISS, OP_CODES, VPlan, _agreements, _raise_here, allocator, build,
-                              context, remember, stale)
-from collectives.state import state_of
+                              call, context, remember, stale)
 from collectives.types import CollectiveOp
 from collectives.validate import check_buffer, check_counts, same_memory
 from collectives.validate import dtype_code_of as _dcode
@@ -45,56 +45,60 @@ def all_to_all_v(sendbuf, send_counts: Sequence[int], recvbuf=None,
 
     Returns ``(recvbuf, recv_counts)`` (or a handle whose ``wait()`` returns them).
     """
-    state = state_of(group)
-    if recv_counts is None:
-        out = _learn(state, sendbuf, send_counts, recvbuf, async_op, algo, chunk_bytes)
-        if out is not MISS:
-            return out
-    key = _key("given", algo, chunk_bytes, sendbuf, recvbuf, send_counts, recv_counts)
-    out = _replay(state, key, sendbuf, recvbuf, async_op)
-    if out is not MISS:
-        return out
-    return _all_to_all_v(state, sendbuf, send_counts, recvbuf, recv_counts, async_op, algo,
-                         chunk_bytes, key)
+    if recv_counts is None:  # the kept send side learns them (see _Sender)
+        key = _key("send", algo, chunk_bytes, sendbuf, recvbuf, send_counts, ())
+    else:
+        key = _key("given", algo, chunk_bytes, sendbuf, recvbuf, send_counts, recv_counts)
+    return call(group, key, _plan_all_to_all_v, sendbuf, recvbuf, async_op, send_counts,
+                recv_counts, algo, chunk_bytes)
 
 
-def _key(kind: str, algo, chunk_bytes, sendbuf, recvbuf, send_counts, recv_counts=()):
+def _key(kind: str, algo, chunk_bytes, sendbuf, recvbuf, send_counts, recv_counts):
     """The cache key of an AlltoAllv layout: ``kind`` ``"given"`` (the caller's recv
     counts), ``"send"`` (the send side of a call that learns them) or ``"learned"``;
-    None when an argument cannot be a key (the call's checks then say why)."""
-    if kind == "given" and recv_counts is None:
+    None when an argument cannot be part of a key (the call's checks then say why)."""
+    if not (type(sendbuf) is _NDARRAY or _device_array(sendbuf)) \
+            or not (algo is None and chunk_bytes is None or _options(algo, chunk_bytes)):
         return None
-    try:
-        return ("all_to_all_v", kind, algo, chunk_bytes, sendbuf.dtype, sendbuf.size,
-                None if recvbuf is None else recvbuf.size, _counts_key(send_counts),
-                _counts_key(recv_counts))
-    except (AttributeError, TypeError):
+    if recvbuf is not None and not (type(recvbuf) is _NDARRAY or _device_array(recvbuf)):
         return None
-
-
-def _counts_key(counts):
-    """Counts as part of a key: an array's dtype and bytes (quick to hash), a sequence's
-    values."""
-    if type(counts) is np.ndarray:
-        return counts.dtype.char, counts.tobytes()
-    return tuple(counts)
+    sc, rc = _counts_key(send_counts), _counts_key(recv_counts)
+    if sc is None or rc is None:
+        return None
+    return ("all_to_all_v", kind, algo, chunk_bytes, sendbuf.dtype, sendbuf.size,
+            None if recvbuf is None else recvbuf.size, sc, rc)
 
 
 class _Sender:
-    """The checked send side of an AlltoAllv that learns its recv counts: a call of the
-    same layout agrees and exchanges the counts without checking its arguments again
-    (buffers other than the last ones proved are checked on the spot)."""
+    """The checked send side of an AlltoAllv that learns its recv counts, kept under the
+    call's ``"send"`` key: a call of the same layout agrees and exchanges the counts
+    without checking its arguments again (buffers other than the last ones proved are
+    checked on the spot), then runs the plan of the counts learned."""
 
-    __slots__ = ("ctx", "agreements", "sc", "sizes", "key", "_check", "_refs")
+    __slots__ = ("ctx", "agreements", "sc", "sizes", "key", "algo", "chunk_bytes", "_check",
+                 "_version", "_refs", "_exchange")
 
-    def __init__(self, ctx, agreements, sc, sizes, sendbuf, recvbuf):
+    def __init__(self, ctx, agreements, sc, sizes, sendbuf, recvbuf, algo, chunk_bytes):
         self.ctx, self.agreements, self.sc, self.sizes = ctx, agreements, sc, sizes
-        self.key, self._check = None, ctx.check
+        self.algo, self.chunk_bytes = algo, chunk_bytes
+        self.key, self._check, self._version = None, ctx.check, settings.version()
         self._refs = (weakref.ref(sendbuf), None if recvbuf is None else weakref.ref(recvbuf))
+        self._exchange = _count_exchange(ctx)
+
+    def replay(self, sendbuf, recvbuf, async_op: bool):
+        """What the call returns (see :meth:`~collectives.plan.Plan.replay`), or
+        :data:`~collectives.plan.MISS` when these buffers need a call of their own."""
+        if not self.accept(sendbuf, recvbuf):
+            return MISS
+        ctx, agreements = self.ctx, self.agreements
+        out = agreements[int(bool(async_op))].run(ctx.group.comm, None, sizes=self.sizes)
+        plan, bufs = _v_plan(ctx, agreements, sendbuf, recvbuf, self.sc, None, out, async_op,
+                             self.algo, self.chunk_bytes, None, self._exchange)
+        return plan.first(bufs, async_op)
 
     def accept(self, sendbuf, recvbuf) -> bool:
         """Whether ``sendbuf`` and ``recvbuf`` are valid for this send side."""
-        if self._check is not self.ctx.state.check:
+        if self._check is not self.ctx.state.check or self._version != settings.VERSION:
             return False
         last_send, last_recv = self._refs
         if last_send() is sendbuf and (recvbuf is None or last_recv() is recvbuf):
@@ -109,18 +113,12 @@ class _Sender:
         return True
 
 
-def _learn(state, sendbuf, send_counts, recvbuf, async_op, algo, chunk_bytes):
-    """An AlltoAllv without recv counts whose send side a call of this layout checked
-    already: agreed, counts exchanged, and run on the plan of the counts learned (made
-    once per counts); :data:`MISS` when the call is new."""
-    skey = _key("send", algo, chunk_bytes, sendbuf, recvbuf, send_counts)
-    sender = None if skey is None else state.plans.get(skey)
-    if sender is None or not sender.accept(sendbuf, recvbuf):
-        return MISS
-    ctx, agreements = sender.ctx, sender.agreements
-    out = agreements[int(bool(async_op))].run(ctx.group.comm, None, sizes=sender.sizes)
-    return _v_resume(ctx, agreements, sendbuf, recvbuf, sender.sc, None, out, async_op, algo,
-                     chunk_bytes, None)
+def _count_exchange(ctx):
+    """The group's exchange of counts (one int64 per rank), MPI's own AlltoAll."""
+    return ctx.group.backend(_NO_COUNTS).direct("all_to_all", _NO_COUNTS.dtype)
+
+
+_NO_COUNTS = np.zeros(0, np.int64)  # (host counts: the MPI backend moves them)
 
 
 def _v_signature(sendbuf, recvbuf, recv_counts, async_op, algo, chunk_bytes) -> list:
@@ -133,11 +131,12 @@ def _v_signature(sendbuf, recvbuf, recv_counts, async_op, algo, chunk_bytes) -> 
                                 else -1)]
 
 
-def _all_to_all_v(state, sendbuf, send_counts, recvbuf, recv_counts, async_op, algo,
-                  chunk_bytes, key, run: bool = True):
+def _plan_all_to_all_v(state, key, sendbuf, recvbuf, async_op, send_counts, recv_counts, algo,
+                       chunk_bytes):
     """A new AlltoAllv call: checked, agreed with the largest send sizes, counts exchanged
-    when unknown or when checks are on, then selected and run (leaving its plan under
-    ``key`` when there is one)."""
+    when unknown or when checks are on, then selected: ``(plan, buffers)``. Its plan is
+    kept under ``key`` when there is one; a call without recv counts keeps its send
+    side there instead (:class:`_Sender`), and the plan under the counts learned."""
     op = CollectiveOp.ALL_TO_ALL_V
     ctx = context(None, sendbuf, op.value, state)
     p, dev = ctx.group.size, ctx.backend.device
@@ -154,29 +153,34 @@ def _all_to_all_v(state, sendbuf, send_counts, recvbuf, recv_counts, async_op, a
         problem = _check_out(sendbuf, recvbuf, dev)
     if problem is None:
         sendbuf = _apart(sendbuf, recvbuf)
-    call = _call("all_to_all_v", sendbuf, f"counts {_shown(send_counts)}", async_op=async_op)
+    words = _described("all_to_all_v", sendbuf, f"counts {_shown(send_counts)}",
+                       async_op=async_op)
     agreements = _agreements(op.value, _v_signature(sendbuf, recvbuf, recv_counts, async_op,
-                                                    algo, chunk_bytes), call, ctx.group)
+                                                    algo, chunk_bytes), words, ctx.group)
     sizes = (int(sc.sum()), int(sc.max(initial=0))) if problem is None else (0, 0)
     # Agree on the call before the counts move: a rank in another collective (or in this
     # one with async_op different) is named now instead of meeting the exchange.
     out = agreements[int(bool(async_op))].run(ctx.group.comm, problem, fresh=1, sizes=sizes)
-    if recv_counts is None and run:
-        remember(state, _key("send", algo, chunk_bytes, sendbuf, recvbuf, send_counts),
-                 _Sender(ctx, agreements, sc, sizes, sendbuf, recvbuf))
-    return _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo,
-                     chunk_bytes, key, run)
+    if recv_counts is None and key is not None:
+        remember(state, key, _Sender(ctx, agreements, sc, sizes, sendbuf, recvbuf, algo,
+                                     chunk_bytes))
+    return _v_plan(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo,
+                   chunk_bytes, None if recv_counts is None else key)
 
 
-def _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, chunk_bytes,
-              key, run: bool = True):
-    """An AlltoAllv from its agreement on: ``out`` is the agreed vector."""
+def _v_plan(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, chunk_bytes,
+            key, exchange=None):
+    """An AlltoAllv from its agreement on (``out`` is the agreed vector): ``(plan,
+    buffers)``, the plan kept under ``key`` (or, for recv counts learned now, under the
+    counts learned). ``exchange``: the group's exchange of counts (made when None)."""
     op, comm, p = CollectiveOp.ALL_TO_ALL_V, ctx.group.comm, ctx.group.size
     known = rc is not None
     if not known or (ctx.check and stale(out)):  # exchange the counts: to learn or check them
         offered = np.empty(p, np.int64)
+        if exchange is None:
+            exchange = _count_exchange(ctx)
         with watchdog.guard("all_to_all_v (exchange of the counts)"):
-            comm.Alltoall(sc, offered)
+            exchange(sc, offered)
         problem = None
         if not known:
             rc = offered
@@ -200,7 +204,7 @@ def _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, ch
         if plan is not None and plan.sizes == (total, block):
             bufs = plan.accept(sendbuf, recvbuf)
             if bufs is not MISS:
-                return plan.first(bufs, async_op)
+                return plan, bufs
     request = _request(ctx, op, total * itemsize, itemsize, max_block=block * itemsize,
                        uniform=False)
     alloc = allocator(ctx.xp, int(rc.sum()))
@@ -210,14 +214,13 @@ def _v_resume(ctx, agreements, sendbuf, recvbuf, sc, rc, out, async_op, algo, ch
                   recv_counts=rc, send_displs=displs(sc), recv_displs=displs(rc))
 
     def resume(bufs, agreed, async_again):  # a plan selected anew replaces this one
-        return _v_resume(ctx, agreements, bufs[0], bufs[1], sc, rc, agreed, async_again,
-                         algo, chunk_bytes, key)
+        again, now = _v_plan(ctx, agreements, bufs[0], bufs[1], sc, rc, agreed, async_again,
+                             algo, chunk_bytes, key)
+        return again.first(now, async_again)
 
     plan = build(ctx, request, None, [], algo=algo, chunk_bytes=chunk_bytes,
                  itemsize=itemsize, fields=fields, bufs=(sendbuf, recvbuf), result_at=1,
                  async_op=async_op, extra=(rc,), agreements=agreements, kind=VPlan,
                  sizes=(total, block), resume=resume, alloc=alloc)
     remember(ctx.state, key, plan)
-    if not run:
-        return plan, (sendbuf, recvbuf)
-    return plan.first((sendbuf, recvbuf), async_op)
+    return plan, (sendbuf, recvbuf)

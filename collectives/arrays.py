@@ -176,7 +176,7 @@ class _Converted:
 def foreign_arrays(*names: str, prepared: bool = False):
     """Decorate a collective so that its buffer arguments ``names`` may be of any kind
     (module doc). Native buffers pass through at the cost of a type check each.
-    ``prepared``: the call returns a :class:`~collectives.persistent.Prepared`, whose
+    ``prepared``: the call returns a :class:`~collectives.persistent.PreparedCollective`, whose
     ``result`` is converted once."""
 
     def deco(fn):

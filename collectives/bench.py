@@ -4,9 +4,10 @@ For every size of a sweep, every chosen algorithm runs ``warmup`` untimed
 and ``iters`` timed iterations between barriers (the slowest rank's time
 counts), repeated ``repeat`` times with the algorithms interleaved (the
 median is reported, so that a noisy neighbour hurts every algorithm alike).
-The peer, ``mpi``, is the native MPI call (mpi4py's ``Alltoall``,
-``Allreduce`` … directly on the group's communicator), measured in the same
-run. ``check`` iterations then fill the inputs with a known pattern and
+The peer, ``mpi``, is the native MPI call (``MPI_Alltoall``,
+``MPI_Allreduce`` … on the group's communicator, as the MPI backend makes it
+directly: :meth:`~neocomm.backends.mpi.MpiBackend.direct`), measured in the
+same run. ``check`` iterations then fill the inputs with a known pattern and
 count wrong output elements, summed over the ranks: elements that differ
 from the exact result, or for float16 and bfloat16 reductions that differ
 by more than the error bound of :mod:`neocomm.reduction` for ``p - 1``
@@ -181,31 +182,40 @@ class _Case:
         return self.mpi()
 
     def mpi(self):
-        """The native MPI peer."""
-        comm, op, s, r = self.group.comm, self.op, self.send, self.recv
-        mop = _mpi_op(self.dtype, ReduceOp.parse(self.cfg.reduce_op))
-        sb, rb = _mpi_buf(s), _mpi_buf(r)
-        if op is CollectiveOp.ALL_TO_ALL:
-            return lambda: comm.Alltoall(sb, rb)
-        if op is CollectiveOp.ALL_TO_ALL_V:
-            c = [s.size // self.group.size] * self.group.size
-            return lambda: comm.Alltoallv([sb, (c, None)], [rb, (c, None)])
-        if op is CollectiveOp.ALL_REDUCE:
-            return lambda: comm.Allreduce(sb, rb, op=mop)
-        if op is CollectiveOp.REDUCE_SCATTER:
-            return lambda: comm.Reduce_scatter_block(sb, rb, op=mop)
-        if op is CollectiveOp.ALL_GATHER:
-            return lambda: comm.Allgather(sb, rb)
+        """The native MPI peer: MPI's own call, one mpi4py call per run (the MPI
+        backend's direct call, 2-byte floats as it moves and reduces them)."""
+        op, s, r, g, cfg = self.op, self.send, self.recv, self.group, self.cfg
+        direct = g.backend(s).direct
+        kw = {"reduce_op": ReduceOp.parse(cfg.reduce_op)} \
+            if op in (CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER) else {}
         if op in (CollectiveOp.BROADCAST, CollectiveOp.ONE_TO_MANY):
-            buf = _mpi_buf(s if self.group.rank == self.cfg.root else r)
-            return lambda: comm.Bcast(buf, root=self.cfg.root)
+            buf = s if g.rank == cfg.root else r
+            bcast = direct("broadcast", self.dtype, root=cfg.root)
+            return lambda: bcast(buf)
+        if op in (CollectiveOp.ALL_TO_ALL_V, CollectiveOp.MANY_TO_MANY):
+            kw["counts"] = self._dense_counts()
+        name = {CollectiveOp.ALL_TO_ALL: "all_to_all", CollectiveOp.ALL_TO_ALL_V: "all_to_all_v",
+                CollectiveOp.ALL_REDUCE: "all_reduce",
+                CollectiveOp.REDUCE_SCATTER: "reduce_scatter",
+                CollectiveOp.ALL_GATHER: "all_gather",
+                CollectiveOp.MANY_TO_MANY: "all_to_all_v"}[op]
+        run = direct(name, self.dtype, **kw)
+        return lambda: run(s, r)
+
+    def _dense_counts(self):
+        """The peer's AlltoAllv counts and displacements, every rank's (zero for the ranks
+        a ManyToMany leaves out; its blocks lie in peer order, not rank order)."""
         p = self.group.size
+        if self.op is CollectiveOp.ALL_TO_ALL_V:
+            block = self.send.size // p
+            offsets = [i * block for i in range(p)]
+            return [block] * p, offsets, [block] * p, offsets
         sc, rc, sd, rd = [0] * p, [0] * p, [0] * p, [0] * p
-        for i, q in enumerate(self.peers):  # packed in peer order, not rank order
+        for i, q in enumerate(self.peers):
             sc[q], sd[q] = self.per, i * self.per
         for i, q in enumerate(self.senders):
             rc[q], rd[q] = self.per, i * self.per
-        return lambda: comm.Alltoallv([sb, (sc, sd)], [rb, (rc, rd)])
+        return sc, sd, rc, rd
 
     def ours(self, algo: str | None):
         op, s, r, g = self.op, self.send, self.recv, self.group
@@ -337,24 +347,6 @@ _PREPARABLE = (CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V, CollectiveOp.
                CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER, CollectiveOp.BROADCAST)
 
 
-def _mpi_buf(a: np.ndarray):
-    """An mpi4py buffer spec: 2-byte float types travel as the MPI backend sends them
-    (an opaque 2-byte type that its user-defined ops reduce)."""
-    if a.dtype.name in ("float16", "bfloat16"):
-        from neocomm.backends.mpi import mpi_datatype
-
-        return [a, mpi_datatype(a.dtype)]
-    return a
-
-
-def _mpi_op(dtype: np.dtype, op: ReduceOp):
-    """The MPI op the MPI backend reduces ``dtype`` with (user-defined ops for the 2-byte
-    floats, widened to float32 and rounded once per step)."""
-    from neocomm.backends.mpi import mpi_op
-
-    return mpi_op(dtype, op)
-
-
 def sizes(cfg: BenchConfig) -> list[int]:
     """The sweep's sizes in bytes."""
     return sweep(cfg.min_bytes, cfg.max_bytes, cfg.factor)
@@ -426,7 +418,7 @@ def run_bench(cfg: BenchConfig, group, on_row=None) -> list[Row]:
             algbw = case.size / t / 1e9 if t > 0 else 0.0
             size_rows.append(Row(case.size, case.count, a, t, algbw,
                                  algbw * bus_factor(op, group.size), wrong,
-                                 times=times[a], chosen=_chosen(case, a)))
+                                 times=times[a], chosen=_chosen(case, a, calls[a])))
         peer_time = size_rows[0].time
         for row in size_rows[1:]:
             row.ratio = peer_time / row.time if row.time > 0 else None
@@ -437,15 +429,16 @@ def run_bench(cfg: BenchConfig, group, on_row=None) -> list[Row]:
     return rows
 
 
-def _chosen(case: _Case, algo: str) -> str:
-    """The algorithm a call with ``algo`` runs (resolves ``auto``: runs it once)."""
+def _chosen(case: _Case, algo: str, run) -> str:
+    """The algorithm a call with ``algo`` runs: ``auto`` resolved by its plan (a prepared
+    collective's, or the one the group keeps for the call, run once more here)."""
     if algo != "auto":
         return algo
-    from collectives import plan as plans
-
-    plans.LAST_CHOSEN.pop(case.op.value, None)
-    case.ours(None)()
-    return plans.LAST_CHOSEN.get(case.op.value, "auto")
+    if isinstance(run, C.PreparedCollective):
+        return run.algo
+    run()
+    plan = C.state_of(case.group).plans.latest(case.op.value)
+    return "auto" if plan is None else plan.algo
 
 
 def peak_rss_bytes(group) -> int:

@@ -5,7 +5,7 @@ what ``MPI_Alltoall_init`` is to ``MPI_Alltoall``: the arguments are checked
 and agreed across the group once (bad input on any rank raises
 :class:`~neocomm.errors.CollectiveArgumentError` on every rank, exactly as
 the normal call does), the algorithm and chunking are chosen once, and the
-returned :class:`Prepared` then moves whatever the buffers hold at each run::
+returned :class:`PreparedCollective` then moves whatever the buffers hold at each run::
 
     with collectives.prepare_all_to_all(x, y) as a2a:
         for step in range(steps):
@@ -13,7 +13,7 @@ returned :class:`Prepared` then moves whatever the buffers hold at each run::
             a2a()               # blocking; returns y
             # or: a2a.start(); ...overlap...; y = a2a.wait()
 
-A :class:`Prepared` is the call's :class:`~collectives.plan.Plan` — built
+A :class:`PreparedCollective` is the call's :class:`~collectives.plan.Plan` — built
 exactly as the plain call builds it — held by the user with its buffers.
 When the chosen algorithm is ``native`` on host (NumPy) buffers over MPI,
 each blocking run is one MPI call under the stall watchdog: an MPI persistent
@@ -25,11 +25,11 @@ three run slower than its tuned blocking algorithms; see
 
 Every rank of the group prepares, runs and frees the same collectives in
 the same order, and runs them the same way: every rank calls it, or every
-rank calls :meth:`Prepared.start` and :meth:`Prepared.wait` (as MPI never
+rank calls :meth:`PreparedCollective.start` and :meth:`PreparedCollective.wait` (as MPI never
 matches a blocking collective with a non-blocking one). A prepared run
 matches only runs of the same prepared collective on the other ranks
-(never a plain call). A :class:`Prepared` keeps
-its buffers alive until :meth:`Prepared.free`; the buffers must keep their
+(never a plain call). A :class:`PreparedCollective` keeps
+its buffers alive until :meth:`PreparedCollective.free`; the buffers must keep their
 size, dtype and memory while it lives (fill them in place).
 """
 from __future__ import annotations
@@ -43,16 +43,17 @@ from neocomm.errors import GroupGoneError
 
 from collectives.arrays import foreign_arrays
 from collectives import api, api_v, progress
-from collectives.plan import LAST_CHOSEN, OP_CODES, array_module, context, fail
+from collectives.plan import OP_CODES, array_module, context, fail
 from collectives.progress import MpiRequest
 from collectives.state import state_of
 from collectives.types import CollectiveOp
 
-__all__ = ["Prepared", "prepare_all_to_all", "prepare_all_to_all_v", "prepare_all_reduce",
-           "prepare_reduce_scatter", "prepare_all_gather", "prepare_broadcast"]
+__all__ = ["PreparedCollective", "prepare_all_to_all", "prepare_all_to_all_v",
+           "prepare_all_reduce", "prepare_reduce_scatter", "prepare_all_gather",
+           "prepare_broadcast"]
 
 
-class Prepared:
+class PreparedCollective:
     """One prepared collective; call it (or :meth:`start` then :meth:`wait`) to run it.
 
     ``op`` is the collective's name (``"all_to_all"``), ``algo`` the algorithm
@@ -88,7 +89,6 @@ class Prepared:
             self.plan._start(self._bufs, next(self._seq), False)
             return self.result
         next(self._seq)  # every run numbers its group's operations, as any call does
-        LAST_CHOSEN[self.op] = self.algo
         if not self.plan.state.progress.active:  # else drive the outstanding ones too
             slot = self.plan.slot
             slot.since = _now()
@@ -111,7 +111,6 @@ class Prepared:
             self._handle = self._started(True)
 
     def _started(self, async_op: bool):
-        LAST_CHOSEN[self.op] = self.algo
         return progress.start(_persistent_steps(self._request), self.result, async_op,
                               self.plan.slot.what, self.plan.state.progress)
 
@@ -147,7 +146,7 @@ class Prepared:
         self._layout = ()
         self._freed = True
 
-    def __enter__(self) -> "Prepared":
+    def __enter__(self) -> "PreparedCollective":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -156,7 +155,7 @@ class Prepared:
     def __repr__(self) -> str:
         state = ("freed" if self._freed else "persistent" if self.persistent
                  else "direct" if self.plan.fast is not None else "rerun")
-        return f"<Prepared {self.op} ({self.algo}), {state}>"
+        return f"<PreparedCollective {self.op} ({self.algo}), {state}>"
 
     def _check(self, what: str) -> None:
         gone = self._group.gone
@@ -175,28 +174,26 @@ def _persistent_steps(request):
     yield (MpiRequest(request),)
 
 
-def _prepare(plan, bufs, result, kind: CollectiveOp) -> Prepared:
-    """The :class:`Prepared` of a plan built for ``bufs`` (with an MPI persistent request
+def _prepare(plan, bufs, result, kind: CollectiveOp) -> PreparedCollective:
+    """The :class:`PreparedCollective` of a plan built for ``bufs`` (with an MPI persistent request
     when its runs can be one)."""
-    return Prepared(plan, bufs, result, _persistent_request(plan, bufs, kind))
+    return PreparedCollective(plan, bufs, result, _persistent_request(plan, bufs, kind))
 
 
 def _persistent_request(plan, bufs, kind: CollectiveOp):
     """The MPI persistent request of a native AlltoAll(v) or Broadcast on host
-    buffers (those a direct mpi4py call runs: ``plan.fast``), else None."""
-    from neocomm.backends.mpi import predefined_datatype
-
+    buffers (those the MPI backend runs directly: ``plan.fast``), made by the MPI
+    backend, else None."""
     if plan.fast is None or kind not in _PERSISTENT:
         return None
-    call, t = plan._call, predefined_datatype(bufs[0].dtype)
-    comm = call.group.comm
+    call = plan._call
+    mpi = call.backend.persistent
     if kind is CollectiveOp.ALL_TO_ALL:
-        return comm.Alltoall_init([bufs[0], t], [bufs[1], t])
+        return mpi("all_to_all", bufs[0], bufs[1])
     if kind is CollectiveOp.ALL_TO_ALL_V:
-        return comm.Alltoallv_init(
-            [bufs[0], call.send_counts.tolist(), call.send_displs.tolist(), t],
-            [bufs[1], call.recv_counts.tolist(), call.recv_displs.tolist(), t])
-    return comm.Bcast_init([bufs[0], t], call.root)
+        return mpi("all_to_all_v", bufs[0], bufs[1], counts=(
+            call.send_counts, call.send_displs, call.recv_counts, call.recv_displs))
+    return mpi("broadcast", bufs[0], root=call.root)
 
 
 #: Ops whose native runs use MPI persistent requests (see the module docstring).
@@ -219,14 +216,14 @@ def _require(state, kind: CollectiveOp, buf, missing: Problem | None) -> None:
 
 @foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_all_to_all(sendbuf, recvbuf=None, *, group=None, algo: str | None = None,
-                       chunk_bytes: int | None = None) -> Prepared:
+                       chunk_bytes: int | None = None) -> PreparedCollective:
     """Prepare :func:`collectives.all_to_all` on these buffers (``recvbuf=None``:
     allocated once, with ``sendbuf``'s shape). Runs return ``recvbuf``."""
     state = state_of(group)
     if recvbuf is None:
         recvbuf = _like(sendbuf, getattr(sendbuf, "shape", ()))
     _require(state, CollectiveOp.ALL_TO_ALL, sendbuf, _same_memory(sendbuf, recvbuf))
-    plan, bufs = api._plan_all_to_all(state, sendbuf, recvbuf, False, algo, chunk_bytes)
+    plan, bufs = api._plan_all_to_all(state, None, sendbuf, recvbuf, False, algo, chunk_bytes)
     return _prepare(plan, bufs, bufs[1], CollectiveOp.ALL_TO_ALL)
 
 
@@ -243,7 +240,7 @@ def _same_memory(sendbuf, recvbuf) -> Problem | None:
 @foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_all_to_all_v(sendbuf, send_counts, recvbuf, recv_counts, *, group=None,
                          algo: str | None = None,
-                         chunk_bytes: int | None = None) -> Prepared:
+                         chunk_bytes: int | None = None) -> PreparedCollective:
     """Prepare :func:`collectives.all_to_all_v` with fixed counts. ``recvbuf`` and
     ``recv_counts`` are required (as ``MPI_Alltoallv_init`` needs them). Runs
     return ``(recvbuf, recv_counts)``."""
@@ -254,14 +251,15 @@ def prepare_all_to_all_v(sendbuf, send_counts, recvbuf, recv_counts, *, group=No
         missing = Problem(name, f"{name}: a prepared all_to_all_v needs it, got None")
     _require(state, CollectiveOp.ALL_TO_ALL_V, sendbuf,
              missing or _same_memory(sendbuf, recvbuf))
-    plan, bufs = api_v._all_to_all_v(state, sendbuf, send_counts, recvbuf, recv_counts, False,
-                                   algo, chunk_bytes, None, run=False)
+    plan, bufs = api_v._plan_all_to_all_v(state, None, sendbuf, recvbuf, False, send_counts,
+                                          recv_counts, algo, chunk_bytes)
     return _prepare(plan, bufs, (bufs[1],) + plan._extra, CollectiveOp.ALL_TO_ALL_V)
 
 
 @foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_all_reduce(sendbuf, recvbuf=None, *, op="sum", group=None,
-                       algo: str | None = None, chunk_bytes: int | None = None) -> Prepared:
+                       algo: str | None = None,
+                       chunk_bytes: int | None = None) -> PreparedCollective:
     """Prepare :func:`collectives.all_reduce` (``recvbuf=None``: in place). Runs
     return the result buffer."""
     from collectives.validate import same_memory
@@ -269,22 +267,23 @@ def prepare_all_reduce(sendbuf, recvbuf=None, *, op="sum", group=None,
     state = state_of(group)
     if recvbuf is not None and sendbuf is not None and same_memory(sendbuf, recvbuf):
         recvbuf = None
-    plan, bufs = api._plan_all_reduce(state, sendbuf, recvbuf, op, False, algo, chunk_bytes)
+    plan, bufs = api._plan_all_reduce(state, None, sendbuf, recvbuf, False, op, algo,
+                                      chunk_bytes)
     return _prepare(plan, bufs, bufs[-1], CollectiveOp.ALL_REDUCE)
 
 
 @foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_reduce_scatter(sendbuf, recvbuf=None, *, recv_counts=None, op="sum", group=None,
                            algo: str | None = None,
-                           chunk_bytes: int | None = None) -> Prepared:
+                           chunk_bytes: int | None = None) -> PreparedCollective:
     """Prepare :func:`collectives.reduce_scatter` (``recvbuf=None``: allocated once).
     Runs return ``recvbuf``."""
     state = state_of(group)
     if recvbuf is None:
         recvbuf = _like(sendbuf, _rs_count(sendbuf, recv_counts, state.group))
     _require(state, CollectiveOp.REDUCE_SCATTER, sendbuf, _same_memory(sendbuf, recvbuf))
-    plan, bufs = api._plan_reduce_scatter(state, sendbuf, recvbuf, recv_counts, op, False,
-                                          algo, chunk_bytes)
+    plan, bufs = api._plan_reduce_scatter(state, None, sendbuf, recvbuf, False, recv_counts,
+                                          op, algo, chunk_bytes)
     return _prepare(plan, bufs, bufs[1], CollectiveOp.REDUCE_SCATTER)
 
 
@@ -300,20 +299,20 @@ def _rs_count(sendbuf, recv_counts, group) -> int:
 
 @foreign_arrays("sendbuf", "recvbuf", prepared=True)
 def prepare_all_gather(sendbuf, recvbuf=None, *, group=None, algo: str | None = None,
-                       chunk_bytes: int | None = None) -> Prepared:
+                       chunk_bytes: int | None = None) -> PreparedCollective:
     """Prepare :func:`collectives.all_gather` (``recvbuf=None``: allocated once with
     shape ``(p,) + sendbuf.shape``). Runs return ``recvbuf``."""
     state = state_of(group)
     if recvbuf is None:
         recvbuf = _like(sendbuf, (state.group.size,) + tuple(getattr(sendbuf, "shape", ())))
     _require(state, CollectiveOp.ALL_GATHER, sendbuf, _same_memory(sendbuf, recvbuf))
-    plan, bufs = api._plan_all_gather(state, sendbuf, recvbuf, False, algo, chunk_bytes)
+    plan, bufs = api._plan_all_gather(state, None, sendbuf, recvbuf, False, algo, chunk_bytes)
     return _prepare(plan, bufs, bufs[1], CollectiveOp.ALL_GATHER)
 
 
 @foreign_arrays("buf", prepared=True)
 def prepare_broadcast(buf, *, root: int = 0, group=None, algo: str | None = None,
-                      chunk_bytes: int | None = None) -> Prepared:
+                      chunk_bytes: int | None = None) -> PreparedCollective:
     """Prepare :func:`collectives.broadcast` of ``buf`` from ``root``. Runs return ``buf``."""
     state = state_of(group)
     missing = None
@@ -322,5 +321,5 @@ def prepare_broadcast(buf, *, root: int = 0, group=None, algo: str | None = None
     if not isinstance(root, int):
         missing = Problem("root", f"root: expected a group rank, got {root!r}")
     _require(state, CollectiveOp.BROADCAST, buf, missing)
-    plan, bufs = api._plan_broadcast(state, buf, root, False, algo, chunk_bytes)
+    plan, bufs = api._plan_broadcast(state, None, buf, None, False, root, algo, chunk_bytes)
     return _prepare(plan, bufs, bufs[0], CollectiveOp.BROADCAST)

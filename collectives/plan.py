@@ -11,8 +11,10 @@ identity of an array — and every later call of that layout runs it:
 blocking or ``async_op=True`` (the same plan, with a handle), on the same
 buffers or on new ones of the same layout (checked on the spot: kind,
 contiguity, writability, overlap), with a ``recvbuf`` or with one the plan
-allocates. A prepared collective (:mod:`collectives.persistent`) is a plan
-the user holds.
+allocates. Every public collective enters through :func:`call`, which
+replays the kept plan or builds one. A prepared collective
+(:mod:`collectives.persistent`) is a plan the user holds. A plan's ``algo``
+names the algorithm it runs: the one a call of its layout gets.
 
 With argument checks on (``NEOCOMM_CHECK_ARGS``, per group:
 :attr:`~collectives.state.GroupState.check`), a run still agrees the
@@ -54,18 +56,44 @@ from collectives.validate import check_buffer, overlapping
 
 from numpy import may_share_memory as _may_share, ndarray as _ndarray
 
-__all__ = ["Plan", "VPlan", "Context", "context", "build", "remember", "fail", "OP_CODES",
-           "LAST_CHOSEN", "MISS", "array_module", "stale", "allocator"]
+__all__ = ["Plan", "VPlan", "Context", "call", "context", "build", "kept", "remember", "fail",
+           "OP_CODES", "MISS", "array_module", "stale", "allocator"]
 
 #: Stable op codes of the collectives layer in agreement signatures.
 OP_CODES = {op: 101 + i for i, op in enumerate(CollectiveOp)}
 
-#: op value (``"all_to_all"``) -> name of the algorithm its last call ran (read by
-#: the benchmark harness).
-LAST_CHOSEN: dict = {}
-
 #: What :meth:`Plan.replay` returns when the buffers given need a plan of their own.
 MISS = object()
+
+
+def call(group, key, build, a, b, async_op: bool, *args):
+    """The one way a collective call runs (every public collective is this call).
+
+    The plan that group ``group`` keeps under ``key`` (the call's layout; None: a call
+    that cannot have one) replays the call on buffers ``a`` and ``b`` (``b`` None: one
+    the plan allocates, or a one-buffer call). Otherwise — no plan, or one these
+    buffers cannot use — ``build(state, key, a, b, async_op, *args)`` checks, agrees
+    and selects the call and returns ``(plan, bufs)``, the plan kept under ``key`` when
+    it suits later calls (:func:`kept`), and the plan runs once on ``bufs`` without
+    agreeing again. Returns what the call returns (or a handle whose ``wait()`` does).
+    """
+    state = state_of(group)
+    if key is not None:
+        plan = state.plans.get(key)
+        if plan is not None:
+            out = plan.replay(a, b, async_op)
+            if out is not MISS:
+                return out
+    plan, bufs = build(state, key, a, b, async_op, *args)
+    return plan.first(bufs, async_op)
+
+
+def kept(state: GroupState, key, plan: "Plan", bufs: tuple, a, b) -> tuple:
+    """``(plan, bufs)``, the plan kept under ``key`` when it runs on the caller's own
+    buffers ``a`` and ``b`` (not on a copy made apart, nor on one view standing for two)."""
+    if key is not None and bufs[0] is a and (b is None or bufs[-1] is b):
+        remember(state, key, plan)
+    return plan, bufs
 
 
 def array_module(buf):
@@ -206,7 +234,7 @@ class Plan:
     """
 
     __slots__ = ("op", "algo", "_algo", "state", "_call", "fast", "afast", "_agree", "_result_at",
-                 "_extra", "_alloc", "_refs", "_kinds", "_check", "_snap", "slot", "_sym",
+                 "_extra", "_alloc", "_refs", "_kinds", "_check", "_version", "slot", "_sym",
                  "_send_at", "_recv_at", "key", "__weakref__")
 
     def __init__(self, state: GroupState, call: Call, algo, bufs: tuple, result_at: int,
@@ -214,20 +242,16 @@ class Plan:
         self.op, self.algo, self._algo, self.state = call.op.value, algo.name, algo, state
         self._agree = agreements
         self._result_at, self._extra, self._alloc = result_at, tuple(extra), alloc
-        self._check, self._snap = state.check, settings.current()
+        self._check, self._version = state.check, settings.version()
         self._sym = getattr(call, "peer_send", None) is not None
         self.key = None
-        # The direct mpi4py calls of a native call on host buffers, blocking and not (made
-        # while the Call still holds its buffers), else None.
-        direct = hasattr(algo, "fast") and bufs is not None
+        # The MPI backend's direct calls of a native call on host buffers, blocking and not
+        # (made while the Call still holds its buffers), else None.
+        direct = hasattr(algo, "fast")
         self.fast = algo.fast(call) if direct else None
         self.afast = algo.fast(call, blocking=False) if direct else None
         self.slot = Slot(f"{self.op} ({self.algo}) on group {state.group.name!r}",
                          lambda: state.peek() - 1)
-        if bufs is None:  # a call run once (:meth:`once`): the Call keeps its buffers
-            self._call, self._kinds, self._refs = call, (), []
-            self._send_at = self._recv_at = None
-            return
         # Which of ``bufs`` the Call's flat buffers view: (send, recv) or (buf,).
         self._send_at = 0 if call.sendbuf is not None else None
         self._recv_at = len(bufs) - 1 if call.recvbuf is not None else None
@@ -252,7 +276,7 @@ class Plan:
         the plan allocates), proved and remembered, or :data:`MISS` when they need a
         plan of their own."""
         state = self.state
-        if self._check is not state.check or self._snap is not settings._SNAPSHOT:
+        if self._check is not state.check or self._version != settings.VERSION:
             return MISS
         refs = self._refs
         if not refs:  # a rank with no part in the call (a OneToMany's outsider)
@@ -292,14 +316,7 @@ class Plan:
         call, whichever path it takes)."""
         return self._start(bufs, next(self.state.seq), async_op)
 
-    def once(self, result, async_op: bool = False):
-        """Run the call this plan was built with (``bufs=None``: agreed already, its
-        buffers in its Call) and return ``result`` (or a handle whose ``wait()`` does)."""
-        LAST_CHOSEN[self.op] = self.algo
-        return self._drive(self._call, next(self.state.seq), result, async_op)
-
     def _start(self, bufs, seq: int, async_op: bool):
-        LAST_CHOSEN[self.op] = self.algo
         at = self._result_at
         result = None if at is None else bufs[at]
         if self._extra:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from neocomm import config
 
-__all__ = ["Snapshot", "current", "reload", "algorithm_override", "staging_buffers",
-           "calibration_path"]
+__all__ = ["Snapshot", "current", "reload", "version", "algorithm_override",
+           "staging_buffers", "calibration_path"]
 
 config.declare("ALGO_", str, "", "Force the algorithm of one collective, e.g. "
                "NEOCOMM_ALGO_ALL_REDUCE=ring (names: `neocomm bench --list`); empty: the "
@@ -52,6 +52,9 @@ class Snapshot:
 
 
 _SNAPSHOT: Snapshot | None = None
+#: How many times the settings' values changed: a plan made under another number was made
+#: for other settings (see :func:`version`).
+VERSION = 0
 
 
 def _load() -> Snapshot:
@@ -74,17 +77,30 @@ def _load() -> Snapshot:
 
 def current() -> Snapshot:
     """The settings snapshot (read from the environment on first use)."""
-    global _SNAPSHOT
     if _SNAPSHOT is None:
-        _SNAPSHOT = _load()
+        _keep(_load())
     return _SNAPSHOT
 
 
 def reload() -> Snapshot:
     """Re-read the settings from the environment (e.g. after changing ``os.environ``)."""
-    global _SNAPSHOT
-    _SNAPSHOT = _load()
+    _keep(_load())
     return _SNAPSHOT
+
+
+def version() -> int:
+    """The number of the settings' values now: it changes when a :func:`reload` finds
+    other values, never when it finds the same ones (plans compare it, an int, on every
+    call)."""
+    current()
+    return VERSION
+
+
+def _keep(snapshot: Snapshot) -> None:
+    global _SNAPSHOT, VERSION
+    if snapshot != _SNAPSHOT:
+        VERSION += 1
+    _SNAPSHOT = snapshot
 
 
 def algorithm_override(op_name: str) -> str:

@@ -72,6 +72,16 @@ class PlanCache:
             if self._plans.get(key) is plan:
                 del self._plans[key]
 
+    def latest(self, op: str):
+        """The plan of operation ``op`` (``"all_to_all"``) that a call of this group ran
+        last (the most recently used of its kept plans), or None. Its ``algo`` is the
+        algorithm that call ran."""
+        with self._lock:
+            for plan in reversed(self._plans.values()):
+                if getattr(plan, "op", None) == op:
+                    return plan
+        return None
+
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()

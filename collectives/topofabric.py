@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, replace
 
 from collectives.types import (DEFAULT_COPY_BANDWIDTH, DEFAULT_REDUCE_BANDWIDTH, FabricModel,
-                               Link)
+                               LinkCost)
 
 __all__ = ["fabric_from_topology", "fabric_from_spec", "spec_links", "discover_group_topology",
            "CHUNK_BYTES", "TERMS", "TCP_TERMS", "Term", "apply_model", "model_key"]
@@ -43,9 +43,9 @@ def fabric_from_topology(cluster, *, device: bool = False) -> FabricModel:
     intra_kind = intra_node_kind(cluster, device=device)
     inter_kind = LinkKind.SHM if cluster.emulated else inter_node_kind(cluster)
 
-    def link(kind) -> Link:
+    def link(kind) -> LinkCost:
         params = links.get(kind) or links[LinkKind.SHM]
-        return Link(latency=params.latency, bandwidth=params.bandwidth,
+        return LinkCost(latency=params.latency, bandwidth=params.bandwidth,
                     chunk_bytes=CHUNK_BYTES.get(kind.value, 1 << 20), kind=kind.value)
 
     nics = 1
@@ -88,8 +88,8 @@ def spec_links(spec, *, device: bool) -> FabricModel:
                                     nic_bandwidth, nvlink_lane_bandwidth, pcie_bandwidth)
     from topology.types import LinkKind, LinkLayer
 
-    def link(kind, bandwidth: float) -> Link:
-        return Link(latency=LATENCY[kind], bandwidth=bandwidth,
+    def link(kind, bandwidth: float) -> LinkCost:
+        return LinkCost(latency=LATENCY[kind], bandwidth=bandwidth,
                     chunk_bytes=CHUNK_BYTES.get(kind.value, 1 << 20), kind=kind.value)
 
     if not device:

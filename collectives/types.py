@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
-__all__ = ["CollectiveOp", "Link", "FabricModel", "Request", "Layout", "DEFAULT_INTRA_LINK",
+__all__ = ["CollectiveOp", "LinkCost", "FabricModel", "Request", "Layout", "DEFAULT_INTRA_LINK",
            "DEFAULT_INTER_LINK", "DEFAULT_COPY_BANDWIDTH", "DEFAULT_REDUCE_BANDWIDTH",
            "DEFAULT_STEP_OVERHEAD", "PAGE_BYTES", "ROCE_MTU", "SYMMETRIC_SEND",
            "SYMMETRIC_RECV"]
@@ -47,7 +47,7 @@ class CollectiveOp(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Link:
+class LinkCost:
     """One class of link seen by one rank: ``latency`` (seconds, the alpha of the
     alpha-beta model), ``bandwidth`` (bytes/s, 1/beta) and the chunk size
     (bytes) that large messages over it are cut into."""
@@ -87,9 +87,9 @@ class Link:
 #   two, so two thirds of the copy rate.
 #: Intra-node link of an unknown host (shared memory), 1 us, 4.2e9 B/s, 4 MiB chunks
 #: (the shared-memory chunk size of :mod:`collectives.topofabric`).
-DEFAULT_INTRA_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=4 << 20, kind="shm")
+DEFAULT_INTRA_LINK = LinkCost(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=4 << 20, kind="shm")
 #: Inter-node link of an unknown host: emulated nodes also use shared memory.
-DEFAULT_INTER_LINK = Link(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=4 << 20, kind="shm")
+DEFAULT_INTER_LINK = LinkCost(latency=1.0e-6, bandwidth=4.2e9, chunk_bytes=4 << 20, kind="shm")
 #: Local copy throughput per rank, bytes/s (np.copyto, see above).
 DEFAULT_COPY_BANDWIDTH = 13.0e9
 #: Local element-wise reduction throughput per rank, bytes/s of output.
@@ -148,8 +148,8 @@ class FabricModel:
 
     ranks_per_node: int = 1
     nodes: int = 1
-    intra: Link = DEFAULT_INTRA_LINK
-    inter: Link = DEFAULT_INTER_LINK
+    intra: LinkCost = DEFAULT_INTRA_LINK
+    inter: LinkCost = DEFAULT_INTER_LINK
     nics_per_node: int = 1
     copy_bandwidth: float = DEFAULT_COPY_BANDWIDTH
     reduce_bandwidth: float = DEFAULT_REDUCE_BANDWIDTH
@@ -260,7 +260,7 @@ class FabricModel:
                                              self.tcp_copy_bandwidth > 0 or
                                              self.tcp_message_overhead > 0)
 
-    def tcp_link(self, link: Link, over: float = 1.0) -> Link:
+    def tcp_link(self, link: LinkCost, over: float = 1.0) -> LinkCost:
         """``link`` (a TCP link at its line rate) with the TCP terms folded in: the rate
         the transport reaches on the wire, the hosts' per-byte work beside it (a core's
         work: it shares the core with ``over`` ranks) and each message's host cost."""
@@ -283,7 +283,7 @@ class FabricModel:
             return self
         switch = self.switch_latency if over > 1.0 else 0.0
 
-        def local(link: Link) -> Link:
+        def local(link: LinkCost) -> LinkCost:
             # a copy through shared memory is a core's work (its pages too): it shares
             # the core
             if link.kind == "tcp" and tcp:

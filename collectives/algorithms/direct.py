@@ -53,7 +53,8 @@ class Direct(Algorithm):
             yield from transfer(call, [], [(root, call.recvbuf)], call.tags(0))
 
     def fast(self, call: Call, blocking: bool = True):
-        """The root's messages as one MPI call on host buffers when every rank of the
+        """The root's messages as one MPI call on host buffers (the MPI backend's
+        :meth:`~neocomm.backends.mpi.MpiBackend.direct` call) when every rank of the
         group takes part (the root and the receivers: MPI's collective needs all of
         them): distinct payloads as ``MPI_Scatterv`` (the root's own part included), an
         identical payload as ``MPI_Bcast`` (when the root is not among the receivers);
@@ -68,25 +69,19 @@ class Direct(Algorithm):
         if set(members) | {root} != set(range(p)) or \
                 (call.identical and root in members):
             return None
-        t = host_datatype(call)
-        if t is None:
+        if host_datatype(call) is None:
             return None
-        comm = call.group.comm
+        buf = call.sendbuf if call.sendbuf is not None else call.recvbuf
+        direct = call.backend.direct
         if call.identical:
-            bcast = comm.Bcast if blocking else comm.Ibcast
-            return lambda b: bcast([b, t], root)
+            return direct("broadcast", buf.dtype, root=root, blocking=blocking)
         counts, displs = [0] * p, [0] * p
         for peer, n, at in zip(members, call.send_counts, call.send_displs):
             counts[peer], displs[peer] = int(n), int(at)
         if sum(counts) > INT_MAX:  # (the same on every rank: the counts are agreed)
             return None
-        scatterv = comm.Scatterv if blocking else comm.Iscatterv
-        empty = [None, 0, t]
-        if call.rank != root:
-            return lambda r: scatterv(None, [r, t], root)
-        if root in members:
-            return lambda s, r: scatterv([s, counts, displs, t], [r, t], root)
-        return lambda s: scatterv([s, counts, displs, t], empty, root)
+        return direct("scatter_v", buf.dtype, root=root, counts=(counts, displs),
+                      blocking=blocking)
 
 
 def _role_buffers(call: Call) -> tuple:

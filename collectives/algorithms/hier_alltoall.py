@@ -97,7 +97,8 @@ def _count_matrix(call: Call) -> np.ndarray:
     if call.op is CollectiveOp.ALL_TO_ALL:
         return np.full((p, p), int(call.send_counts[0]), np.int64)
     matrix = np.empty((p, p), np.int64)
-    call.group.comm.Allgather(np.ascontiguousarray(call.send_counts, np.int64), matrix)
+    mine = np.ascontiguousarray(call.send_counts, np.int64)
+    call.group.backend(mine).direct("all_gather", mine.dtype)(mine, matrix)  # host: MPI
     return matrix
 
 

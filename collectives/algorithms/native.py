@@ -102,69 +102,49 @@ class Native(Algorithm):
         yield (h,)
 
     def fast(self, call: Call, blocking: bool = True):
-        """A direct mpi4py call for a repeated call on host buffers of a dtype with a
-        predefined MPI datatype, or None (see :mod:`collectives.plan`): MPI's blocking
-        collective, or (``blocking=False``) its non-blocking twin, whose request the
-        callable returns.
+        """MPI's own call as the MPI backend makes it directly
+        (:meth:`~neocomm.backends.mpi.MpiBackend.direct`), for a repeated call on host
+        buffers of a dtype with a predefined MPI datatype, or None (see
+        :mod:`collectives.plan`): the blocking collective, or (``blocking=False``) its
+        non-blocking twin, whose request the callable returns.
 
         The callable takes the buffers as the API call holds them —
         ``(sendbuf, recvbuf)``, or ``(buf,)`` for a one-buffer call (broadcast,
-        in-place all-reduce) — and holds no reference to them. Buffers go to
-        mpi4py as ``[buf, datatype]``, which spares mpi4py inferring the datatype
-        from the buffer's format on every call.
+        in-place all-reduce) — and holds no reference to them.
         """
-        t = host_datatype(call)
-        if t is None or max(_size(call.sendbuf), _size(call.recvbuf)) > INT_MAX:
+        if host_datatype(call) is None or \
+                max(_size(call.sendbuf), _size(call.recvbuf)) > INT_MAX:
             return None  # (a buffer beyond MPI's int counts goes through the backend)
-        from mpi4py import MPI
-
-        from neocomm.backends.mpi import mpi_op
-
-        comm, op = call.group.comm, call.op
-
-        def mpi(name: str):  # MPI_Ialltoall is MPI_Alltoall's non-blocking twin
-            return getattr(comm, name if blocking else "I" + name[0].lower() + name[1:])
-
-        # the backend's op: 8- and 16-bit integer sums wrap (see neocomm.backends.mpi)
-        mop = mpi_op(call.sendbuf.dtype, call.reduce_op) if call.reduce_op is not None else None
+        op, kw = call.op, {"blocking": blocking}
+        buf = call.sendbuf if call.sendbuf is not None else call.recvbuf
+        direct, dtype = call.backend.direct, buf.dtype
         if op is CollectiveOp.ALL_TO_ALL:
-            alltoall = mpi("Alltoall")
-            return lambda s, r: alltoall([s, t], [r, t])
+            return direct("all_to_all", dtype, **kw)
         if op is CollectiveOp.ALL_TO_ALL_V:
-            alltoallv = mpi("Alltoallv")
-            sc, sd = call.send_counts.tolist(), call.send_displs.tolist()
-            rc, rd = call.recv_counts.tolist(), call.recv_displs.tolist()
-            return lambda s, r: alltoallv([s, sc, sd, t], [r, rc, rd, t])
+            return direct("all_to_all_v", dtype, counts=(call.send_counts, call.send_displs,
+                                                         call.recv_counts, call.recv_displs),
+                          **kw)
         if op is CollectiveOp.MANY_TO_MANY:  # MPI_Alltoallv, blocks where they lie
-            alltoallv, p = mpi("Alltoallv"), call.size
+            p = call.size
             sc, sd, rc, rd = [0] * p, [0] * p, [0] * p, [0] * p
             for peer, n, at in zip(call.send_peers, call.send_counts, call.send_displs):
                 sc[peer], sd[peer] = int(n), int(at)
             for peer, n, at in zip(call.recv_peers, call.recv_counts, call.recv_displs):
                 rc[peer], rd[peer] = int(n), int(at)
-            return lambda s, r: alltoallv([s, sc, sd, t], [r, rc, rd, t])
-        if op is CollectiveOp.ALL_REDUCE:
-            allreduce = mpi("Allreduce")
-            if call.recvbuf is call.sendbuf:  # in place: called with (buf,)
-                in_place = MPI.IN_PLACE
-                return lambda b: allreduce(in_place, [b, t], mop)
-            return lambda s, r: allreduce([s, t], [r, t], mop)
+            return direct("all_to_all_v", dtype, counts=(sc, sd, rc, rd), **kw)
+        if op is CollectiveOp.ALL_REDUCE:  # in place: called with (buf,)
+            return direct("all_reduce", dtype, reduce_op=call.reduce_op,
+                          in_place=call.recvbuf is call.sendbuf, **kw)
         if op is CollectiveOp.REDUCE_SCATTER:
             counts = call.recv_counts
-            if bool((counts == counts[0]).all()):
-                block = mpi("Reduce_scatter_block")
-                return lambda s, r: block([s, t], [r, t], mop)
-            vector, counts = mpi("Reduce_scatter"), counts.tolist()
-            return lambda s, r: vector([s, t], [r, t], counts, mop)
+            uniform = bool((counts == counts[0]).all())
+            return direct("reduce_scatter", dtype, reduce_op=call.reduce_op,
+                          counts=None if uniform else counts, **kw)
         if op is CollectiveOp.ALL_GATHER:
-            allgather = mpi("Allgather")
-            return lambda s, r: allgather([s, t], [r, t])
-        if op is CollectiveOp.BROADCAST:
-            bcast, root = mpi("Bcast"), call.root
-            return lambda b: bcast([b, t], root)
-        if op is CollectiveOp.ONE_TO_MANY and call.root not in call.members:
-            bcast, root = mpi("Bcast"), call.root  # called with (sendbuf,) or (recvbuf,)
-            return lambda b: bcast([b, t], root)
+            return direct("all_gather", dtype, **kw)
+        if op is CollectiveOp.BROADCAST or (op is CollectiveOp.ONE_TO_MANY
+                                             and call.root not in call.members):
+            return direct("broadcast", dtype, root=call.root, **kw)  # (sendbuf,) or (recvbuf,)
         return None
 
 

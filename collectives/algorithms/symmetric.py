@@ -30,6 +30,7 @@ import numpy as np
 
 from neocomm.errors import CollectiveArgumentError
 from neocomm.reduction import combine_many
+from neocomm.types import ReduceOp
 
 from collectives import alphabeta as ab
 from collectives import symmetric as sym
@@ -165,10 +166,8 @@ def _enter(call: Call):
     k = len(mine)
     if call.blocking:
         out = np.empty(2 * k, np.int64)
-        from mpi4py import MPI
-
-        call.group.comm.Allreduce(np.array(mine + tuple(-v for v in mine), np.int64), out,
-                                  op=MPI.MAX)
+        most = call.backend.direct("all_reduce", _INT64, reduce_op=ReduceOp.MAX)
+        most(np.array(mine + tuple(-v for v in mine), np.int64), out)
         both = out.tolist()
         hi, lo = both[:k], [-v for v in both[k:]]
     else:
@@ -188,12 +187,13 @@ def _sync(call: Call, phase: int):
     a background operation's steps interleave with other calls in an order that
     differs across ranks, and MPI matches collectives by their order."""
     if call.blocking:
-        call.group.comm.Barrier()
+        call.backend.direct("barrier", None)()
     else:
         yield from all_pairs(call, phase, _NOTHING)
 
 
 _NOTHING = np.zeros(0, np.int64)
+_INT64 = np.dtype(np.int64)
 
 
 def all_pairs(call: Call, phase: int, payload: np.ndarray, members=None):

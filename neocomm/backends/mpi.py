@@ -8,6 +8,11 @@ ops that widen each piece MPI hands them to float32 and round once
 of 8- and 16-bit integers: Open MPI's vectorised reduction saturates them on
 overflow (127 + 1 = 127 for int8), where NCCL, NumPy and C wrap around; neocomm
 wraps on every backend.
+
+Beside the backend's calls, :meth:`MpiBackend.direct` hands out MPI's own
+collectives as bare callables and :meth:`MpiBackend.persistent` MPI-4's
+persistent requests: the collectives layer reaches MPI through these, for a
+plan's repeated calls and small control exchanges, and through nothing else.
 """
 from __future__ import annotations
 
@@ -114,6 +119,10 @@ class MpiBackend(Backend):
 
     kind = BackendKind.MPI
     device = False
+
+    def __init__(self, group):
+        super().__init__(group)
+        self._direct: dict = {}  # the count-free direct calls made so far (see direct())
 
     @classmethod
     def availability(cls):
@@ -281,6 +290,104 @@ class MpiBackend(Backend):
         with watchdog.guard("broadcast"):
             self.comm.Bcast(_spec(buf), root)
         return CompletedHandle(buf)
+
+    # -- MPI's own calls, direct -----------------------------------------
+    def direct(self, op: str, dtype, *, blocking: bool = True, reduce_op: ReduceOp | None = None,
+               root: int = 0, counts=None, in_place: bool = False):
+        """MPI's own collective ``op`` on host buffers of ``dtype``, as one mpi4py call per
+        run, for a caller that runs it again and again (a plan's repeated calls, control
+        exchanges, the benchmark's MPI peer): a callable that takes the buffers and returns
+        None, or (``blocking=False``) the request of MPI's non-blocking twin.
+
+        Like every backend call it is unchecked; unlike the public ones it makes no handle
+        and no stall-watchdog wait (the caller guards the run). Counts and displacements are
+        C ints: the caller keeps them below 2^31. The buffers go to mpi4py as
+        ``[buf, datatype]``, which spares it inferring the datatype on every run.
+
+        ``op`` and the buffers the callable takes:
+
+        - ``"all_to_all"``, ``"all_gather"``: ``(sendbuf, recvbuf)``;
+        - ``"all_to_all_v"``: ``(sendbuf, recvbuf)``, ``counts`` the lists ``(send counts,
+          send displacements, recv counts, recv displacements)``;
+        - ``"all_reduce"``: ``(sendbuf, recvbuf)``, or ``(buf,)`` ``in_place``;
+        - ``"reduce_scatter"``: ``(sendbuf, recvbuf)``, equal blocks, or ``counts`` the
+          list of every rank's block;
+        - ``"broadcast"``: ``(buf,)`` from ``root``;
+        - ``"scatter_v"``: ``counts`` the lists ``(counts, displacements)`` of every
+          rank's part from ``root``; the root passes ``(sendbuf, recvbuf)`` when it
+          receives a part of its own, else ``(sendbuf,)``, the other ranks ``(recvbuf,)``;
+        - ``"barrier"``: ``()``.
+        """
+        if counts is None:  # made once: a control exchange asks on every call
+            key = (op, dtype, blocking, reduce_op, root, in_place)
+            made = self._direct.get(key)
+            if made is None:
+                made = self._direct[key] = self._make_direct(op, dtype, blocking, reduce_op,
+                                                             root, None, in_place)
+            return made
+        return self._make_direct(op, dtype, blocking, reduce_op, root, counts, in_place)
+
+    def _make_direct(self, op, dtype, blocking, reduce_op, root, counts, in_place):
+        from mpi4py import MPI
+
+        comm = self.comm
+
+        def mpi(name: str):  # MPI_Ialltoall is MPI_Alltoall's non-blocking twin
+            return getattr(comm, name if blocking else "I" + name[0].lower() + name[1:])
+
+        if op == "barrier":
+            return mpi("Barrier")
+        t = _mpi_type(np.dtype(dtype))
+        if op == "all_to_all":
+            alltoall = mpi("Alltoall")
+            return lambda s, r: alltoall([s, t], [r, t])
+        if op == "all_to_all_v":
+            alltoallv = mpi("Alltoallv")
+            sc, sd, rc, rd = ([int(x) for x in c] for c in counts)
+            return lambda s, r: alltoallv([s, sc, sd, t], [r, rc, rd, t])
+        if op == "all_gather":
+            allgather = mpi("Allgather")
+            return lambda s, r: allgather([s, t], [r, t])
+        if op == "broadcast":
+            bcast = mpi("Bcast")
+            return lambda b: bcast([b, t], root)
+        if op == "all_reduce":
+            allreduce, mop = mpi("Allreduce"), mpi_op(np.dtype(dtype), reduce_op)
+            if in_place:
+                here = MPI.IN_PLACE
+                return lambda b: allreduce(here, [b, t], mop)
+            return lambda s, r: allreduce([s, t], [r, t], mop)
+        if op == "reduce_scatter":
+            mop = mpi_op(np.dtype(dtype), reduce_op)
+            if counts is None:
+                block = mpi("Reduce_scatter_block")
+                return lambda s, r: block([s, t], [r, t], mop)
+            vector, blocks = mpi("Reduce_scatter"), [int(c) for c in counts]
+            return lambda s, r: vector([s, t], [r, t], blocks, mop)
+        if op == "scatter_v":
+            scatterv = mpi("Scatterv")
+            if self.rank != root:
+                return lambda r: scatterv(None, [r, t], root)
+            parts, at = ([int(x) for x in c] for c in counts)
+            empty = [None, 0, t]
+            return lambda s, r=None: scatterv([s, parts, at, t],
+                                              empty if r is None else [r, t], root)
+        raise ValueError(f"direct: no MPI call for {op!r}")
+
+    def persistent(self, op: str, sendbuf, recvbuf=None, *, root: int = 0, counts=None):
+        """An MPI persistent request (MPI-4's ``MPI_Alltoall_init`` …) of ``op`` on these
+        host buffers, which it keeps until freed: ``"all_to_all"``, ``"all_to_all_v"``
+        (``counts`` as :meth:`direct` takes them) or ``"broadcast"`` of ``sendbuf`` from
+        ``root``. Each run is the request's ``Start()`` and ``Wait()``."""
+        comm, t = self.comm, _mpi_type(sendbuf.dtype)
+        if op == "all_to_all":
+            return comm.Alltoall_init([sendbuf, t], [recvbuf, t])
+        if op == "all_to_all_v":
+            sc, sd, rc, rd = ([int(x) for x in c] for c in counts)
+            return comm.Alltoallv_init([sendbuf, sc, sd, t], [recvbuf, rc, rd, t])
+        if op == "broadcast":
+            return comm.Bcast_init([sendbuf, t], root)
+        raise ValueError(f"persistent: no MPI persistent request for {op!r}")
 
     def _barrier(self, async_op):
         if async_op:

@@ -125,6 +125,90 @@ def test_all_gather_and_broadcast_match_native(world, be, all_ranks, count, root
     all_ranks(np.array_equal(got, want) and np.array_equal(buf, ref))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int64", "float16"])
+@pytest.mark.parametrize("blocking", [True, False])
+def test_direct_calls_move_what_the_backend_calls_move(world, be, all_ranks, dtype, blocking):
+    """MPI's own calls as the backend hands them out (a plan's repeated calls, control
+    exchanges, the benchmark's peer), blocking or as a request, against its calls."""
+    n, r = world.size, world.rank
+    rng = np.random.default_rng(5 + r)
+    x = _random(rng, 3 * n, dtype)
+    counts = np.arange(n) % 3 + 1  # rank j gets counts[j] elements from every rank
+    xv = _random(rng, int(counts.sum()), dtype)
+    sd = [int(v) for v in np.concatenate(([0], np.cumsum(counts)[:-1]))]
+    rc, rd = [int(counts[r])] * n, [int(counts[r]) * i for i in range(n)]
+
+    def run(fn, *bufs):
+        out = fn(*bufs)
+        if not blocking:
+            out.Wait()
+
+    def direct(op, **kw):
+        return be.direct(op, x.dtype, blocking=blocking, **kw)
+
+    ok = True
+    got, want = np.empty_like(x), np.empty_like(x)
+    run(direct("all_to_all"), x, got)
+    be.all_to_all(x, want)
+    ok &= np.array_equal(got, want)
+    got, want = np.empty(sum(rc), x.dtype), np.empty(sum(rc), x.dtype)
+    run(direct("all_to_all_v", counts=(counts, sd, rc, rd)), xv, got)
+    be.all_to_all_v(xv, want, send_counts=counts, recv_counts=rc)
+    ok &= np.array_equal(got, want)
+    got, want = np.empty_like(x), np.empty_like(x)
+    run(direct("all_reduce", reduce_op=ReduceOp.SUM), x, got)
+    be.all_reduce(x, want)
+    mine = x.copy()
+    run(direct("all_reduce", reduce_op=ReduceOp.SUM, in_place=True), mine)
+    ok &= np.array_equal(got, want) and np.array_equal(mine, want)
+    got, want = np.empty(3, x.dtype), np.empty(3, x.dtype)
+    run(direct("reduce_scatter", reduce_op=ReduceOp.MAX), x, got)
+    be.reduce_scatter(x, want, op="max")
+    ok &= np.array_equal(got, want)
+    got, want = np.empty(n * x.size, x.dtype), np.empty(n * x.size, x.dtype)
+    run(direct("all_gather"), x, got)
+    be.all_gather(x, want)
+    ok &= np.array_equal(got, want)
+    got, want = x.copy(), x.copy()
+    run(direct("broadcast", root=n - 1), got)
+    be.broadcast(want, root=n - 1)
+    ok &= np.array_equal(got, want)
+    parts = [int(c) for c in counts]  # the root's xv, counts[j] elements for rank j
+    got = np.empty(parts[r], x.dtype)
+    run(direct("scatter_v", root=0, counts=(parts, sd)), *((xv, got) if r == 0 else (got,)))
+    root_xv = xv.copy()
+    be.broadcast(root_xv, root=0)
+    ok &= np.array_equal(got, root_xv[sd[r]:sd[r] + parts[r]])
+    run(direct("barrier"))
+    all_ranks(ok)
+
+
+def test_persistent_requests_follow_their_buffers(world, be, all_ranks):
+    n = world.size
+    x, y = np.arange(2 * n, dtype=np.float64) + world.rank, np.empty(2 * n)
+    want = np.empty_like(y)
+    counts = ([2] * n, [2 * i for i in range(n)]) * 2
+    ok = True
+    for op, args, kw in (("all_to_all", (x, y), {}), ("all_to_all_v", (x, y), {"counts": counts}),
+                         ("broadcast", (y,), {"root": 0})):
+        req = be.persistent(op, *args, **kw)
+        try:
+            for step in range(2):
+                x += 10
+                if op == "broadcast":
+                    y[:] = x
+                    want[:] = x
+                    be.broadcast(want, root=0)
+                else:
+                    be.all_to_all(x, want)
+                req.Start()
+                req.Wait()
+                ok &= np.array_equal(y, want)
+        finally:
+            req.Free()
+    all_ranks(ok)
+
+
 def test_send_recv_ring_blocking_and_async(world, be, all_ranks):
     n, r = world.size, world.rank
     out = np.arange(10, dtype=np.float64) + r

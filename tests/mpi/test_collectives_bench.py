@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+import collectives as C
+from collectives.algorithms import names
 from collectives.bench import PEER, BenchConfig, run_bench
 from collectives.types import CollectiveOp
 
@@ -18,7 +20,19 @@ def test_every_op_benchmarks_without_wrong_elements(world, all_ranks, op):
     ok = PEER in algos and "auto" in algos and all(r.wrong == 0 for r in rows)
     ok = ok and all(r.time > 0 and r.busbw >= 0 for r in rows)
     ok = ok and all(r.ratio is not None for r in rows if r.algo != PEER)
-    all_ranks(ok, str([(r.size, r.algo, r.wrong) for r in rows]))
+    ok = ok and all(r.chosen in names(op) for r in rows if r.algo == "auto")
+    all_ranks(ok, str([(r.size, r.algo, r.chosen, r.wrong) for r in rows]))
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+def test_auto_rows_name_the_algorithm_their_plan_runs(world, all_ranks, prepared):
+    cfg = BenchConfig(CollectiveOp.ALL_REDUCE, min_bytes=4096, max_bytes=4096, iters=1,
+                      warmup=1, check=0, repeat=1, algos=("auto", "ring"), prepared=prepared)
+    rows = {r.algo: r for r in run_bench(cfg, world.world)}
+    plan = C.state_of(None).plans.latest("all_reduce")
+    want = rows["auto"].chosen in names(CollectiveOp.ALL_REDUCE) and rows["ring"].chosen == "ring"
+    all_ranks(want and (prepared or plan.algo == rows["auto"].chosen),
+              str({a: r.chosen for a, r in rows.items()}))
 
 
 def test_half_precision_reduction_and_unknown_algorithm(world, all_ranks):

@@ -14,7 +14,7 @@ from collectives.calibrate import (Measurement, compare, fit, measured_kinds, pr
 from collectives.fabric import apply_calibration
 from collectives.simulate import bench_request
 from collectives.topofabric import apply_model, spec_links
-from collectives.types import CollectiveOp, FabricModel, Link, Request
+from collectives.types import CollectiveOp, FabricModel, LinkCost, Request
 from neocomm.cli import main
 from topology.spec import SpecError, load_spec, parse_spec
 from topology.sysfs import probe_cache_bytes
@@ -64,7 +64,7 @@ def test_effective_fabric_folds_in_cache_and_oversubscription_and_is_off_by_defa
     assert (eff.call_overhead, eff.step_overhead) == pytest.approx((8e-6, 10e-6))
     big = host.effective(replace(req, nbytes=8 << 20))  # 64 MiB working set: out of cache
     assert big.intra.bandwidth == plain.intra.bandwidth / 2
-    nvlink = replace(host, intra=Link(1e-6, 100e9, kind="nvlink"))
+    nvlink = replace(host, intra=LinkCost(1e-6, 100e9, kind="nvlink"))
     assert nvlink.effective(req).intra.bandwidth == 100e9  # the cache speeds memory only
     assert eff.effective(req) == eff  # applying it twice changes nothing
     # emulated nodes share the host's cores, cache and memory: each gets its part
@@ -76,9 +76,9 @@ def test_effective_fabric_folds_in_cache_and_oversubscription_and_is_off_by_defa
 def test_the_fitter_recovers_terms_that_generated_the_measurements():
     """Measurements made by a known model are fitted back to it: exactly without the pull
     toward the spec's values, and still closely with it."""
-    truth = replace(_host_start(), intra=Link(3e-6, 6e9, 4 << 20, "shm"), copy_bandwidth=9e9,
+    truth = replace(_host_start(), intra=LinkCost(3e-6, 6e9, 4 << 20, "shm"), copy_bandwidth=9e9,
                     reduce_bandwidth=5e9, call_overhead=5e-6, node_bandwidth=10e9,
-                    inter=Link(3e-6, 5e9, 4 << 20, "shm"))
+                    inter=LinkCost(3e-6, 5e9, 4 << 20, "shm"))
     rows = []
     for op in CollectiveOp:
         for ranks, per_node in ((2, 2), (4, 4), (4, 2)):
@@ -151,7 +151,7 @@ def test_buffers_in_base_pages_pay_a_cost_per_page_over_shared_memory():
     assert big.intra.bandwidth == fab.intra.bandwidth
     assert replace(fab, huge_page_bytes=0).effective(  # no huge pages: every size pays
         Request(CollectiveOp.BROADCAST, 64 << 20, group_size=2)).intra == small.intra
-    nvlink = replace(fab, intra=Link(1e-6, 100e9, kind="nvlink"))
+    nvlink = replace(fab, intra=LinkCost(1e-6, 100e9, kind="nvlink"))
     req = Request(CollectiveOp.BROADCAST, 1 << 20, group_size=2)
     assert nvlink.effective(req).intra.bandwidth == 100e9
     assert small.effective(req) == small  # applying it twice changes nothing
@@ -166,7 +166,7 @@ def test_native_all_reduce_on_host_buffers_includes_recursive_doubling():
     from collectives.algorithms.rabenseifner import all_reduce_seconds
     from collectives.cost import algorithm_cost
 
-    fab = replace(FabricModel(ranks_per_node=4), intra=Link(20e-6, 5e9, kind="shm"))
+    fab = replace(FabricModel(ranks_per_node=4), intra=LinkCost(20e-6, 5e9, kind="shm"))
     small = Request(CollectiveOp.ALL_REDUCE, 4096, group_size=4)
     rd = doubling_all_reduce(small, fab)
     assert rd < all_reduce_seconds(small, fab, pipelined=False, overhead=False)

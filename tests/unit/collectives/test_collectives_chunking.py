@@ -7,7 +7,7 @@ import pytest
 from collectives import settings
 from collectives.chunking import ChunkPolicy, StagingPool, align_chunk, check_chunk_bytes
 from collectives.pipeline import Segments
-from collectives.types import FabricModel, Link
+from collectives.types import FabricModel, LinkCost
 
 
 @pytest.fixture
@@ -49,8 +49,8 @@ def test_alignment_to_mtu_and_element():
 
 
 def test_policy_per_link_class_from_fabric():
-    fab = FabricModel(ranks_per_node=2, nodes=2, intra=Link(1e-6, 1e10, 512 << 10),
-                      inter=Link(3e-6, 1e10, 128 << 10), nics_per_node=4)
+    fab = FabricModel(ranks_per_node=2, nodes=2, intra=LinkCost(1e-6, 1e10, 512 << 10),
+                      inter=LinkCost(3e-6, 1e10, 128 << 10), nics_per_node=4)
     pol = ChunkPolicy.resolve(fab, 4)
     assert pol.intra == (512 << 10) // 4 and pol.inter == (128 << 10) // 4
     assert pol.lanes == 4

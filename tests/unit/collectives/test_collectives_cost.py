@@ -6,14 +6,14 @@ import math
 import pytest
 
 from collectives import cost
-from collectives.types import CollectiveOp, FabricModel, Link, Request
+from collectives.types import CollectiveOp, FabricModel, LinkCost, Request
 
 KiB, MiB = 1 << 10, 1 << 20
 
 # A ZionEX-like node: 8 GPUs on NVLink (about 150 GB/s per GPU one way, 1 us),
 # RoCE NICs of 200 Gb/s (25 GB/s, 3 us) between nodes.
-NVLINK = Link(latency=1e-6, bandwidth=150e9, chunk_bytes=512 * KiB)
-ROCE = Link(latency=3e-6, bandwidth=25e9, chunk_bytes=128 * KiB)
+NVLINK = LinkCost(latency=1e-6, bandwidth=150e9, chunk_bytes=512 * KiB)
+ROCE = LinkCost(latency=3e-6, bandwidth=25e9, chunk_bytes=128 * KiB)
 
 
 def zionex(nodes=2, nics=8, per_node=8, **kw):
@@ -127,9 +127,9 @@ def test_bad_input():
     with pytest.raises(ValueError, match="ranks_per_node"):
         FabricModel(ranks_per_node=0)
     with pytest.raises(ValueError, match="bandwidth"):
-        Link(latency=1e-6, bandwidth=0)
+        LinkCost(latency=1e-6, bandwidth=0)
     with pytest.raises(ValueError, match="chunk_bytes"):
-        Link(latency=1e-6, bandwidth=1e9, chunk_bytes=0)
+        LinkCost(latency=1e-6, bandwidth=1e9, chunk_bytes=0)
 
 
 def test_op_parse():

@@ -72,11 +72,20 @@ def test_plans_do_not_keep_buffers_alive(builds):
     assert ref() is None and len(C.state_of(None).plans) == 1
 
 
-def test_settings_reload_and_the_check_flag_make_a_new_plan(builds):
+def test_changed_settings_and_the_check_flag_make_a_new_plan(builds, monkeypatch):
     x, y = np.arange(4.0), np.zeros(4)
     C.all_reduce(x, y)
-    settings.reload()
+    settings.reload()  # the same values: the same plan
     C.all_reduce(x, y)
+    assert len(builds) == 1
+    try:
+        with monkeypatch.context() as env:
+            env.setenv("NEOCOMM_PIPELINE_DEPTH", str(settings.current().depth + 1))
+            settings.reload()  # other values: a new plan
+            C.all_reduce(x, y)
+    finally:
+        settings.reload()
+    C.all_reduce(x, y)  # (and back)
     state = C.state_of(None)
     state.check = not state.check
     try:
@@ -84,7 +93,7 @@ def test_settings_reload_and_the_check_flag_make_a_new_plan(builds):
     finally:
         state.check = not state.check
     C.all_reduce(x, y)
-    assert len(builds) == 4
+    assert len(builds) == 5
 
 
 def test_an_outstanding_operation_is_driven_by_a_planned_call(builds):

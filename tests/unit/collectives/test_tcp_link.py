@@ -13,7 +13,7 @@ import pytest
 from collectives.calibrate import (Measurement, fit, model_table, predicted, read_bench,
                                    read_measurements)
 from collectives.topofabric import apply_model, spec_links
-from collectives.types import CollectiveOp, FabricModel, Link, Request
+from collectives.types import CollectiveOp, FabricModel, LinkCost, Request
 from neocomm.cli import main
 from topology.spec import SpecError, load_spec, parse_spec
 
@@ -72,7 +72,7 @@ def test_the_tcp_terms_fold_into_the_link_and_are_off_by_default():
     busy = replace(tcp, ranks_per_node=4, cores_per_node=2).effective(req)
     assert busy.inter.bandwidth == pytest.approx(1 / (1 / (0.5 * 1e9 / 8) + 2 / 1e9))
     # an RDMA link ignores them
-    roce = replace(tcp, inter=Link(5e-6, 25e9, kind="roce"))
+    roce = replace(tcp, inter=LinkCost(5e-6, 25e9, kind="roce"))
     assert roce.effective(req).inter == roce.inter
     with pytest.raises(ValueError, match="tcp_fraction"):
         replace(start, tcp_fraction=0.0)
