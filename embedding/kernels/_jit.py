@@ -244,7 +244,7 @@ def sort_by_row(ids, rows, occ_in, ws_in, weighted):
     ``bad`` is the position of an id outside ``[0, rows)`` (then nothing else is valid),
     else -1."""
     n = ids.size
-    start = np.zeros(rows + 1, np.int64)
+    start = np.zeros(rows + 1, np.int32)   # positions < n < 2**31 (the caller checks)
     for i in range(n):
         r = ids[i]
         if r < 0 or r >= rows:

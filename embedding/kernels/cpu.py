@@ -317,7 +317,7 @@ def _segments_of(layout: TableLayout, bags: Bags, grad_out: np.ndarray, weights,
         if ids.size == 0:
             return None
         gsrc = _cat(gsrc)
-        if jit is not None and layout.rows[t] <= 8 * ids.size + (1 << 16):
+        if jit is not None and layout.rows[t] <= 8 * ids.size + (1 << 16) < 1 << 31:
             ws_in = _cat(w_parts) if w is not None else np.empty(0, dtype)
             bad, occ, ws, uniq, starts, lens = jit.sort_by_row(ids, layout.rows[t],
                                                                _cat(row_parts), ws_in,
