@@ -204,6 +204,7 @@ def embedding_steps(trainer, steps: int) -> tuple[float, dict]:
 
 
 def main(argv=None) -> int:
+    import embedding  # noqa: F401  (its NEOCOMM_* settings known before init checks them)
     import neocomm
 
     args = parse(argv)

@@ -34,11 +34,8 @@ from neocomm import config
 
 __all__ = ["kernels", "info", "unique", "MODES"]
 
-MODES = ("auto", "compiled", "numpy")
+from embedding.settings import KERNEL_MODES as MODES
 
-config.declare("EMBEDDING_KERNELS", str, "auto",
-               "CPU embedding kernels: auto (compiled when numba loads, else NumPy), compiled "
-               "(fail when numba does not load) or numpy", choices=MODES)
 
 _COMPUTE = (np.dtype(np.float32), np.dtype(np.float64))
 _loaded = None       # the _jit module once imported

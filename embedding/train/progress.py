@@ -23,9 +23,6 @@ from neocomm import config
 
 __all__ = ["ProgressBar", "format_rate", "format_eta", "progress_mode"]
 
-config.declare("PROGRESS", str, "auto", "Progress display of `neocomm train` on rank 0: auto "
-               "(a bar on a terminal, lines otherwise and under an MPI launcher), bar, lines "
-               "or off", choices=("auto", "bar", "lines", "off"))
 
 _LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 

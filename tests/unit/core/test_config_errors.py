@@ -100,3 +100,16 @@ def test_the_command_line_knows_every_layers_settings_before_it_imports_them():
             "info['settings']['NEOCOMM_CHUNK_BYTES']['value'], "
             "info['settings']['NEOCOMM_PROGRESS']['value'], 'collectives' in sys.modules)")
     assert _fresh(code) == ["none", str(1 << 20), "off", "True"]
+
+
+def test_importing_the_embedding_package_declares_all_of_its_settings():
+    """A program that imports ``embedding`` (any part of it) before ``neocomm.init()`` gets
+    no false "unknown setting" warning for the embedding layer's settings, whichever of its
+    modules it has not loaded yet."""
+    env = "{'NEOCOMM_EMBEDDING_KERNELS': 'numpy', 'NEOCOMM_PROGRESS': 'off'}"
+    code = ("import sys, warnings; import embedding; from neocomm import config; "
+            "warnings.simplefilter('error'); "
+            f"s = config.settings({env}); "
+            "print(s['EMBEDDING_KERNELS'], s['PROGRESS'], "
+            "'embedding.kernels.compiled' in sys.modules)")
+    assert _fresh(code) == ["numpy", "off", "False"]
