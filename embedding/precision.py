@@ -26,6 +26,16 @@ them. For nearest-even the increment is ``2**(s-1) - 1 + lsb``; for
 stochastic rounding it is ``s`` random bits, which makes the probability of
 a carry exactly the dropped fraction. Values whose float16 rounding drops
 more than 32 bits (``|x| < 2**-32``) round to zero under either mode.
+
+What rounding costs in quality: an update is rounded against the row's
+magnitude, so once the optimizer's steps shrink (row-wise AdaGrad's like
+``lr / sqrt(updates)``) and the rows grow, a step is a few units in the last
+place or less. ``NEAREST`` then drops every step below half a unit (the row
+stops learning in those directions); ``STOCHASTIC`` keeps them on average
+but adds a rounding noise of up to half a unit per step, as large as the
+step itself; ``MASTER`` rounds only the copy that lookups read. Settings
+measured to cost AUC beyond float32's seed-to-seed spread warn at start-up
+(:func:`quality_warning`; the measurements are in docs/training.md).
 """
 from __future__ import annotations
 
@@ -36,7 +46,7 @@ import numpy as np
 from neocomm.types import HALF_DTYPES, is_half
 
 __all__ = ["STORAGE_DTYPES", "Rounding", "storage_dtype", "compute_dtype", "random_bits",
-           "round_bits", "round_to", "narrow_to_float32", "encode_half"]
+           "round_bits", "round_to", "narrow_to_float32", "encode_half", "quality_warning"]
 
 #: Storage dtypes of a table (float64 for tests and references).
 STORAGE_DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -52,6 +62,43 @@ class Rounding(enum.Enum):
     NEAREST = "nearest"
     STOCHASTIC = "stochastic"
     MASTER = "master"
+
+
+#: (optimizer state dtype, sparse optimizer kind) -> why tables with that state cost AUC, as
+#: measured by scripts/bench_precision.py (docs/training.md, "Precision settings side by side").
+#: Half tables with float32 state were measured within float32's seed spread: none is here.
+_QUALITY = {
+    ("float16", "rowwise_adagrad"):
+        "row-wise AdaGrad adds each step's mean squared gradient to its accumulator, and "
+        "increments below 3e-8 (half float16's smallest step) round to zero: accumulators stay "
+        "near zero, so the steps stop shrinking (on the ratings data most rows' accumulators "
+        "were still 0 after 468 steps; held-out AUC 0.006 to 0.05 below float32 on three data "
+        "sets); "
+        "state_dtype = \"float32\" (the default) costs 2 more bytes per row",
+}
+
+
+def quality_warning(dtype, rounding, state_dtype=None, optimizer="rowwise_adagrad"
+                    ) -> str | None:
+    """The start-up warning of a table of storage ``dtype`` rounded by ``rounding``, its
+    optimizer state in ``state_dtype`` (None: the compute dtype) of sparse optimizer kind
+    ``optimizer`` (a name or an enum whose value is one), when that setting was measured
+    to lose AUC against float32 beyond float32's seed-to-seed spread (module doc), else
+    None."""
+    name = storage_dtype(dtype).name
+    state = compute_dtype(storage_dtype(dtype)).name if state_dtype is None else \
+        storage_dtype(state_dtype, "state_dtype").name
+    kind = str(getattr(optimizer, "value", optimizer))
+    why = _QUALITY.get((state, kind))
+    if why is None:
+        return None
+    return (f"tables.dtype {name} (rounding {_as_rounding(rounding).value!r}) with {kind} "
+            f"state in {state}: {why} (docs/training.md, \"Precision settings side by side\")")
+
+
+def _as_rounding(value) -> Rounding:
+    """``value`` (a :class:`Rounding` or its name) as a :class:`Rounding`."""
+    return value if isinstance(value, Rounding) else Rounding(str(value))
 
 
 def storage_dtype(name, what: str = "dtype") -> np.dtype:

@@ -58,8 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e = sub.add_parser("example", help="write an example Parquet data set and its training "
                        "config (a file of the shape you will bring)")
     e.add_argument("-o", "--output", required=True, metavar="DIR")
-    e.add_argument("--records", type=_positive_int, default=200_000,
-                   help="training records (default 200000; valid and test get a tenth each)")
+    e.add_argument("--shape", choices=("clicks", "ratings"), default="clicks",
+                   help="clicks (default) or ratings: a MovieLens-100K-like ratings set "
+                   "(skewed users and items, a genre list, nulls; see embedding.data.example)")
+    e.add_argument("--records", type=_positive_int, default=None,
+                   help="records (default: clicks 200000 for training, valid and test a tenth "
+                   "each; ratings 100000 in all, split 80/10/10)")
     e.add_argument("--seed", type=int, default=0)
     st = sub.add_parser("stats", help="per column: type, nulls, distinct values, list lengths; "
                         "the tables a training config implies")
@@ -214,9 +218,19 @@ def run(args) -> int:
 
 
 def _example(args) -> int:
-    from embedding.data.example import write_example
+    from embedding.data.example import write_example, write_ratings
 
-    n = args.records
+    if args.shape == "ratings":
+        try:
+            paths = write_ratings(args.output, records=args.records or 100_000, seed=args.seed)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {paths['train']}, {paths['valid']} and {paths['test']} (80/10/10 of "
+              f"{args.records or 100_000:,} ratings) and {paths['config']}")
+        print(f"(the planted model scores AUC {paths['planted_auc']:.4f} on test)")
+        return 0
+    n = args.records or 200_000
     try:
         paths = write_example(args.output, records=n, eval_records=max(1, n // 10),
                               seed=args.seed)

@@ -30,6 +30,7 @@ import numpy as np
 from collectives.control import StepControl
 from embedding.dense import DenseConfig, DenseModel, NonFiniteError, make_optimizer
 from embedding.dense.metrics import bce_with_logits
+from embedding.precision import quality_warning
 from embedding.train.data import GuardedDataset, TrainData, filler_batch, open_data
 from embedding.train.metrics import MetricsLog
 from embedding.train.progress import ProgressBar
@@ -109,6 +110,11 @@ class Trainer:
         self.data = data
         self._setup_threads()
         self.tables = tables_of(config, data)
+        if self.rank == 0:
+            notes = {quality_warning(t.dtype, t.rounding, t.optimizer_state_dtype,
+                                     t.optimizer.kind) for t in self.tables} - {None}
+            for note in sorted(notes):
+                _log.warning(note)
         self.plan = make_plan(config, self.tables, group, data.ids_per_sample)
         m = config.model
         self.dense_config = DenseConfig(num_dense=data.num_dense,

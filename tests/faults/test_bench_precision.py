@@ -37,7 +37,7 @@ def test_criteo_text_through_a_users_config_counts_the_bytes_of_each_precision(t
         '[data]\nsource = "criteo"\npath = "day.txt"\neval_records = 800\n\n'
         "[train]\nbatch_size = 256\nlog_every = 3\neval_every = 0\n")
     done = _bench(tmp_path, "--data", "criteo.toml", "--ranks", "2", "--steps", "9",
-                  "--only", "4,6", "--json", "rows.json")
+                  "--only", "4,6", "--seeds", "2", "--json", "rows.json")
     assert done.returncode == 0, done.stdout + done.stderr
     rows = {r["setting"]: r for r in json.loads((tmp_path / "rows.json").read_text())["rows"]}
     assert list(rows) == ["float32", "comms fp16 (loss scale 1024)",
@@ -51,8 +51,14 @@ def test_criteo_text_through_a_users_config_counts_the_bytes_of_each_precision(t
     assert int8["emb_forward"] * 64 == ref["emb_forward"] * 24, (int8, ref)
     assert 2 * int8["emb_backward"] == ref["emb_backward"], (int8, ref)
     for r in rows.values():
-        assert 0.0 <= r["auc"] <= 1.0 and r["step"] == 9, r
+        assert 0.0 <= r["auc"] <= 1.0 and r["step"] == 9 and r["data"] == "criteo.toml", r
+        # two seeds each: the mean, its spread, and the difference to float32's mean
+        assert len(r["aucs"]) == 2 and r["auc"] == sum(r["aucs"]) / 2, r
+        assert r["auc_spread"] >= 0 and r["fp32_spread"] == rows["float32"]["auc_spread"], r
+        assert r["auc_delta"] == r["auc"] - rows["float32"]["auc"], r
+        assert r["within"] == (abs(r["auc_delta"]) <= max(0.002, r["fp32_spread"])), r
     assert "comms fp16 (loss scale 1024)" in done.stdout and "bytes/fp32" in done.stdout
+    assert "--seed 1" in done.stdout and "fp32 sp" in done.stdout
 
 
 def test_a_missing_data_file_is_named(tmp_path):
