@@ -395,7 +395,8 @@ def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64
                 timeout: float = 600.0, echo=None, launches: int = 1) -> list[dict]:
     """Run ``neocomm bench OP --json`` for every op of ``ops`` on every ``(ranks,
     ranks_per_node)`` of ``layouts`` (nodes emulated on this host unless a
-    ``hostfile`` spreads them), ``launches`` times over (every layout and op once,
+    ``hostfile`` spreads them: each layout on the first of its hosts, ``ranks_per_node`` to
+    a host), ``launches`` times over (every layout and op once,
     then again), and return the results, each launch's runs merged by
     :func:`median_of_launches`. ``echo(text)`` hears each command. RuntimeError
     naming the command and its output's tail when one fails."""
@@ -403,6 +404,8 @@ def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64
     import shutil
     import subprocess
     import json
+
+    from neocomm.hostfile import layout_hostfile
 
     if isinstance(launches, bool) or not isinstance(launches, int) or launches < 1:
         raise ValueError(f"launches: expected a count >= 1, got {launches!r}")
@@ -416,8 +419,10 @@ def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64
                                          f"{launch}.json")
             cmd = [exe, "run", "-n", str(ranks), "--ranks-per-node", str(per_node),
                    "--timeout", str(int(timeout))]
-            if hostfile:
-                cmd += ["--hostfile", hostfile]
+            if hostfile:  # the layout's hosts, per_node ranks on each
+                cmd += ["--hostfile", layout_hostfile(
+                    hostfile, ranks // per_node, per_node,
+                    os.path.join(out_dir, f"hosts-{ranks}r-{ranks // per_node}n"))]
             cmd += ["--", exe, "bench", op, "-b", str(minbytes), "-e", str(maxbytes),
                     "-f", str(factor), "--json", path] + (["--device"] if device else [])
             if echo:
