@@ -56,7 +56,10 @@ class Native(Algorithm):
             return ring.reduce_scatter_seconds(request, fabric, pipelined=False,
                                                overhead=False)
         if op is CollectiveOp.ALL_REDUCE:
-            if not request.device and request.nbytes >= MPI_RABENSEIFNER_BYTES:
+            # (a fabric of GPUs, NVLink or PCIe within nodes, moves device buffers over
+            # NCCL, whatever the request says: the planner prices its calls without it)
+            mpi_host = not request.device and fabric.intra.kind not in ("nvlink", "pcie")
+            if mpi_host and request.nbytes >= MPI_RABENSEIFNER_BYTES:
                 return rabenseifner.all_reduce_seconds(request, fabric, pipelined=False,
                                                        overhead=False)
             rings = (ring.reduce_scatter_seconds(request, fabric, pipelined=False,
