@@ -120,10 +120,16 @@ class _co_runners:
 
         from embedding.train.config import to_toml
 
+        import tempfile
+
         cfg, batch, threads, count = self.args
         text = to_toml(cfg)
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}  # each its own world
+        # a co-runner is killed, so what it leaves in its temporary directory (an MPI
+        # singleton's temporary folder) goes with a folder of ours, removed on exit
+        self.tmp = tempfile.mkdtemp(prefix="neocomm-corun-")
+        env["TMPDIR"] = self.tmp
         code = (f"import sys; from embedding.profile import co_run; "
                 f"co_run(sys.stdin.read(), {int(batch)}, {int(threads)})")
         try:
@@ -151,6 +157,11 @@ class _co_runners:
             proc.stdout.close()
             proc.stderr.close()
         self.procs = []
+        if getattr(self, "tmp", None):
+            import shutil
+
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
         return False
 
 
