@@ -149,7 +149,7 @@ class FabricModel:
     wait for messages in MPI yielding their cores, so a call's first messages (every one
     a rendezvous above MPI's 64 KiB eager limit over TCP, answered by the receiver before
     its bytes move) find their peers descheduled on a busy host. Measured on the test
-    cluster: 3 to 7 ms a call on two cores shared by its hosts and a load of 8 to 10.
+    cluster: 3 to 7 ms a call on two cores shared by its hosts, under a load of 7 to 10.
     """
 
     ranks_per_node: int = 1
