@@ -151,8 +151,14 @@ _START = {"node_bandwidth": 8e9, "call_overhead": 5e-6, "cache_speedup": 2.0,
 #: starts at half the local copy rate (:data:`~collectives.types.DEFAULT_COPY_BANDWIDTH`,
 #: 13 GB/s); a message starts at 5 us of system calls and wake-ups on the two hosts (a
 #: send and a receive call, each a few microseconds); the transport starts at the full
-#: line rate
-_TCP_START = {"tcp_copy_bandwidth": 6.5e9, "tcp_message_overhead": 5e-6}
+#: line rate; a call's fixed cost over the link starts at 1 ms, about one scheduling slice
+#: of a busy host (Linux's CFS gives a runnable task 0.75 to 3 ms when others wait for
+#: the core): what a call loses when its first message finds its peer descheduled. (The
+#: fit does not find it from much below: started at 0.1 ms, the recorded runs of the
+#: test cluster leave it there, and the 5 Gbit/s run fits with a median error of 0.31
+#: where 1 ms lets it reach 6.8 ms and 0.10.)
+_TCP_START = {"tcp_copy_bandwidth": 6.5e9, "tcp_message_overhead": 5e-6,
+              "tcp_call_overhead": 1e-3}
 
 
 @dataclass(frozen=True)
@@ -395,7 +401,8 @@ def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64
                 timeout: float = 600.0, echo=None, launches: int = 1) -> list[dict]:
     """Run ``neocomm bench OP --json`` for every op of ``ops`` on every ``(ranks,
     ranks_per_node)`` of ``layouts`` (nodes emulated on this host unless a
-    ``hostfile`` spreads them), ``launches`` times over (every layout and op once,
+    ``hostfile`` spreads them: each layout on the first of its hosts, ``ranks_per_node`` to
+    a host), ``launches`` times over (every layout and op once,
     then again), and return the results, each launch's runs merged by
     :func:`median_of_launches`. ``echo(text)`` hears each command. RuntimeError
     naming the command and its output's tail when one fails."""
@@ -403,6 +410,8 @@ def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64
     import shutil
     import subprocess
     import json
+
+    from neocomm.hostfile import layout_hostfile
 
     if isinstance(launches, bool) or not isinstance(launches, int) or launches < 1:
         raise ValueError(f"launches: expected a count >= 1, got {launches!r}")
@@ -416,8 +425,10 @@ def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64
                                          f"{launch}.json")
             cmd = [exe, "run", "-n", str(ranks), "--ranks-per-node", str(per_node),
                    "--timeout", str(int(timeout))]
-            if hostfile:
-                cmd += ["--hostfile", hostfile]
+            if hostfile:  # the layout's hosts, per_node ranks on each
+                cmd += ["--hostfile", layout_hostfile(
+                    hostfile, ranks // per_node, per_node,
+                    os.path.join(out_dir, f"hosts-{ranks}r-{ranks // per_node}n"))]
             cmd += ["--", exe, "bench", op, "-b", str(minbytes), "-e", str(maxbytes),
                     "-f", str(factor), "--json", path] + (["--device"] if device else [])
             if echo:

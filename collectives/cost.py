@@ -65,19 +65,23 @@ def algorithm_cost(op: CollectiveOp, algorithm: str, request: Request,
 def call_seconds(op: CollectiveOp, algorithm: str, request: Request, fabric: FabricModel, *,
                  api: bool = True) -> float:
     """Modelled seconds of one call a user makes: :func:`algorithm_cost` plus, through
-    neocomm's API (``api``), the fabric's per-call overhead. The overhead is the same for
-    every algorithm, so selection compares :func:`algorithm_cost` alone."""
+    neocomm's API (``api``), the fabric's per-call overhead, and over a TCP link between
+    nodes that link's fixed cost of a call (:attr:`FabricModel.tcp_call_seconds`, paid by
+    MPI's own calls too). The overheads are the same for every algorithm, so selection
+    compares :func:`algorithm_cost` alone."""
     seconds = algorithm_cost(op, algorithm, request, fabric)
     if api:
-        seconds += call_overhead(request, fabric)
-    return seconds
+        return seconds + call_overhead(request, fabric)
+    return seconds + fabric.tcp_call_seconds
 
 
 def call_overhead(request: Request, fabric: FabricModel) -> float:
     """The fabric's fixed cost of one API call of ``request`` beyond its algorithm
-    (argument agreement, checks, selection), the operation's own where calibrated; 0 on
-    an uncalibrated fabric."""
-    return fabric.effective(request).call_overhead * fabric.overhead_factor(request.op)
+    (argument agreement, checks, selection), the operation's own where calibrated, plus a
+    TCP link's fixed cost of a call where the group's nodes talk TCP; 0 on an
+    uncalibrated fabric."""
+    return (fabric.effective(request).call_overhead * fabric.overhead_factor(request.op)
+            + fabric.tcp_call_seconds)
 
 
 def costs(op: CollectiveOp, nbytes: int, fabric: FabricModel, *,

@@ -228,11 +228,13 @@ TERMS = (
     _field_term("tcp_fraction", "tcp_fraction", "x", 1.0, ceiling=1.0),
     _field_term("tcp_copy_bandwidth", "tcp_copy_bandwidth", "GB/s", 1e9),
     _field_term("tcp_message_overhead", "tcp_message_overhead", "us", 1e-6),
+    _field_term("tcp_call_overhead", "tcp_call_overhead", "us", 1e-6),
 )
 
 #: the terms of a TCP link between nodes (:class:`~collectives.types.FabricModel`): fitted
 #: and written only for a fabric whose nodes talk TCP
-TCP_TERMS = ("tcp_fraction", "tcp_copy_bandwidth", "tcp_message_overhead")
+TCP_TERMS = ("tcp_fraction", "tcp_copy_bandwidth", "tcp_message_overhead",
+             "tcp_call_overhead")
 
 
 def model_key(term: Term) -> str:

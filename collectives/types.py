@@ -143,7 +143,13 @@ class FabricModel:
     out of the receiver's, and handles every segment), paid beside the wire time, so a
     message of ``m`` bytes takes ``m / (fraction x rate) + m / tcp_copy_bandwidth``
     (0: no such cost); ``tcp_message_overhead`` is the seconds each message costs the
-    hosts (system calls, wake-ups) beyond the wire's latency.
+    hosts (system calls, wake-ups) beyond the wire's latency; ``tcp_call_overhead`` is
+    the seconds each collective call whose messages cross such a link costs beyond its
+    messages and bytes (:attr:`tcp_call_seconds`), MPI's own calls included: the ranks
+    wait for messages in MPI yielding their cores, so a call's first messages (every one
+    a rendezvous above MPI's 64 KiB eager limit over TCP, answered by the receiver before
+    its bytes move) find their peers descheduled on a busy host. Measured on the test
+    cluster: 3 to 7 ms a call on two cores shared by its hosts, under a load of 7 to 10.
     """
 
     ranks_per_node: int = 1
@@ -168,6 +174,7 @@ class FabricModel:
     tcp_fraction: float = 1.0
     tcp_copy_bandwidth: float = 0.0
     tcp_message_overhead: float = 0.0
+    tcp_call_overhead: float = 0.0
 
     def __post_init__(self):
         for name in ("ranks_per_node", "nodes", "nics_per_node"):
@@ -178,7 +185,8 @@ class FabricModel:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected bytes/s > 0, got {getattr(self, name)}")
         for name in ("step_overhead", "call_overhead", "switch_latency", "node_bandwidth",
-                     "page_cost", "tcp_copy_bandwidth", "tcp_message_overhead"):
+                     "page_cost", "tcp_copy_bandwidth", "tcp_message_overhead",
+                     "tcp_call_overhead"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: expected a value >= 0, got {getattr(self, name)}")
         if not 0 < self.tcp_fraction <= 1:
@@ -259,6 +267,15 @@ class FabricModel:
         return self.inter.kind == "tcp" and (self.tcp_fraction < 1.0 or
                                              self.tcp_copy_bandwidth > 0 or
                                              self.tcp_message_overhead > 0)
+
+    @property
+    def tcp_call_seconds(self) -> float:
+        """The fixed cost of one collective call of this group over its TCP link
+        (:attr:`tcp_call_overhead`, stretched by ranks over cores like the hosts' other
+        work); 0 within one node or over other links."""
+        if self.nodes < 2 or self.inter.kind != "tcp":
+            return 0.0
+        return self.tcp_call_overhead * self.oversubscription
 
     def tcp_link(self, link: LinkCost, over: float = 1.0) -> LinkCost:
         """``link`` (a TCP link at its line rate) with the TCP terms folded in: the rate

@@ -120,10 +120,16 @@ class _co_runners:
 
         from embedding.train.config import to_toml
 
+        import tempfile
+
         cfg, batch, threads, count = self.args
         text = to_toml(cfg)
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}  # each its own world
+        # a co-runner is killed, so what it leaves in its temporary directory (an MPI
+        # singleton's temporary folder) goes with a folder of ours, removed on exit
+        self.tmp = tempfile.mkdtemp(prefix="neocomm-corun-")
+        env["TMPDIR"] = self.tmp
         code = (f"import sys; from embedding.profile import co_run; "
                 f"co_run(sys.stdin.read(), {int(batch)}, {int(threads)})")
         try:
@@ -151,6 +157,11 @@ class _co_runners:
             proc.stdout.close()
             proc.stderr.close()
         self.procs = []
+        if getattr(self, "tmp", None):
+            import shutil
+
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
         return False
 
 
@@ -335,13 +346,16 @@ def run_training(layouts, *, config: str | None, steps: int, out_dir: str, hostf
                  timeout: float = 600.0, echo=None, launches: int = 1) -> list[dict]:
     """Run ``neocomm train`` (``config``, ``steps`` steps) at
     every ``(ranks, ranks_per_node)`` of ``layouts`` (nodes emulated on this host unless a
-    ``hostfile`` spreads them), ``launches`` times over (every layout once, then again),
+    ``hostfile`` spreads them: each layout on the first of its hosts, ``ranks_per_node``
+    to a host), ``launches`` times over (every layout once, then again),
     and return what each layout logged (:func:`read_training`, with ``ranks``, ``nodes``
     and ``emulated``; several launches merged by :func:`median_of_training_launches`).
     RuntimeError naming the command when one fails."""
     import os
     import shutil
     import subprocess
+
+    from neocomm.hostfile import layout_hostfile
 
     if isinstance(launches, bool) or not isinstance(launches, int) or launches < 1:
         raise ValueError(f"launches: expected a count >= 1, got {launches!r}")
@@ -352,7 +366,10 @@ def run_training(layouts, *, config: str | None, steps: int, out_dir: str, hostf
     for launch, (ranks, per_node) in ((k, lay) for k in range(launches) for lay in layouts):
         where = os.path.join(out_dir, f"train-{ranks}r-{ranks // per_node}n-{launch}")
         cmd = [exe, "run", "-n", str(ranks), "--ranks-per-node", str(per_node),
-               "--timeout", str(int(timeout))] + (["--hostfile", hostfile] if hostfile else [])
+               "--timeout", str(int(timeout))]
+        if hostfile:  # the layout's hosts, per_node ranks on each
+            cmd += ["--hostfile", layout_hostfile(hostfile, ranks // per_node, per_node,
+                                                  f"{where}-hosts")]
         cmd += ["--", exe, "train", "--steps", str(steps), "--out", where]
         cmd += ["--config", config] if config else []
         if echo:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["HostSlots", "read_hostfile", "placement", "describe_placement"]
+__all__ = ["HostSlots", "read_hostfile", "placement", "describe_placement", "layout_hostfile"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +98,19 @@ def describe_placement(hosts: list[HostSlots], nprocs: int) -> str:
     over = f"; {nprocs - total} more than the {total} slots, spread over the hosts" \
         if nprocs > total else ""
     return f"{nprocs} rank(s) on {len(plan)} host(s): {where}{over}"
+
+
+def layout_hostfile(path: str, nodes: int, ranks_per_node: int, out: str) -> str:
+    """Write to ``out`` a hostfile of the first ``nodes`` hosts of the hostfile at ``path``,
+    ``ranks_per_node`` slots each, and return ``out``: the file that places a job of
+    ``nodes x ranks_per_node`` ranks that many to a host, whatever slots ``path`` gives
+    (mapped by slot, one hostfile cannot place 2 ranks on 2 hosts and 4 ranks 2 to a
+    host alike). ValueError when ``path`` names fewer hosts than ``nodes``."""
+    hosts = read_hostfile(path)
+    if len(hosts) < nodes:
+        raise ValueError(f"--hostfile {path}: {nodes} nodes wanted, but it names "
+                         f"{len(hosts)} host(s) ({', '.join(h.host for h in hosts)})")
+    with open(out, "w") as fh:
+        for h in hosts[:nodes]:
+            fh.write(f"{h.host} slots={int(ranks_per_node)}\n")
+    return out

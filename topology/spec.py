@@ -156,7 +156,7 @@ MODEL_KEYS = {
         "intra_latency_us", "intra_bandwidth_gbs", "inter_latency_us", "inter_bandwidth_gbs",
         "node_bandwidth_gbs", "copy_bandwidth_gbs", "reduce_bandwidth_gbs", "step_overhead_us",
         "call_overhead_us", "cache_speedup", "switch_latency_us", "page_cost_us",
-        "tcp_copy_bandwidth_gbs", "tcp_message_overhead_us")},
+        "tcp_copy_bandwidth_gbs", "tcp_message_overhead_us", "tcp_call_overhead_us")},
     "tcp_fraction": (_NUM, False, lambda v: None if 0 < v <= 1 else
                      f"must be a fraction of the line rate in (0, 1], got {v}"),
 }

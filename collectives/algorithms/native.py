@@ -15,7 +15,17 @@ from collectives.algorithms import (Algorithm, Call, binomial, chain, displs, pa
                                     rabenseifner, ring)
 from collectives.types import CollectiveOp, FabricModel, Request
 
-__all__ = ["Native", "ALGORITHMS", "host_datatype", "doubling_all_reduce"]
+__all__ = ["Native", "ALGORITHMS", "host_datatype", "doubling_all_reduce",
+           "MPI_RABENSEIFNER_BYTES"]
+
+#: bytes from which an MPI library reduces a host vector by Rabenseifner's algorithm
+#: (recursive halving, then doubling; the ranks above the largest power of two fold
+#: in first and get the result last), whatever the group's size: Open MPI 5's tuned
+#: component picks it (``coll_tuned_decision_fixed.c``, commutative operations) from
+#: 256 KiB at 2 and 3 ranks, from 8 KiB at 4 to 15, and from 256 KiB or less at every
+#: larger size; MPICH's default (``reduce_scatter_allgather``) from 2 KiB. Below it the
+#: libraries' picks differ by size and group, and the model takes the cheapest.
+MPI_RABENSEIFNER_BYTES = 256 << 10
 
 
 class Native(Algorithm):
@@ -34,7 +44,11 @@ class Native(Algorithm):
         for MPI on host buffers, recursive doubling (Open MPI's and MPICH's pick for
         small vectors: ``log2 p`` steps where Rabenseifner takes twice as many), the
         cheaper of binomial and chain Broadcast), one message per step and no Python
-        step overhead; ManyToMany as the dense AlltoAll(v) of the same bytes."""
+        step overhead; ManyToMany as the dense AlltoAll(v) of the same bytes. MPI's
+        AllReduce of a host vector of :data:`MPI_RABENSEIFNER_BYTES` or more is the
+        Rabenseifner schedule the library runs, cheapest or not: in a group that is not
+        a power of two its fold and unfold move the whole vector twice more (3 ranks:
+        three times the vector on the critical path, where a ring moves 4/3 of it)."""
         op = request.op
         if op in (CollectiveOp.ALL_TO_ALL, CollectiveOp.ALL_TO_ALL_V):
             return pairwise.pairwise_seconds(request, fabric, overhead=False)
@@ -42,6 +56,12 @@ class Native(Algorithm):
             return ring.reduce_scatter_seconds(request, fabric, pipelined=False,
                                                overhead=False)
         if op is CollectiveOp.ALL_REDUCE:
+            # (a fabric of GPUs, NVLink or PCIe within nodes, moves device buffers over
+            # NCCL, whatever the request says: the planner prices its calls without it)
+            mpi_host = not request.device and fabric.intra.kind not in ("nvlink", "pcie")
+            if mpi_host and request.nbytes >= MPI_RABENSEIFNER_BYTES:
+                return rabenseifner.all_reduce_seconds(request, fabric, pipelined=False,
+                                                       overhead=False)
             rings = (ring.reduce_scatter_seconds(request, fabric, pipelined=False,
                                                  overhead=False)
                      + ring.all_gather_seconds(request.nbytes, fabric, overhead=False))

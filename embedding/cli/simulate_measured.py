@@ -220,7 +220,12 @@ def _training_runs(args) -> list[dict]:
                                  f"`neocomm simulate validate --step --record` writes")
             runs += data["runs"]
         return median_of_training_launches(runs)  # several files of one layout: launches
-    with tempfile.TemporaryDirectory(prefix="neocomm-validate-") as tmp:
+    # across hosts every rank writes under --out: a folder they all see (the current one,
+    # as the ranks' working directory is), not this host's own temporary directory
+    import os
+
+    shared = os.getcwd() if args.hostfile else None
+    with tempfile.TemporaryDirectory(prefix="neocomm-validate-", dir=shared) as tmp:
         try:
             return run_training(_layouts(args), config=args.config, steps=args.steps,
                                 out_dir=tmp, hostfile=args.hostfile, launches=args.launches,

@@ -178,6 +178,36 @@ def test_native_all_reduce_on_host_buffers_includes_recursive_doubling():
     assert algorithm_cost(CollectiveOp.ALL_REDUCE, "native", dev, fab) > rd
 
 
+def test_native_all_reduce_of_large_host_vectors_is_the_rabenseifner_mpi_runs():
+    """From 256 KiB MPI reduces a host vector by Rabenseifner's schedule (Open MPI 5's tuned
+    decision, MPICH's default), cheapest or not: at 3 ranks its fold and unfold put the
+    whole vector three times on the critical path, where a ring moves 4/3 of it."""
+    from collectives.algorithms.native import MPI_RABENSEIFNER_BYTES
+    from collectives.algorithms.rabenseifner import all_reduce_seconds
+    from collectives.algorithms.ring import all_gather_seconds, reduce_scatter_seconds
+    from collectives.cost import algorithm_cost
+
+    fab = replace(FabricModel(ranks_per_node=1, nodes=3), inter=LinkCost(30e-6, 1e9 / 8, kind="tcp"))
+    big = Request(CollectiveOp.ALL_REDUCE, 1 << 20, group_size=3)
+    rab = all_reduce_seconds(big, fab, pipelined=False, overhead=False)
+    rings = (reduce_scatter_seconds(big, fab, pipelined=False, overhead=False)
+             + all_gather_seconds(big.nbytes, fab, overhead=False))
+    assert rab > 2 * rings  # 3 vectors against 4/3 of one
+    native = algorithm_cost(CollectiveOp.ALL_REDUCE, "native", big, fab)
+    assert native == pytest.approx(rab)
+    # below the threshold, and on device buffers (NCCL's ring), the cheapest
+    small = replace(big, nbytes=MPI_RABENSEIFNER_BYTES // 2)
+    assert algorithm_cost(CollectiveOp.ALL_REDUCE, "native", small, fab) < \
+        all_reduce_seconds(small, fab, pipelined=False, overhead=False)
+    dev = replace(big, device=True)
+    assert algorithm_cost(CollectiveOp.ALL_REDUCE, "native", dev, fab) == pytest.approx(rings)
+    # so the selection no longer takes MPI's call for neocomm's ring at 3 ranks
+    from collectives.cost import costs
+
+    priced = costs(CollectiveOp.ALL_REDUCE, 4 << 20, fab)
+    assert priced["native"] > priced["ring"]
+
+
 def test_calibrate_writes_a_fabric_file_every_command_takes(tmp_path, capsys):
     out = tmp_path / "host.toml"
     assert main(["simulate", "calibrate", "--bench", str(RECORDED), "-o", str(out)]) == 0

@@ -1,5 +1,5 @@
 """The TCP link between nodes: declared in a fabric spec, priced with the transport's
-fraction of the line rate, the hosts' per-byte and per-message costs, fitted by
+fraction of the line rate, the hosts' per-byte, per-message and per-call costs, fitted by
 calibrate and held by validate to the calls the measurement repeats."""
 from __future__ import annotations
 
@@ -93,14 +93,14 @@ def _rows(truth: FabricModel, layouts=((2, 1), (4, 2))) -> list[Measurement]:
 
 def test_calibration_fits_the_tcp_terms_and_keeps_the_declared_line_rate():
     truth = replace(_start(1), tcp_fraction=0.3, tcp_copy_bandwidth=2e9,
-                    tcp_message_overhead=40e-6, call_overhead=5e-6)
+                    tcp_message_overhead=40e-6, call_overhead=5e-6, tcp_call_overhead=2e-3)
     rows = _rows(truth)
     line = fit(rows, _start(1), prior=0.0, iterations=0)  # the spec's line rate, unfitted
     assert line.worst_error > math.log(2)  # the line rate is more than twice too fast
     result = fit(rows, _start(1), prior=0.0)
     assert result.worst_error < 0.01
-    assert {"tcp_fraction", "tcp_copy_bandwidth", "tcp_message_overhead"} <= \
-        set(result.measured)
+    assert {"tcp_fraction", "tcp_copy_bandwidth", "tcp_message_overhead",
+            "tcp_call_overhead"} <= set(result.measured)
     assert "inter_bandwidth" not in result.measured  # the port's rate is declared
     assert result.fabric.inter.bandwidth == pytest.approx(1e9 / 8)
     pulled = fit(rows, _start(1))
@@ -141,7 +141,7 @@ def test_calibrate_then_validate_over_tcp_holds_the_model_to_what_repeats(tmp_pa
     spec_path = tmp_path / "tcp.toml"
     spec_path.write_text(SPEC.format(rate=1, extra=""))
     truth = replace(_start(1), tcp_fraction=0.3, tcp_copy_bandwidth=3e9,
-                    tcp_message_overhead=30e-6, call_overhead=6e-6)
+                    tcp_message_overhead=30e-6, call_overhead=6e-6, tcp_call_overhead=2e-3)
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"kind": "neocomm-measurements", "runs": _bench_runs(truth)}))
     out = tmp_path / "fitted.toml"
@@ -195,7 +195,7 @@ def test_runs_at_several_link_rates_tell_the_transport_from_the_hosts_work():
     (each saying its ``link_rate_gbps``), each priced at its own rate, tell them apart:
     fitted at 0.5 and 5 Gbit/s, the model prices 1 Gbit/s, which it never saw."""
     truth = replace(_start(1), tcp_fraction=0.8, tcp_copy_bandwidth=0.1e9,
-                    tcp_message_overhead=40e-6)
+                    tcp_message_overhead=40e-6, tcp_call_overhead=3e-3)
 
     def at(gbps):
         rate = gbps * 1e9 / 8
@@ -221,3 +221,51 @@ def test_runs_at_several_link_rates_tell_the_transport_from_the_hosts_work():
     run = dict(_bench_runs(truth)[0], link_rate_gbps=5)
     assert all(m.line_rate == 5e9 / 8 for m in read_bench(run))
     assert len(median_of_launches([run, dict(run, link_rate_gbps=1)])) == 2
+
+
+def test_a_call_over_tcp_pays_the_links_fixed_cost_and_calibration_finds_it():
+    """Each collective call whose messages cross a TCP link pays the link's fixed cost of a
+    call (``tcp_call_overhead``: its first messages find their peers descheduled), through
+    the API and as MPI's own call alike, stretched by ranks over cores; within a node or
+    over RDMA, nothing. Calibration recovers it from calls of several sizes, and a model
+    without it prices the small calls of such a link far too fast."""
+    from collectives.cost import call_overhead, call_seconds
+
+    req = Request(CollectiveOp.ALL_TO_ALL, 1 << 20, group_size=2)
+    base = replace(_start(1), tcp_fraction=0.5).with_shape(1, 2)
+    fab = replace(base, tcp_call_overhead=3e-3)
+    assert fab.tcp_call_seconds == 3e-3 and base.tcp_call_seconds == 0.0
+    for api in (True, False):
+        extra = call_seconds(CollectiveOp.ALL_TO_ALL, "native", req, fab, api=api) - \
+            call_seconds(CollectiveOp.ALL_TO_ALL, "native", req, base, api=api)
+        assert extra == pytest.approx(3e-3)
+    # the step prices each collective call with call_overhead: it pays it there too
+    assert call_overhead(req, fab) - call_overhead(req, base) == pytest.approx(3e-3)
+    assert replace(fab, nodes=1).tcp_call_seconds == 0.0  # within a node
+    roce = replace(fab, inter=LinkCost(5e-6, 25e9, kind="roce"))
+    assert roce.tcp_call_seconds == 0.0
+    busy = replace(fab, ranks_per_node=4, cores_per_node=2)
+    assert busy.tcp_call_seconds == pytest.approx(6e-3)
+    with pytest.raises(ValueError, match="tcp_call_overhead"):
+        replace(fab, tcp_call_overhead=-1.0)
+    # fitted from MPI's own calls of several sizes (through the API, each operation's own
+    # call overhead is paid by the same calls, and only the pull toward the starting
+    # values splits the two), written and read back
+    truth = replace(_start(1), tcp_fraction=0.6, tcp_copy_bandwidth=1e9,
+                    tcp_message_overhead=20e-6, tcp_call_overhead=4e-3)
+    rows = [replace(m, api=False) for m in _rows(truth)]
+    rows = [replace(m, time=predicted(m, truth)) for m in rows]
+    result = fit(rows, _start(1), prior=0.0)
+    assert result.worst_error < 0.01
+    assert result.fabric.tcp_call_overhead == pytest.approx(4e-3, rel=0.02)
+    assert "tcp_call_overhead" in result.measured
+    result = fit(rows, _start(1))  # pulled toward the spec, as calibrate fits
+    assert result.fabric.tcp_call_overhead == pytest.approx(4e-3, rel=0.1)
+    table = model_table(result, buffers="host", kinds=("shm", "tcp"), measured_on="test")
+    assert table["tcp_call_overhead_us"] == pytest.approx(4000, rel=0.05)
+    back = apply_model(_start(1), table)
+    assert back.tcp_call_overhead == pytest.approx(table["tcp_call_overhead_us"] * 1e-6)
+    # without it, the fitted model prices the small calls far off
+    dropped = replace(result.fabric, tcp_call_overhead=0.0)
+    small = [m for m in rows if m.size <= 1 << 20 and m.nodes > 1]
+    assert max(m.time / predicted(m, dropped) for m in small) > 1.25

@@ -79,3 +79,18 @@ def test_programs_resolve_to_this_environment(tmp_path, monkeypatch):
     assert resolve_program("no-such-program-here") == "no-such-program-here"
     argv = build_command(OMPI, 2, ["python", "-c", "pass"])
     assert argv[-3:] == [sys.executable, "-c", "pass"]
+
+
+def test_layout_hostfile_places_each_layout_on_its_hosts(tmp_path):
+    from neocomm.hostfile import layout_hostfile
+
+    src = _file(tmp_path, "# the cluster\nnode-a slots=1\nnode-b slots=1\nnode-c slots=4\n")
+    out = layout_hostfile(src, 2, 2, str(tmp_path / "two-by-two"))
+    assert read_hostfile(out) == [HostSlots("node-a", 2), HostSlots("node-b", 2)]
+    # mapped by slot, 4 ranks land 2 to a host; the source file puts them 1, 1 and 2
+    assert [len(r) for _, r in placement(read_hostfile(out), 4)] == [2, 2]
+    assert [len(r) for _, r in placement(read_hostfile(src), 4)] == [1, 1, 2]
+    three = layout_hostfile(src, 3, 1, str(tmp_path / "three-by-one"))
+    assert [h.slots for h in read_hostfile(three)] == [1, 1, 1]
+    with pytest.raises(ValueError, match="4 nodes wanted, but it names 3 host"):
+        layout_hostfile(src, 4, 1, str(tmp_path / "four"))

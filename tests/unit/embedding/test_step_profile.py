@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,10 @@ def test_co_runners_run_beside_the_profile_and_are_gone_after():
     with _co_runners(cfg, 64, 1, 1) as co:
         procs = list(co.procs)
         assert len(procs) == 1 and procs[0].poll() is None  # training beside us
+        tmp = co.tmp  # its temporary directory: killed, it cannot clean it up itself
+        assert os.path.isdir(tmp)
     assert all(p.poll() is not None for p in procs) and not co.procs
+    assert not os.path.exists(tmp)
 
 
 def _step_report():
