@@ -13,14 +13,13 @@ the compute dtype is made on either side.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from embedding.checkpoint.fused8bit import SCALE_BIAS_BYTES, encode_into
 from embedding.kernels import compiled
 from embedding.kernels.layout import (Bags, TableLayout, check_wire_rows, per_table_configs,
                                       wire_format, wire_shape)
+from embedding.kernels.pool import host_cores, run_all as _map
 from embedding.kernels.segments import (jagged_max, jagged_sum, jagged_sum_permuted,
                                         segments_of_sorted, stable_argsort)
 from embedding.optim import sparse_update
@@ -580,28 +579,3 @@ def _inverse_lengths(lengths, dtype):
     """``1 / max(length, 1)`` rounded once in ``dtype`` (as the device kernels compute it)."""
     dt = np.dtype(dtype)
     return dt.type(1) / np.maximum(lengths, 1).astype(dt)
-
-
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-
-
-def host_cores() -> int:
-    """The cores this process may run on (its affinity), at least 1."""
-    import os
-
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-               else os.cpu_count() or 1)
-
-
-def _map(fn, items, threads: int) -> list:
-    """``[fn(i) for i in items]``, on a shared pool of ``threads`` threads (never more than
-    :func:`host_cores`) when > 1; the compiled kernels release the GIL, so they run side by
-    side."""
-    items = list(items)
-    threads = min(threads, host_cores())
-    if threads <= 1 or len(items) <= 1:
-        return [fn(i) for i in items]
-    pool = _POOLS.get(threads)
-    if pool is None:
-        pool = _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="emb-kernel")
-    return list(pool.map(fn, items))

@@ -12,7 +12,7 @@ import ctypes
 import logging
 import os
 
-from embedding.kernels.cpu import host_cores
+from embedding.kernels.pool import host_cores
 
 __all__ = ["default_threads", "rank_threads", "limit_blas_threads", "ranks_on_host"]
 

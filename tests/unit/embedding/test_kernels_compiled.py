@@ -226,7 +226,7 @@ def test_the_setting(monkeypatch):
 
 
 def test_threads_never_exceed_the_cores(monkeypatch, caplog):
-    from embedding.kernels import cpu as kcpu
+    from embedding.kernels import pool
     from embedding.train import threads
 
     monkeypatch.setattr(threads, "host_cores", lambda: 2)
@@ -236,9 +236,9 @@ def test_threads_never_exceed_the_cores(monkeypatch, caplog):
         assert threads.rank_threads(16, 1) == 2
     assert "threads = 16, but this rank may run on 2 cores: using 2" in caplog.text
     seen = set()
-    monkeypatch.setattr(kcpu, "host_cores", lambda: 1)   # one core: no pool at all
+    monkeypatch.setattr(pool, "host_cores", lambda: 1)   # one core: no pool at all
     import threading
-    kcpu._map(lambda i: seen.add(threading.get_ident()), range(8), threads=8)
+    pool.run_all(lambda i: seen.add(threading.get_ident()), range(8), threads=8)
     assert seen == {threading.get_ident()}
 
 
