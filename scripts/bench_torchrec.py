@@ -167,9 +167,10 @@ def main(argv=None) -> int:
             rate = {k: samples / statistics.median(v) for k, v in times.items() if v}
             rows.append((per_bag, sharding, rate.get("neocomm"), rate.get("torchrec")))
     if world.rank == 0:
-        bags = "0 to 2x" if args.variable else ""
+        per = "/".join(str(n) for n in args.ids_per_bag)
+        bags = f"0 to 2x {per}" if args.variable else per
         print(f"# {args.tables} tables x {args.rows:,} rows x dim {args.dim}, {args.batch} "
-              f"samples per rank, {world.size} ranks, fused {args.optimizer}, {bags}N Zipf ids "
+              f"samples per rank, {world.size} ranks, fused {args.optimizer}, {bags} Zipf ids "
               f"per bag, {args.threads} kernel thread(s); samples/s (median of {args.repeat} "
               f"x {args.steps} steps)")
         print(f"{'ids/bag':>7} {'sharding':<20} {'neocomm':>12} {'torchrec':>12} {'ratio':>7}")

@@ -121,7 +121,9 @@ def test_the_torchrec_benchmark_runs_and_says_what_it_compared(tmp_path):
                    "64", "--steps", "2", "--repeat", "1"], n=2, cwd=tmp_path,
                   timeout=JOB_TIMEOUT).check_clean()
     assert out.returncode == 0, out.output
-    rows = {m[1]: m[2] for m in re.finditer(r"^(\w+)\s+([\d,]+) ", out.stdout, re.M)}
+    rows = {m[2]: m[3] for m in re.finditer(r"^\s*(\d+) (\w+)\s+([\d,]+) ", out.stdout, re.M)}
     assert set(rows) == {"table_wise", "row_wise", "column_wise", "data_parallel"}, out.stdout
     assert all(int(v.replace(",", "")) > 0 for v in rows.values()), out.stdout
-    assert re.search(r"row_wise .*(not available on CPU|torchrec not installed)", out.stdout)
+    assert re.search(r"^\s*1 row_wise .*(not available on CPU|torchrec not installed)",
+                     out.stdout, re.M)
+    assert "fused sgd, 1 Zipf ids per bag" in out.stdout, out.stdout
