@@ -146,8 +146,7 @@ def _compiled_block(jit, layout, weights, t, bags, idx, offsets, w, lengths, s, 
                            False)
     else:
         mean = bool(bags.slot_mean[s])
-        inv = _inverse_lengths(lengths, table.dtype) if mean else _none_as_empty(None,
-                                                                                 table.dtype)
+        inv = _inverse_lengths(lengths, table.dtype) if mean else np.empty(0, table.dtype)
         bad = jit.pool_sum(table, idx, offsets, wv, w is not None, inv, mean, target, at, col)
     if bad >= 0:
         raise _bad_id(idx, bad, t, table.shape[0])
@@ -221,11 +220,8 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
     by ``1 / wire.scale`` when set) as it is copied in, exactly as
     ``wire.decode`` would have done.
     """
-    bags.check(layout)
+    _check_backward(layout, bags, weights)
     dtype, inverse = _gradient_dtype(grad_out, wire)
-    if bags.any_max and weights is None:
-        raise ValueError("weights: the gradient of max pooling needs the table weights the "
-                         "lookup read")
 
     segments = _segments_of(layout, bags, grad_out, weights, wire, dtype, inverse)
     jit = compiled.kernels(dtype)
@@ -244,6 +240,14 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
         return (uniq if perm is None else uniq[perm]), grads
 
     return _map(one, range(layout.num_tables), threads)
+
+
+def _check_backward(layout: TableLayout, bags: Bags, weights) -> None:
+    """ValueError unless ``bags`` fit ``layout`` and, with max slots, ``weights`` are given."""
+    bags.check(layout)
+    if bags.any_max and weights is None:
+        raise ValueError("weights: the gradient of max pooling needs the table weights the "
+                         "lookup read")
 
 
 def _gradient_dtype(grad_out: np.ndarray, wire):
@@ -529,10 +533,7 @@ def backward_update(layout: TableLayout, config, weights: np.ndarray,
                       aggregate_grads(layout, bags, grad_out, threads, weights, wire),
                       threads=threads, rounding=rounding)
         return
-    bags.check(layout)
-    if bags.any_max and weights is None:
-        raise ValueError("weights: the gradient of max pooling needs the table weights the "
-                         "lookup read")
+    _check_backward(layout, bags, weights)
     # every table's occurrences first: a bad id raises before any row changes
     segments = _map(_segments_of(layout, bags, grad_out, weights, wire, dtype, inverse),
                     range(layout.num_tables), threads)
