@@ -160,11 +160,11 @@ class QComms:
 
 def wire_dtype(precision: CommPrecision, dtype) -> np.dtype:
     """The dtype a buffer of ``precision`` travels in (``dtype``, the table's, for fp32)."""
-    from neocomm.types import bfloat16
-
     if precision is CommPrecision.FP16:
         return np.dtype(np.float16)
     if precision is CommPrecision.BF16:
+        from neocomm.types import bfloat16  # ml_dtypes: imported only where bf16 is asked for
+
         if bfloat16 is None:
             raise ValueError("bf16: communication in bfloat16 needs the ml_dtypes package")
         return np.dtype(bfloat16)

@@ -41,3 +41,30 @@ def test_bfloat16_is_there_when_asked_for():
     assert types.bfloat16 is None or (types.bfloat16.itemsize == 2
                                       and np.dtype("float32").type(1.5).astype(
                                           types.bfloat16) == 1.5)
+
+
+TRAIN = """
+import sys
+from neocomm.cli import main
+code = main(["train", "--steps", "2", "--out", sys.argv[1]] + sys.argv[2:])
+print("MODULES", " ".join(sorted(m for m in ("cupy", "ml_dtypes") if m in sys.modules)))
+sys.exit(code)
+"""
+
+
+def test_a_float32_training_job_never_loads_ml_dtypes_and_a_bf16_one_does(tmp_path):
+    """The trainer's steps in float32 (the built-in defaults) look up no bfloat16; with
+    bf16 communication they do, so the probe can tell."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY
+           and k not in ("DEVSIM",)}
+    bf16 = tmp_path / "bf16.toml"
+    bf16.write_text('[comms]\nforward = "bf16"\nbackward = "bf16"\n')
+    loaded = {}
+    for name, extra in (("fp32", []), ("bf16", ["--config", str(bf16)])):
+        out = subprocess.run([sys.executable, "-c", TRAIN, str(tmp_path / name), *extra],
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        loaded[name] = out.stdout.rsplit("MODULES", 1)[1].split()
+    gpu = ["cupy"] if driver_devices() > 0 else []
+    assert loaded["fp32"] == gpu, loaded
+    assert loaded["bf16"] == sorted(gpu + ["ml_dtypes"]), loaded
