@@ -6,11 +6,10 @@
     python scripts/run_tests.py -k all_to_all
 
 Layouts: 1, 2, 3 and 4 ranks on one node, and emulated multi-node layouts
-(NEOCOMM_RANKS_PER_NODE): 2 nodes x 1 rank, 2 nodes x 2 ranks. The collectives
-and the sharded data path run at all six; the tests marked ``training`` (the
-trainers built on them) at 1, 2 and 3 ranks and at 2 nodes x 2
-(``tests/conftest.py``: TRAINING_LAYOUTS), and are counted as deselected at the
-others. The device
+(NEOCOMM_RANKS_PER_NODE): 2 nodes x 1 rank, 2 nodes x 2 ranks. Each file of
+tests/mpi says at which of them it runs and why (a ``layouts`` marker, or
+``training`` for the trainers: ``tests/conftest.py`` TRAINING_LAYOUTS); its tests
+are counted as deselected at the others. The device
 tests (``tests/gpu``) run in one process (two pytest-xdist workers, whole files
 each, with ``tests/unit``) and, for the ones marked ``mpi``,
 at 2 ranks and at 4 ranks over 2 emulated nodes, on a real GPU when CuPy

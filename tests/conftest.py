@@ -1,6 +1,8 @@
 """Test-wide settings: a stall must fail a test run fast instead of hanging CI."""
 import os
 
+import pytest
+
 os.environ.setdefault("NEOCOMM_TIMEOUT", "120")
 
 
@@ -76,13 +78,14 @@ def pytest_sessionfinish(session, exitstatus):
             session.exitstatus = 1
 
 
-# -- MPI layouts: where the tests marked ``training`` run -----------------------------------
-#: Layouts, as ``NODESxRANKS_PER_NODE``, at which the tests marked ``training`` run under
-#: MPI. The collectives, their backends and the sharded data path run at every layout of
-#: scripts/run_tests.py; the trainers built on them (training loops, memory tiers,
-#: checkpoints, the PyTorch module) at one, two and three ranks and at two nodes of two,
-#: which hold every case their code tells apart: one rank, a power of two, uneven shards
-#: and the hierarchical paths between nodes.
+# -- MPI layouts: where each file of tests/mpi runs ----------------------------------------
+#: The layouts of scripts/run_tests.py's MPI stage, as ``NODESxRANKS_PER_NODE``.
+LAYOUTS = ("1x1", "1x2", "1x3", "1x4", "2x1", "2x2")
+
+#: Layouts at which the tests marked ``training`` run under MPI: the trainers built on the
+#: collectives (training loops, memory tiers, checkpoints, the PyTorch module) at one, two
+#: and three ranks and at two nodes of two, which hold every case their code tells apart:
+#: one rank, a power of two, uneven shards and the hierarchical paths between nodes.
 TRAINING_LAYOUTS = ("1x1", "1x2", "1x3", "2x2")
 
 
@@ -104,13 +107,41 @@ def mpi_layout() -> str:
     return f"{size // per_node}x{per_node}"
 
 
+def layouts_of(item) -> tuple[str, ...] | None:
+    """The layouts ``item`` runs at: those of its ``layouts`` marker (``"all"``: every one),
+    else TRAINING_LAYOUTS where it is marked ``training``; None where it says neither.
+    A ``layouts`` marker names known layouts and says why (``why=``), or this raises."""
+    mark = item.get_closest_marker("layouts")
+    if mark is None:
+        return TRAINING_LAYOUTS if item.get_closest_marker("training") is not None else None
+    where = f"{item.path.name}: pytest.mark.layouts{mark.args}"
+    if not str(mark.kwargs.get("why", "")).strip():
+        raise pytest.UsageError(f"{where} says no why= (what these layouts show that the "
+                                f"others do not)")
+    if mark.args == ("all",):
+        return LAYOUTS
+    unknown = [a for a in mark.args if a not in LAYOUTS]
+    if unknown or not mark.args:
+        raise pytest.UsageError(f"{where}: {unknown or 'no layout'}; the layouts are "
+                                f"{', '.join(LAYOUTS)} or 'all'")
+    return tuple(mark.args)
+
+
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("--with-mpi", default=False):
         return
     layout = mpi_layout()
-    if layout in TRAINING_LAYOUTS:
-        return
-    away = [item for item in items if item.get_closest_marker("training") is not None]
+    keep, away, unsaid = [], [], set()
+    for item in items:
+        where = layouts_of(item)
+        if where is None and item.path.parent.name == "mpi":
+            unsaid.add(item.path.name)
+        (keep if where is None or layout in where else away).append(item)
+    if unsaid:
+        raise pytest.UsageError(
+            f"{', '.join(sorted(unsaid))}: a file of tests/mpi says at which layouts it runs "
+            f"and why: pytestmark = pytest.mark.layouts(..., why=...) (one of "
+            f"{', '.join(LAYOUTS)}, or 'all'), or pytest.mark.training")
     if away:
         config.hook.pytest_deselected(items=away)
-        items[:] = [item for item in items if item.get_closest_marker("training") is None]
+        items[:] = keep

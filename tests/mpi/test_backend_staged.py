@@ -12,6 +12,10 @@ from mpi4py import MPI
 
 from neocomm.backends.staged import StagedBackend
 
+pytestmark = pytest.mark.layouts("1x2", "1x3", why=(
+    "the staged pieces are cut by the peers' count (a power of two and three); one rank has "
+    "no peer"))
+
 
 class _HostStaged(StagedBackend):
     device = False  # validate NumPy buffers; the piece logic is the one under test

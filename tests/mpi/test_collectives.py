@@ -17,7 +17,9 @@ from collectives.types import CollectiveOp
 from neocomm import CollectiveArgumentError
 from neocomm.types import bfloat16
 
-pytestmark = pytest.mark.mpi(min_size=1)
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.layouts("all", why=(
+    "each algorithm's schedule follows the rank count and the nodes: one rank, powers of two,"
+    " three ranks and one or two ranks a node take different paths"))]
 
 HYP = settings(max_examples=6, deadline=None, derandomize=True, database=None,
                suppress_health_check=list(HealthCheck))

@@ -8,7 +8,9 @@ import collectives as C
 from collectives.chunking import staging_pool
 from collectives.progress import idle
 
-pytestmark = pytest.mark.mpi(min_size=1)
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.layouts("1x2", "1x3", "2x2", why=(
+    "handles and groups at a power of two, at three ranks and across nodes (intra-node and "
+    "rail groups)"))]
 
 
 def test_async_handles_return_the_output(world, all_ranks):

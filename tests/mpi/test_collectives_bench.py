@@ -8,7 +8,8 @@ from collectives.algorithms import names
 from collectives.bench import PEER, BenchConfig, run_bench
 from collectives.types import CollectiveOp
 
-pytestmark = pytest.mark.mpi(min_size=1)
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.layouts("1x1", "1x2", "2x2", why=(
+    "the harness on one rank, on one node and across nodes"))]
 
 
 @pytest.mark.parametrize("op", list(CollectiveOp))

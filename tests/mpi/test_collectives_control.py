@@ -9,7 +9,8 @@ import collectives as C
 from collectives.control import StepControl
 from neocomm import CollectiveArgumentError
 
-pytestmark = pytest.mark.mpi(min_size=1)
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.layouts("1x1", "1x2", "1x3", why=(
+    "a step's agreement follows the group's size alone"))]
 
 
 def _one_step(world, b: int, step: int):

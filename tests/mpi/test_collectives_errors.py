@@ -8,7 +8,9 @@ import collectives as C
 from collectives import settings
 from neocomm import CollectiveArgumentError
 
-pytestmark = pytest.mark.mpi(min_size=1)
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.layouts("1x1", "1x2", "1x3", "2x2", why=(
+    "bad input is refused on one rank, on groups of two and three, and by the algorithms "
+    "between nodes"))]
 
 
 def raises_everywhere(all_ranks, fn, field=None, match=None):

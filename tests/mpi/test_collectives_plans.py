@@ -9,6 +9,9 @@ import collectives as C
 from collectives import api, api_sparse, api_v
 from neocomm import CollectiveArgumentError
 
+pytestmark = pytest.mark.layouts("all", why=(
+    "a plan is built once per layout"))
+
 
 @pytest.fixture
 def builds(monkeypatch):

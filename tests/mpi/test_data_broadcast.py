@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from embedding.data import BroadcastReader, ShardedReader, SyntheticConfig, SyntheticDataset
+
+pytestmark = pytest.mark.layouts("1x2", "1x3", "2x2", why=(
+    "one reader and its receivers at a power of two, three ranks and across nodes"))
 
 
 def test_broadcast_reader_matches_sharded_reader_for_every_root(world, all_ranks):

@@ -32,7 +32,9 @@ from collectives.types import CollectiveOp
 from neocomm import CollectiveArgumentError
 from neocomm.types import bfloat16
 
-pytestmark = pytest.mark.mpi(min_size=1)
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.layouts("all", why=(
+    "random calls against native MPI at every rank count and node layout the algorithms tell "
+    "apart"))]
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 OPS = ["all_to_all", "all_to_all_v", "reduce_scatter", "all_reduce", "all_gather",

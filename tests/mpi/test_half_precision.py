@@ -23,7 +23,8 @@ from neocomm import CollectiveArgumentError
 from neocomm.reduction import UNIT_ROUNDOFF, error_bound, relative_bound
 from neocomm.types import ReduceOp, bfloat16
 
-pytestmark = pytest.mark.mpi(min_size=1)
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.layouts("all", why=(
+    "the rounding steps of a reduction follow the algorithm, which follows the layout"))]
 
 DTYPES = ["float16"] + (["bfloat16"] if bfloat16 is not None else [])
 OPS = [CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER]

@@ -7,6 +7,9 @@ import pytest
 import collectives as C
 from neocomm import CollectiveArgumentError
 
+pytestmark = pytest.mark.layouts("1x1", "1x2", "1x3", "2x2", why=(
+    "prepared calls at one rank, a power of two, three ranks and across nodes"))
+
 
 def _cases(world, rng, xp=np):
     """(name, input, output, prepare(algo), plain(algo)) per dense op, on ``xp`` arrays (NumPy

@@ -24,6 +24,10 @@ from embedding.types import OptimizerConfig, OptimizerKind
 from neocomm.errors import CollectiveArgumentError
 from test_sharding import BATCH, global_batch, local_kjt, make_plan, make_tables, skip_if_uneven
 
+pytestmark = pytest.mark.layouts("1x2", "1x3", "2x2", why=(
+    "the codecs act where a dist exchanges: a power of two, uneven shards of three, and the "
+    "shardings between nodes (one rank exchanges nothing; four adds no case)"))
+
 MIXES = ["tw", "rw", "cw", "twrw", "twcw", "mixed", "mixed_hier", "cyc"]
 REDUCING = {"rw", "twrw", "mixed", "mixed_hier", "cyc"}  # a row-wise kind among the tables
 #: unit roundoff of each 16-bit format

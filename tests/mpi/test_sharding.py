@@ -30,6 +30,10 @@ RTOL = 1e-10
 
 
 POOLS = (Pooling.SUM, Pooling.MEAN, Pooling.SUM, Pooling.MEAN)
+
+pytestmark = pytest.mark.layouts("all", why=(
+    "every sharding splits tables, rows and columns by the rank count and the nodes (table-"
+    "row-wise needs nodes)"))
 #: Max pooling on every table whose sharding can pool by max (t1 is row-wise in "mixed").
 MAX_POOLS = (Pooling.MAX, Pooling.MEAN, Pooling.MAX, Pooling.MAX)
 

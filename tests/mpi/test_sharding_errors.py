@@ -14,6 +14,9 @@ from embedding.types import (IdPolicy, OptimizerConfig, Shard, ShardingPlan, Sha
                              TableConfig, TablePlan)
 from neocomm.errors import CollectiveArgumentError
 
+pytestmark = pytest.mark.layouts("1x2", "1x3", why=(
+    "bad input is refused before any shard moves: a power of two and three ranks"))
+
 TABLES = [TableConfig("users", 20, 4, features=("user",), dtype="float64",
                       optimizer=OptimizerConfig(lr=0.1)),
           TableConfig("items", 30, 3, features=("item",), dtype="float64",

@@ -9,7 +9,8 @@ from collectives.fabric import fabric_for
 from collectives.simulate import predict
 from collectives.types import CollectiveOp
 
-pytestmark = pytest.mark.mpi(min_size=2)
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.layouts("all", why=(
+    "the pick to agree with changes with the rank count and the nodes"))]
 
 
 @pytest.mark.parametrize("op", list(CollectiveOp), ids=lambda op: op.value)

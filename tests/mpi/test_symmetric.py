@@ -14,7 +14,8 @@ from collectives.fabric import fabric_for
 from collectives.types import CollectiveOp, Request
 from neocomm import CollectiveArgumentError
 
-pytestmark = pytest.mark.mpi(min_size=1)
+pytestmark = [pytest.mark.mpi(min_size=1), pytest.mark.layouts("all", why=(
+    "symmetric memory within one node at 1 to 4 ranks, and the refusal across nodes"))]
 
 SYM = "symmetric"
 

@@ -10,6 +10,9 @@ import pytest
 from topology import (ProbeWarning, TopologyError, discover_host, discover_world, fixture,
                       to_json)
 
+pytestmark = pytest.mark.layouts("all", why=(
+    "discovery finds each real and emulated layout"))
+
 
 def _nodes(world):
     return [world.node_of(r) for r in range(world.size)]

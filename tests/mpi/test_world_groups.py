@@ -9,6 +9,9 @@ import pytest
 from neocomm import CollectiveArgumentError
 from neocomm.types import GroupKind
 
+pytestmark = pytest.mark.layouts("all", why=(
+    "the world and its groups are built from the layout"))
+
 
 def test_world_layout_matches_setting(world, all_ranks):
     k = int(os.environ.get("NEOCOMM_RANKS_PER_NODE", "0") or 0)

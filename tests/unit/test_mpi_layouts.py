@@ -1,22 +1,26 @@
-"""The MPI stage's layouts: tests marked ``training`` are collected at the layouts of
-``tests/conftest.py`` TRAINING_LAYOUTS and left out (deselected, and counted so) at the
-others; every other MPI test is collected at every layout. Two ranks in one node (a
-training layout) and in two nodes of one (not one) show both."""
+"""The MPI stage's layouts: every file of tests/mpi says where it runs (a ``layouts``
+marker with its why, or ``training``: ``tests/conftest.py`` TRAINING_LAYOUTS) and is left
+out (deselected, and counted so) at the other layouts; a file that says nothing, or a
+marker without a why or with an unknown layout, fails the collection naming the file. Two
+ranks in one node (a training layout) and in two nodes of one (not one) show both."""
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-#: a training file (every test marked) and a collectives file (none marked)
-FILES = ["tests/mpi/test_train_reshard.py", "tests/mpi/test_world_groups.py"]
+#: a training file, a collectives file of every layout and one of one node of two ranks
+FILES = ["tests/mpi/test_train_reshard.py", "tests/mpi/test_world_groups.py",
+         "tests/mpi/test_large_counts.py"]
 
 
-def _collected(nprocs: int, per_node: int | None) -> tuple[set[str], int]:
+def _collected(nprocs: int, per_node: int | None, files=FILES,
+               cwd: str = ROOT) -> tuple[set[str], int]:
     """(files of the tests rank 0 collected, the number it deselected) on ``nprocs`` ranks
     in emulated nodes of ``per_node``."""
     from neocomm.launcher import build_command, find_launcher
@@ -28,8 +32,8 @@ def _collected(nprocs: int, per_node: int | None) -> tuple[set[str], int]:
         env["NEOCOMM_RANKS_PER_NODE"] = str(per_node)
     argv = build_command(find_launcher(), nprocs,
                          [sys.executable, "-m", "pytest", "--with-mpi", "--collect-only", "-q",
-                          "-p", "no:cacheprovider", *FILES], ranks_per_node=per_node)
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                          "-p", "no:cacheprovider", *files], ranks_per_node=per_node)
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     files = {m[1] for m in re.finditer(r"^(tests/mpi/\w+\.py)::", out, re.M)}
@@ -43,4 +47,26 @@ def test_training_tests_run_at_the_training_layouts_only(nprocs, per_node, train
     files, deselected = _collected(nprocs, per_node)
     assert "tests/mpi/test_world_groups.py" in files
     assert ("tests/mpi/test_train_reshard.py" in files) is trained, files
+    assert ("tests/mpi/test_large_counts.py" in files) is trained, files  # 1x2 only
     assert (deselected > 0) is not trained, deselected
+
+
+@pytest.mark.parametrize("marker, refused", [
+    ("", "test_x.py: a file of tests/mpi says at which layouts it runs and why"),
+    ("pytestmark = pytest.mark.layouts('1x2')", "says no why="),
+    ("pytestmark = pytest.mark.layouts('1x2', '3x3', why='a reason')", "['3x3']; the layouts are"),
+    ("pytestmark = pytest.mark.layouts('1x2', why='a reason')", None)],
+    ids=["unsaid", "no why", "unknown layout", "said"])
+def test_a_file_that_does_not_say_its_layouts_is_refused(tmp_path, marker, refused):
+    """A tree of its own: the suite's conftest, and tests/mpi/test_x.py with ``marker``."""
+    (tmp_path / "tests" / "mpi").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "tests", "conftest.py"), tmp_path / "tests")
+    (tmp_path / "tests" / "mpi" / "test_x.py").write_text(
+        f"import pytest\n{marker}\n\ndef test_one():\n    pass\n")
+    if refused is None:
+        files, _ = _collected(2, None, ["tests/mpi/test_x.py"], str(tmp_path))
+        assert files == {"tests/mpi/test_x.py"}
+        return
+    with pytest.raises(AssertionError) as failed:
+        _collected(2, None, ["tests/mpi/test_x.py"], str(tmp_path))
+    assert refused in str(failed.value), failed.value
