@@ -14,5 +14,6 @@ config.declare("PROGRESS", str, "auto", "Progress display of `neocomm train` on 
                "(a bar on a terminal, lines otherwise and under an MPI launcher), bar, lines "
                "or off", choices=("auto", "bar", "lines", "off"))
 config.declare("EMBEDDING_KERNELS", str, "auto",
-               "CPU embedding kernels: auto (compiled when numba loads, else NumPy), compiled "
+               "CPU embedding kernels: auto (compiled when numba loads, after a process's first "
+               "second of embedding work, else NumPy), compiled "
                "(fail when numba does not load) or numpy", choices=KERNEL_MODES)

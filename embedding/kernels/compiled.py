@@ -21,18 +21,26 @@ only the first run on a machine pays the compile (a few seconds).
 
 The results are bitwise those of the NumPy kernels (same operations, same
 order, no contraction); ``NEOCOMM_EMBEDDING_KERNELS=numpy`` selects the NumPy
-kernels, ``compiled`` requires the compiled ones. They serve float32 and
+kernels, ``compiled`` requires the compiled ones. ``auto`` (the default) rents
+before it buys: loading numba and the cached kernels costs a process about a
+second of CPU, more than a short job (a few steps, a small prediction) spends in
+its embedding work, so the NumPy kernels serve a process's calls for its first
+:data:`RENT_S` seconds of embedding work and the compiled ones from then on. A
+process that stops before then never pays the load; one that goes on pays it once,
+and spends at most :data:`RENT_S` seconds on the slower kernels first. They serve float32 and
 float64 tables; half tables (float16, bfloat16, whose rounding modes the
 NumPy path implements) and optimizer state stored narrower than the compute
 dtype take the NumPy path.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from neocomm import config
 
-__all__ = ["kernels", "info", "unique", "MODES"]
+__all__ = ["kernels", "info", "unique", "MODES", "RENT_S"]
 
 from embedding.settings import KERNEL_MODES as MODES
 
@@ -40,6 +48,10 @@ from embedding.settings import KERNEL_MODES as MODES
 _COMPUTE = (np.dtype(np.float32), np.dtype(np.float64))
 _loaded = None       # the _jit module once imported
 _why = None          # why it could not be imported
+#: seconds after a process's first call for kernels during which ``auto`` keeps to the
+#: NumPy kernels (about what loading the compiled ones costs)
+RENT_S = 1.0
+_first_call = None   # time.monotonic() of this process's first call in auto mode
 
 
 def _load():
@@ -67,9 +79,16 @@ def info() -> tuple[str, str]:
 
 def kernels(dtype):
     """The compiled module for tables of ``dtype``, or None where the NumPy kernels serve."""
+    global _first_call
     mode = config.get("EMBEDDING_KERNELS")
     if mode == "numpy":
         return None
+    if mode == "auto" and _loaded is None and _why is None:
+        now = time.monotonic()
+        if _first_call is None:
+            _first_call = now
+        if now - _first_call < RENT_S:
+            return None
     jit = _load()
     if jit is None and mode == "compiled":
         raise RuntimeError(f"NEOCOMM_EMBEDDING_KERNELS=compiled, but the compiled kernels do not "

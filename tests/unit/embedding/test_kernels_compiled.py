@@ -62,8 +62,9 @@ def both(monkeypatch, fn):
     return out
 
 
-def test_the_compiled_kernels_load():
+def test_the_compiled_kernels_load(monkeypatch):
     # numba is a dependency: without this the comparisons below would compare NumPy with itself
+    monkeypatch.setenv("NEOCOMM_EMBEDDING_KERNELS", "compiled")
     assert compiled.kernels(np.float32) is not None and compiled.kernels(np.float64) is not None
     assert compiled.kernels(np.float16) is None   # half tables: the NumPy kernels
     title, state = compiled.info()
@@ -223,6 +224,32 @@ def test_the_setting(monkeypatch):
     with pytest.raises(RuntimeError, match="NEOCOMM_EMBEDDING_KERNELS=compiled, but the "
                                            "compiled kernels do not load .*No module named"):
         compiled.kernels(np.float32)
+
+
+def test_auto_serves_a_process_first_second_from_numpy_then_the_compiled_kernels(
+        monkeypatch):
+    """auto rents before it buys: the NumPy kernels until RENT_S seconds after the first
+    call, then numba's (loaded then, once); bitwise the same results either way."""
+    clock = [100.0]
+    monkeypatch.setattr(compiled.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(compiled, "_loaded", None)
+    monkeypatch.setattr(compiled, "_first_call", None)
+    layout, bags, weights, _ = multi_hot("float32", 8, 4)
+    monkeypatch.setenv("NEOCOMM_EMBEDDING_KERNELS", "numpy")
+    want = cpu.pooled_lookup(layout, weights, bags)
+    monkeypatch.setenv("NEOCOMM_EMBEDDING_KERNELS", "auto")
+    served = []
+    for at in (0.0, 0.5, compiled.RENT_S - 0.01, compiled.RENT_S, compiled.RENT_S + 5):
+        clock[0] = 100.0 + at
+        served.append(compiled.kernels(np.float32) is not None)
+        assert_same_bytes(cpu.pooled_lookup(layout, weights, bags), want, f"lookup at {at} s")
+    assert served == [False, False, False, True, True], served
+    clock[0] = 100.0  # once loaded, the compiled kernels serve from then on
+    assert compiled.kernels(np.float32) is not None
+    monkeypatch.setenv("NEOCOMM_EMBEDDING_KERNELS", "compiled")  # compiled: from the first call
+    monkeypatch.setattr(compiled, "_loaded", None)
+    monkeypatch.setattr(compiled, "_first_call", None)
+    assert compiled.kernels(np.float32) is not None
 
 
 def test_threads_never_exceed_the_cores(monkeypatch, caplog):
