@@ -9,7 +9,7 @@ Layouts: 1, 2, 3 and 4 ranks on one node, and emulated multi-node layouts
 (NEOCOMM_RANKS_PER_NODE): 2 nodes x 1 rank, 2 nodes x 2 ranks. Each file of
 tests/mpi says at which of them it runs and why (a ``layouts`` marker, or
 ``training`` for the trainers: ``tests/conftest.py`` TRAINING_LAYOUTS); its tests
-are counted as deselected at the others. The device
+are counted as deselected at the others (``--suite-layouts``). The device
 tests (``tests/gpu``) run in one process (two pytest-xdist workers, whole files
 each, with ``tests/unit``) and, for the ones marked ``mpi``,
 at 2 ranks and at 4 ranks over 2 emulated nodes, on a real GPU when CuPy
@@ -125,7 +125,8 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as outdir:
                 lenv["MPI_PYTEST_OUTDIR"] = outdir
                 argv = build_command(launcher, nprocs, [sys.executable, "scripts/mpi_pytest.py",
-                                                        where, *select, *extra], ranks_per_node=rpn)
+                                                        "--suite-layouts", where, *select,
+                                                        *extra], ranks_per_node=rpn)
                 results.append(_run(label, argv, lenv, outdir))
     total = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
     for _, counts in results:

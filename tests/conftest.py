@@ -127,16 +127,23 @@ def layouts_of(item) -> tuple[str, ...] | None:
     return tuple(mark.args)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--suite-layouts", action="store_true",
+                     help="under MPI, run a file of tests/mpi only at the layouts it names "
+                          "(what scripts/run_tests.py's MPI stage does); without it, every "
+                          "file runs at whatever layout the job has")
+
+
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("--with-mpi", default=False):
         return
-    layout = mpi_layout()
+    layout = mpi_layout() if config.getoption("--suite-layouts") else None
     keep, away, unsaid = [], [], set()
     for item in items:
         where = layouts_of(item)
         if where is None and item.path.parent.name == "mpi":
             unsaid.add(item.path.name)
-        (keep if where is None or layout in where else away).append(item)
+        (keep if where is None or layout is None or layout in where else away).append(item)
     if unsaid:
         raise pytest.UsageError(
             f"{', '.join(sorted(unsaid))}: a file of tests/mpi says at which layouts it runs "

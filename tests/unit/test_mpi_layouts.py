@@ -1,8 +1,9 @@
 """The MPI stage's layouts: every file of tests/mpi says where it runs (a ``layouts``
 marker with its why, or ``training``: ``tests/conftest.py`` TRAINING_LAYOUTS) and is left
-out (deselected, and counted so) at the other layouts; a file that says nothing, or a
-marker without a why or with an unknown layout, fails the collection naming the file. Two
-ranks in one node (a training layout) and in two nodes of one (not one) show both."""
+out (deselected, and counted so) at the stage's other layouts (``--suite-layouts``; a job
+run otherwise runs every file it is given); a file that says nothing, or a marker without
+a why or with an unknown layout, fails the collection naming the file. Two ranks in one
+node (a training layout) and in two nodes of one (not one) show both."""
 from __future__ import annotations
 
 import os
@@ -19,8 +20,8 @@ FILES = ["tests/mpi/test_train_reshard.py", "tests/mpi/test_world_groups.py",
          "tests/mpi/test_large_counts.py"]
 
 
-def _collected(nprocs: int, per_node: int | None, files=FILES,
-               cwd: str = ROOT) -> tuple[set[str], int]:
+def _collected(nprocs: int, per_node: int | None, files=FILES, cwd: str = ROOT,
+               suite: bool = True) -> tuple[set[str], int]:
     """(files of the tests rank 0 collected, the number it deselected) on ``nprocs`` ranks
     in emulated nodes of ``per_node``."""
     from neocomm.launcher import build_command, find_launcher
@@ -31,7 +32,8 @@ def _collected(nprocs: int, per_node: int | None, files=FILES,
     if per_node:
         env["NEOCOMM_RANKS_PER_NODE"] = str(per_node)
     argv = build_command(find_launcher(), nprocs,
-                         [sys.executable, "-m", "pytest", "--with-mpi", "--collect-only", "-q",
+                         [sys.executable, "-m", "pytest", "--with-mpi",
+                          *(["--suite-layouts"] if suite else []), "--collect-only", "-q",
                           "-p", "no:cacheprovider", *files], ranks_per_node=per_node)
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout
@@ -49,6 +51,12 @@ def test_training_tests_run_at_the_training_layouts_only(nprocs, per_node, train
     assert ("tests/mpi/test_train_reshard.py" in files) is trained, files
     assert ("tests/mpi/test_large_counts.py" in files) is trained, files  # 1x2 only
     assert (deselected > 0) is not trained, deselected
+
+
+def test_without_the_suites_option_every_file_runs_at_the_jobs_layout():
+    """A job run by hand, or across the test cluster's hosts (2+1), runs what it is given."""
+    files, deselected = _collected(2, 1, suite=False)
+    assert files == {f for f in FILES} and deselected == 0, (files, deselected)
 
 
 @pytest.mark.parametrize("marker, refused", [
