@@ -107,23 +107,28 @@ def mpi_layout() -> str:
     return f"{size // per_node}x{per_node}"
 
 
+class LayoutsUnsaid(ValueError):
+    """A file of tests/mpi that does not say rightly at which layouts it runs."""
+
+
 def layouts_of(item) -> tuple[str, ...] | None:
     """The layouts ``item`` runs at: those of its ``layouts`` marker (``"all"``: every one),
     else TRAINING_LAYOUTS where it is marked ``training``; None where it says neither.
-    A ``layouts`` marker names known layouts and says why (``why=``), or this raises."""
+    A ``layouts`` marker names known layouts and says why (``why=``), or this raises
+    :class:`LayoutsUnsaid`."""
     mark = item.get_closest_marker("layouts")
     if mark is None:
         return TRAINING_LAYOUTS if item.get_closest_marker("training") is not None else None
     where = f"{item.path.name}: pytest.mark.layouts{mark.args}"
     if not str(mark.kwargs.get("why", "")).strip():
-        raise pytest.UsageError(f"{where} says no why= (what these layouts show that the "
-                                f"others do not)")
+        raise LayoutsUnsaid(f"{where} says no why= (what these layouts show that the "
+                            f"others do not)")
     if mark.args == ("all",):
         return LAYOUTS
     unknown = [a for a in mark.args if a not in LAYOUTS]
     if unknown or not mark.args:
-        raise pytest.UsageError(f"{where}: {unknown or 'no layout'}; the layouts are "
-                                f"{', '.join(LAYOUTS)} or 'all'")
+        raise LayoutsUnsaid(f"{where}: {unknown or 'no layout'}; the layouts are "
+                            f"{', '.join(LAYOUTS)} or 'all'")
     return tuple(mark.args)
 
 
@@ -138,17 +143,21 @@ def pytest_collection_modifyitems(config, items):
     if not config.getoption("--with-mpi", default=False):
         return
     layout = mpi_layout() if config.getoption("--suite-layouts") else None
-    keep, away, unsaid = [], [], set()
+    keep, away, wrong = [], [], {}
     for item in items:
-        where = layouts_of(item)
+        try:
+            where = layouts_of(item)
+        except LayoutsUnsaid as exc:
+            wrong.setdefault(item.path.name, str(exc))
+            continue
         if where is None and item.path.parent.name == "mpi":
-            unsaid.add(item.path.name)
+            wrong.setdefault(item.path.name, (
+                f"{item.path.name}: a file of tests/mpi says at which layouts it runs and "
+                f"why: pytestmark = pytest.mark.layouts(..., why=...) (one of "
+                f"{', '.join(LAYOUTS)}, or 'all'), or pytest.mark.training"))
         (keep if where is None or layout is None or layout in where else away).append(item)
-    if unsaid:
-        raise pytest.UsageError(
-            f"{', '.join(sorted(unsaid))}: a file of tests/mpi says at which layouts it runs "
-            f"and why: pytestmark = pytest.mark.layouts(..., why=...) (one of "
-            f"{', '.join(LAYOUTS)}, or 'all'), or pytest.mark.training")
+    if wrong:  # every file at once, so that one run shows them all
+        raise pytest.UsageError("\n".join(wrong[name] for name in sorted(wrong)))
     if away:
         config.hook.pytest_deselected(items=away)
         items[:] = keep

@@ -59,22 +59,26 @@ def test_without_the_suites_option_every_file_runs_at_the_jobs_layout():
     assert files == {f for f in FILES} and deselected == 0, (files, deselected)
 
 
-@pytest.mark.parametrize("marker, refused", [
-    ("", "test_x.py: a file of tests/mpi says at which layouts it runs and why"),
-    ("pytestmark = pytest.mark.layouts('1x2')", "says no why="),
-    ("pytestmark = pytest.mark.layouts('1x2', '3x3', why='a reason')", "['3x3']; the layouts are"),
-    ("pytestmark = pytest.mark.layouts('1x2', why='a reason')", None)],
-    ids=["unsaid", "no why", "unknown layout", "said"])
-def test_a_file_that_does_not_say_its_layouts_is_refused(tmp_path, marker, refused):
-    """A tree of its own: the suite's conftest, and tests/mpi/test_x.py with ``marker``."""
+def test_files_that_do_not_say_their_layouts_are_refused_all_at_once(tmp_path):
+    """A tree of its own: the suite's conftest and four files of tests/mpi, three of which
+    say their layouts wrongly; one collection names those three, each with its fault."""
     (tmp_path / "tests" / "mpi").mkdir(parents=True)
     shutil.copy(os.path.join(ROOT, "tests", "conftest.py"), tmp_path / "tests")
-    (tmp_path / "tests" / "mpi" / "test_x.py").write_text(
-        f"import pytest\n{marker}\n\ndef test_one():\n    pass\n")
-    if refused is None:
-        files, _ = _collected(2, None, ["tests/mpi/test_x.py"], str(tmp_path))
-        assert files == {"tests/mpi/test_x.py"}
-        return
+    markers = {"unsaid": "",
+               "nowhy": "pytestmark = pytest.mark.layouts('1x2')",
+               "unknown": "pytestmark = pytest.mark.layouts('1x2', '3x3', why='a reason')",
+               "said": "pytestmark = pytest.mark.layouts('1x2', why='a reason')"}
+    for name, marker in markers.items():
+        (tmp_path / "tests" / "mpi" / f"test_{name}.py").write_text(
+            f"import pytest\n{marker}\n\ndef test_one():\n    pass\n")
+    files = [f"tests/mpi/test_{name}.py" for name in markers]
     with pytest.raises(AssertionError) as failed:
-        _collected(2, None, ["tests/mpi/test_x.py"], str(tmp_path))
-    assert refused in str(failed.value), failed.value
+        _collected(1, None, files, str(tmp_path))
+    said = str(failed.value).split("ERROR: ", 1)[-1]  # the collection's error, as shown
+    assert "test_unsaid.py: a file of tests/mpi says at which layouts it runs and why" in said
+    assert "test_nowhy.py: pytest.mark.layouts('1x2',) says no why=" in said
+    assert "test_unknown.py: pytest.mark.layouts('1x2', '3x3'): ['3x3']; the layouts are" \
+        in said
+    assert "test_said.py" not in said
+    files, _ = _collected(2, None, ["tests/mpi/test_said.py"], str(tmp_path))  # at 1x2
+    assert files == {"tests/mpi/test_said.py"}
