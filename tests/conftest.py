@@ -113,12 +113,19 @@ class LayoutsUnsaid(ValueError):
 
 def layouts_of(item) -> tuple[str, ...] | None:
     """The layouts ``item`` runs at: those of its ``layouts`` marker (``"all"``: every one),
-    else TRAINING_LAYOUTS where it is marked ``training``; None where it says neither.
-    A ``layouts`` marker names known layouts and says why (``why=``), or this raises
-    :class:`LayoutsUnsaid`."""
+    else TRAINING_LAYOUTS where it is marked ``training``; None where it says neither (a
+    test outside tests/mpi). A file of tests/mpi that says neither, or a ``layouts`` marker
+    that names no known layout or says no why (``why=``), raises :class:`LayoutsUnsaid`."""
     mark = item.get_closest_marker("layouts")
     if mark is None:
-        return TRAINING_LAYOUTS if item.get_closest_marker("training") is not None else None
+        if item.get_closest_marker("training") is not None:
+            return TRAINING_LAYOUTS
+        if item.path.parent.name == "mpi":
+            raise LayoutsUnsaid(f"{item.path.name}: a file of tests/mpi says at which layouts "
+                                f"it runs and why: pytestmark = pytest.mark.layouts(..., "
+                                f"why=...) (one of {', '.join(LAYOUTS)}, or 'all'), or "
+                                f"pytest.mark.training")
+        return None
     where = f"{item.path.name}: pytest.mark.layouts{mark.args}"
     if not str(mark.kwargs.get("why", "")).strip():
         raise LayoutsUnsaid(f"{where} says no why= (what these layouts show that the "
@@ -150,11 +157,6 @@ def pytest_collection_modifyitems(config, items):
         except LayoutsUnsaid as exc:
             wrong.setdefault(item.path.name, str(exc))
             continue
-        if where is None and item.path.parent.name == "mpi":
-            wrong.setdefault(item.path.name, (
-                f"{item.path.name}: a file of tests/mpi says at which layouts it runs and "
-                f"why: pytestmark = pytest.mark.layouts(..., why=...) (one of "
-                f"{', '.join(LAYOUTS)}, or 'all'), or pytest.mark.training"))
         (keep if where is None or layout is None or layout in where else away).append(item)
     if wrong:  # every file at once, so that one run shows them all
         raise pytest.UsageError("\n".join(wrong[name] for name in sorted(wrong)))

@@ -220,23 +220,20 @@ def run(args) -> int:
 def _example(args) -> int:
     from embedding.data.example import write_example, write_ratings
 
-    if args.shape == "ratings":
-        try:
-            paths = write_ratings(args.output, records=args.records or 100_000, seed=args.seed)
-        except (OSError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(f"wrote {paths['train']}, {paths['valid']} and {paths['test']} (80/10/10 of "
-              f"{args.records or 100_000:,} ratings) and {paths['config']}")
-        print(f"(the planted model scores AUC {paths['planted_auc']:.4f} on test)")
-        return 0
-    n = args.records or 200_000
+    ratings = args.shape == "ratings"
+    n = args.records or (100_000 if ratings else 200_000)
     try:
-        paths = write_example(args.output, records=n, eval_records=max(1, n // 10),
-                              seed=args.seed)
+        paths = (write_ratings(args.output, records=n, seed=args.seed) if ratings else
+                 write_example(args.output, records=n, eval_records=max(1, n // 10),
+                               seed=args.seed))
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if ratings:
+        print(f"wrote {paths['train']}, {paths['valid']} and {paths['test']} (80/10/10 of "
+              f"{n:,} ratings) and {paths['config']}")
+        print(f"(the planted model scores AUC {paths['planted_auc']:.4f} on test)")
+        return 0
     print(f"wrote {paths['train']} ({n:,} records), {paths['valid']} and {paths['test']} "
           f"({max(1, n // 10):,} each)")
     print(f"and the config that trains on them: {paths['config']}")

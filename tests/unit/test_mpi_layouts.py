@@ -56,7 +56,7 @@ def test_training_tests_run_at_the_training_layouts_only(nprocs, per_node, train
 def test_without_the_suites_option_every_file_runs_at_the_jobs_layout():
     """A job run by hand, or across the test cluster's hosts (2+1), runs what it is given."""
     files, deselected = _collected(2, 1, suite=False)
-    assert files == {f for f in FILES} and deselected == 0, (files, deselected)
+    assert files == set(FILES) and deselected == 0, (files, deselected)
 
 
 def test_files_that_do_not_say_their_layouts_are_refused_all_at_once(tmp_path):
