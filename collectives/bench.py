@@ -45,8 +45,8 @@ from neocomm.types import is_half
 from neocomm import types
 from neocomm.types import ReduceOp
 
-__all__ = ["BenchConfig", "Row", "run_bench", "bus_factor", "peer_name", "PEER",
-           "DEVICE_PEER"]
+__all__ = ["BenchConfig", "Row", "run_bench", "bench_algos", "bus_factor", "peer_name",
+           "PEER", "DEVICE_PEER"]
 
 #: Name of the native MPI peer in tables and JSON (host buffers).
 PEER = "mpi"
@@ -365,10 +365,11 @@ def _time(group, fn, iters: int, cfg: BenchConfig) -> float:
     return group.comm.allreduce(elapsed, op=MPI.MAX)
 
 
-def run_bench(cfg: BenchConfig, group, on_row=None) -> list[Row]:
-    """Run the sweep on ``group``; ``on_row(size_rows)`` is called after each size."""
-    from mpi4py import MPI
-
+def bench_algos(cfg: BenchConfig, group) -> tuple[list[str], set]:
+    """``(algorithms, optional)`` the sweep of ``cfg`` on ``group`` times, the peer first;
+    ``optional`` are those ``all`` added, left out where they cannot run. Raises ValueError
+    naming the option at fault (what ``neocomm bench`` checks for every op before it runs
+    any)."""
     op = cfg.op
     peer = peer_name(cfg)
     if cfg.device and cfg.symmetric:
@@ -391,6 +392,16 @@ def run_bench(cfg: BenchConfig, group, on_row=None) -> list[Row]:
     if op in (CollectiveOp.ONE_TO_MANY, CollectiveOp.BROADCAST) and not \
             0 <= cfg.root < group.size:
         raise ValueError(f"--root: expected a rank in [0, {group.size}), got {cfg.root}")
+    return algos, optional
+
+
+def run_bench(cfg: BenchConfig, group, on_row=None) -> list[Row]:
+    """Run the sweep on ``group``; ``on_row(size_rows)`` is called after each size."""
+    from mpi4py import MPI
+
+    op = cfg.op
+    peer = peer_name(cfg)
+    algos, optional = bench_algos(cfg, group)
     rows: list[Row] = []
     for size in sizes(cfg):
         case = _Case(cfg, group, size)

@@ -13,8 +13,9 @@
 #      otherwise, asynchronous NCCL sends and receives issued on the stream
 #      they were posted on;
 #   3. runs the device tests: python -m pytest -q tests/gpu;
-#   4. runs `neocomm bench OP --device -b 1K -e MAX -f 4` on NGPUS ranks for
-#      every op of `neocomm bench --list` that has a native (NCCL) peer;
+#   4. runs `neocomm bench OP... --device -b 1K -e MAX -f 4` on NGPUS ranks, in
+#      one job, for every op of `neocomm bench --list` that has a native (NCCL)
+#      peer (an op that gave no result is named as a failed step);
 #   5. measures the embedding kernels against a device memcpy
 #      (scripts/bench_device_kernels.py);
 # then prints one table and writes DIR/release_check.json (default
@@ -121,10 +122,17 @@ if [ -z "$OPS" ]; then
   printf 'bench-list\t1\n' >> "$OUT/steps.tsv"
   echo "== bench-list FAILED: neocomm bench --list gave no op with a native peer" >&2
 fi
-for op in $OPS; do
-  step "bench $op" neocomm run -n "$RANKS" -- neocomm bench "$op" --device -b 1K -e "$MAX" \
-    -f 4 "${ITERS[@]}" --json "$OUT/bench_$op.json"
-done
+if [ -n "$OPS" ]; then
+  # shellcheck disable=SC2086  # one word per op
+  step bench neocomm run -n "$RANKS" -- neocomm bench $OPS --device -b 1K -e "$MAX" -f 4 \
+    "${ITERS[@]}" --json "$OUT/bench_{op}.json"
+  for op in $OPS; do
+    if [ ! -s "$OUT/bench_$op.json" ]; then
+      printf 'bench %s\t1\n' "$op" >> "$OUT/steps.tsv"
+      echo "== bench $op FAILED: no result" >&2
+    fi
+  done
+fi
 
 # 5. the embedding kernels against a device memcpy
 KQUICK=()

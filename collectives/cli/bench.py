@@ -1,7 +1,9 @@
-"""``neocomm bench OP``: collective bandwidth tests in the style of nccl-tests.
+"""``neocomm bench OP [OP ...]``: collective bandwidth tests in the style of nccl-tests.
 
 Run it on every rank, e.g. ``neocomm run -n 4 -- neocomm bench all_reduce -b 1M
--e 64M --algo ring,rabenseifner``, or across nodes with ``--hostfile``. Rank 0
+-e 64M --algo ring,rabenseifner``, or across nodes with ``--hostfile``. Several ops
+(or ``all``) run one after the other in the one job, each with its own table, and
+``--json`` then takes ``{op}`` in its name (a file per op). Rank 0
 prints one line per size: for the native MPI peer (``mpi``) and each chosen
 algorithm the time (us), algbw and busbw (GB/s), the number of wrong output
 elements of the checked iterations (summed over ranks) and the ratio peer
@@ -31,9 +33,12 @@ HELP = "collective bandwidth tests in the style of nccl-tests"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = ("ops: all_to_all all_to_all_v reduce_scatter all_reduce all_gather broadcast "
-                "one_to_many many_to_many\nexample: neocomm run -n 2 -- neocomm bench "
-                "all_reduce -b 1M -e 64M --algo ring,rabenseifner --json ar.json")
-    p.add_argument("op", nargs="?", help="the collective (see below); omit with --list")
+                "one_to_many many_to_many (all: every one)\nexamples: neocomm run -n 2 -- "
+                "neocomm bench all_reduce -b 1M -e 64M --algo ring,rabenseifner --json "
+                "ar.json\n          neocomm run -n 2 -- neocomm bench all -b 1K -e 1M "
+                "--json 'bench_{op}.json'")
+    p.add_argument("op", nargs="*", help="the collective(s) (see below), one after the other "
+                   "in this job; 'all' for every one; omit with --list")
     p.add_argument("-b", "--minbytes", type=size_arg, default=64 << 10,
                    help="smallest size in bytes (K/M/G suffixes, powers of 1024: 1M, "
                         "1MB and 1MiB are 1048576), default 64K")
@@ -57,7 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", type=int, default=0, help="root of broadcast / one_to_many")
     p.add_argument("--group", default="world", choices=["world", "intra_node", "rail"],
                    help="process group to run on, default world")
-    p.add_argument("--json", default=None, metavar="FILE", help="write every row as JSON")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="write every row as JSON; with several ops, a file each: FILE names "
+                        "it with {op} (e.g. 'bench_{op}.json')")
     p.add_argument("--calibrate", default=None, metavar="FILE",
                    help="write (or update) a calibration file for NEOCOMM_CALIBRATION: "
                         "measured / modelled time of each algorithm")
@@ -95,12 +102,14 @@ def run(args) -> int:
     if not args.op:
         print("neocomm bench: an op is required (or --list)", file=sys.stderr)
         return 2
-    from collectives.types import CollectiveOp
-
     try:
-        op = CollectiveOp.parse(args.op)
+        ops = _ops(args.op)
     except ValueError as exc:
         print(f"neocomm bench: {exc}", file=sys.stderr)
+        return 2
+    if args.json and len(ops) > 1 and "{op}" not in args.json:
+        print(f"neocomm bench: --json {args.json}: {len(ops)} ops write a file each; name "
+              f"it with {{op}} (e.g. bench_{{op}}.json)", file=sys.stderr)
         return 2
     for name, value, low in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0),
                              ("-c", args.check, 0), ("-r", args.repeat, 1)):
@@ -111,8 +120,10 @@ def run(args) -> int:
         print("neocomm bench: --calibrate: calibrates the host fabric; not with --device",
               file=sys.stderr)
         return 2
+    import dataclasses
+
     import neocomm
-    from collectives.bench import (BenchConfig, peak_rss_bytes, run_bench,
+    from collectives.bench import (BenchConfig, bench_algos, peak_rss_bytes, run_bench,
                                    staging_high_water)
 
     world = neocomm.init()
@@ -127,35 +138,62 @@ def run(args) -> int:
             return 2
     algos = tuple(a.strip() for item in (args.algo or ["auto"]) for a in item.split(",")
                   if a.strip())
-    cfg = BenchConfig(op=op, min_bytes=args.minbytes, max_bytes=args.maxbytes,
-                      factor=args.stepfactor, iters=args.iters, warmup=args.warmup_iters,
-                      check=args.check, repeat=args.repeat, algos=algos, dtype=args.dtype,
-                      reduce_op=args.reduce_op, root=args.root, symmetric=args.symmetric,
-                      prepared=args.prepared, device=args.device)
+    base = BenchConfig(op=ops[0], min_bytes=args.minbytes, max_bytes=args.maxbytes,
+                       factor=args.stepfactor, iters=args.iters, warmup=args.warmup_iters,
+                       check=args.check, repeat=args.repeat, algos=algos, dtype=args.dtype,
+                       reduce_op=args.reduce_op, root=args.root, symmetric=args.symmetric,
+                       prepared=args.prepared, device=args.device)
+    cfgs = [dataclasses.replace(base, op=op) for op in ops]
     lead = group.rank == 0
-    printer = _Printer(cfg, group, world, args.bare) if lead else None
+    try:  # every op's options are checked before the first one runs
+        for cfg in cfgs:
+            bench_algos(cfg, group)
+    except ValueError as exc:
+        if lead:
+            print(f"neocomm bench: {exc}", file=sys.stderr)
+        return 2
     from collectives.state import state_of
 
     state = state_of(group)
     checked = state.check
-    state.check = checked and not args.bare  # (plans made either way are redone)
-    try:
-        rows = run_bench(cfg, group, on_row=printer.row if printer else None)
-    except (ValueError, TypeError) as exc:
+    wrong = 0
+    for cfg in cfgs:
+        printer = _Printer(cfg, group, world, args.bare) if lead else None
+        state.check = checked and not args.bare  # (plans made either way are redone)
+        try:
+            rows = run_bench(cfg, group, on_row=printer.row if printer else None)
+        except (ValueError, TypeError) as exc:
+            if lead:
+                print(f"neocomm bench: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            state.check = checked
+        rss, staging = peak_rss_bytes(group), staging_high_water(group)
+        wrong += sum(r.wrong for r in rows)
         if lead:
-            print(f"neocomm bench: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        state.check = checked
-    rss, staging = peak_rss_bytes(group), staging_high_water(group)
-    wrong = sum(r.wrong for r in rows)
-    if lead:
-        printer.footer(rows, rss, staging)
-        if args.json:
-            _write_json(args.json, cfg, group, world, rows, rss, staging, args.bare)
-    if args.calibrate:
-        _calibrate(args.calibrate, cfg, group, rows, lead)
+            printer.footer(rows, rss, staging)
+            if args.json:
+                _write_json(args.json.replace("{op}", cfg.op.value), cfg, group, world, rows,
+                            rss, staging, args.bare)
+        if args.calibrate:
+            _calibrate(args.calibrate, cfg, group, rows, lead)
     return 1 if wrong else 0
+
+
+def _ops(given: list[str]) -> list:
+    """The ops named on the command line, in their order, each once; ``all`` is every op."""
+    from collectives.types import CollectiveOp
+
+    ops: list = []
+    for name in given:
+        try:
+            named = list(CollectiveOp) if name == "all" else [CollectiveOp.parse(name)]
+        except ValueError as exc:
+            raise ValueError(f"{exc} (or 'all')") from None
+        for op in named:
+            if op not in ops:
+                ops.append(op)
+    return ops
 
 
 def _device_unusable() -> str | None:

@@ -99,6 +99,49 @@ def test_calibration_on_symmetric_buffers(world, all_ranks):
               f"status {status}, factors {factors}")
 
 
+def test_several_ops_run_in_one_job_a_file_each(world, all_ranks, tmp_path, capsys):
+    """``neocomm bench OP OP ... --json 'name_{op}.json'``: each op its own table and file,
+    in the order given, each once (``all`` is every op); an ``--algo`` that one of them
+    lacks is refused before any op runs, and so is one file for several ops."""
+    import json
+    import os
+
+    from neocomm.cli import main
+
+    folder = world.comm.bcast(str(tmp_path) if world.rank == 0 else None)
+    pattern = os.path.join(folder, "bench_{op}.json")
+    sweep = ["-b", "4K", "-e", "4K", "-n", "1", "-w", "1", "-r", "1"]
+    status = main(["bench", "broadcast", "all_gather", "broadcast", *sweep, "--json", pattern])
+    out = capsys.readouterr().out
+    world.comm.Barrier()  # rank 0 writes the files after the last call
+    heads = [line.split(":")[0] for line in out.splitlines() if line.startswith("# neocomm")]
+    files = sorted(os.listdir(folder))
+    ok = status == 0 and files == ["bench_all_gather.json", "bench_broadcast.json"]
+    if world.rank == 0:
+        ok = ok and heads == ["# neocomm bench broadcast", "# neocomm bench all_gather"]
+        for op in ("all_gather", "broadcast"):
+            with open(pattern.format(op=op), encoding="utf-8") as fh:
+                data = json.load(fh)
+            ok = ok and data["op"] == op and data["rows"] and all(
+                r["wrong"] == 0 for r in data["rows"])
+    all_ranks(ok, f"status {status}, files {files}, tables {heads}")
+    world.comm.Barrier()
+    for name in files:
+        if world.rank == 0:
+            os.unlink(os.path.join(folder, name))
+    world.comm.Barrier()
+    refused = main(["bench", "all_reduce", "all_to_all", "--algo", "ring", *sweep,
+                    "--json", pattern])
+    err = capsys.readouterr().err
+    one_file = main(["bench", "all", *sweep, "--json", os.path.join(folder, "one.json")])
+    err += capsys.readouterr().err
+    all_ranks(refused == 2 and one_file == 2 and not os.listdir(folder), err)
+    if world.rank == 0:
+        assert "--algo: unknown algorithm 'ring' for all_to_all" in err, err
+        assert "--json " + os.path.join(folder, "one.json") + ": 8 ops write a file each" \
+            in err, err
+
+
 def test_bench_times_the_users_call_unless_bare(world, all_ranks, monkeypatch):
     """By default every timed call agrees its arguments, as a user's call does; --bare
     times the collective alone. The footer's per-call overhead is the smallest size's

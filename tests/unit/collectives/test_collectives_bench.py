@@ -39,6 +39,11 @@ def _parse(argv):
 def test_cli_rejects_bad_arguments(capsys):
     assert cli.run(_parse(["not_an_op"])) == 2
     assert "op: expected one of" in capsys.readouterr().err
+    assert cli.run(_parse(["all_reduce", "allgather", "not_an_op"])) == 2
+    assert "got 'not_an_op' (or 'all')" in capsys.readouterr().err
+    assert cli.run(_parse(["all_reduce", "allgather", "--json", "b.json"])) == 2
+    assert "--json b.json: 2 ops write a file each; name it with {op}" \
+        in capsys.readouterr().err
     assert cli.run(_parse(["all_reduce", "-n", "0"])) == 2
     assert "-n: expected >= 1" in capsys.readouterr().err
     assert cli.run(_parse([])) == 2
