@@ -102,7 +102,8 @@ def test_calibration_on_symmetric_buffers(world, all_ranks):
 def test_several_ops_run_in_one_job_a_file_each(world, all_ranks, tmp_path, capsys):
     """``neocomm bench OP OP ... --json 'name_{op}.json'``: each op its own table and file,
     in the order given, each once (``all`` is every op); an ``--algo`` that one of them
-    lacks is refused before any op runs, and so is one file for several ops."""
+    lacks is refused before any op runs, and so is one file for several ops; ``--calibrate``
+    keeps every op's factors in its one file."""
     import json
     import os
 
@@ -140,6 +141,16 @@ def test_several_ops_run_in_one_job_a_file_each(world, all_ranks, tmp_path, caps
         assert "--algo: unknown algorithm 'ring' for all_to_all" in err, err
         assert "--json " + os.path.join(folder, "one.json") + ": 8 ops write a file each" \
             in err, err
+    # --calibrate gathers every op's factors in the one file
+    cal = os.path.join(folder, "cal.json")
+    status = main(["bench", "all_reduce", "reduce_scatter", "--algo", "native,ring", *sweep,
+                   "--calibrate", cal])
+    world.comm.Barrier()
+    with open(cal, encoding="utf-8") as fh:
+        factors = {k for k in json.load(fh)["algorithm_factors"] if "@" not in k}
+    all_ranks(status == 0 and factors == {"all_reduce/native", "all_reduce/ring",
+                                          "reduce_scatter/native", "reduce_scatter/ring"},
+              f"status {status}, factors {sorted(factors)}")
 
 
 def test_bench_times_the_users_call_unless_bare(world, all_ranks, monkeypatch):
