@@ -399,13 +399,13 @@ OPS = tuple(op.value for op in CollectiveOp)
 def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64 << 20,
                 factor: float = 4.0, out_dir: str, device: bool = False, hostfile=None,
                 timeout: float = 600.0, echo=None, launches: int = 1) -> list[dict]:
-    """Run ``neocomm bench OP --json`` for every op of ``ops`` on every ``(ranks,
-    ranks_per_node)`` of ``layouts`` (nodes emulated on this host unless a
-    ``hostfile`` spreads them: each layout on the first of its hosts, ``ranks_per_node`` to
-    a host), ``launches`` times over (every layout and op once,
-    then again), and return the results, each launch's runs merged by
-    :func:`median_of_launches`. ``echo(text)`` hears each command. RuntimeError
-    naming the command and its output's tail when one fails."""
+    """Run ``neocomm bench OP OP ... --json`` (every op of ``ops``, one after the other in
+    one job) on every ``(ranks, ranks_per_node)`` of ``layouts`` (nodes emulated on this host
+    unless a ``hostfile`` spreads them: each layout on the first of its hosts,
+    ``ranks_per_node`` to a host), ``launches`` times over (every layout once, then again),
+    and return the results, each launch's runs merged by :func:`median_of_launches`.
+    ``echo(text)`` hears each command. RuntimeError naming the command and its output's
+    tail when one fails."""
     import os
     import shutil
     import subprocess
@@ -420,24 +420,25 @@ def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64
         raise RuntimeError("calibration: the neocomm command is not on PATH (pip install it)")
     out = []
     for launch, (ranks, per_node) in ((k, lay) for k in range(launches) for lay in layouts):
-        for op in ops:
-            path = os.path.join(out_dir, f"bench-{ranks}r-{ranks // per_node}n-{op}-"
-                                         f"{launch}.json")
-            cmd = [exe, "run", "-n", str(ranks), "--ranks-per-node", str(per_node),
-                   "--timeout", str(int(timeout))]
-            if hostfile:  # the layout's hosts, per_node ranks on each
-                cmd += ["--hostfile", layout_hostfile(
-                    hostfile, ranks // per_node, per_node,
-                    os.path.join(out_dir, f"hosts-{ranks}r-{ranks // per_node}n"))]
-            cmd += ["--", exe, "bench", op, "-b", str(minbytes), "-e", str(maxbytes),
-                    "-f", str(factor), "--json", path] + (["--device"] if device else [])
-            if echo:
-                echo(" ".join(cmd[1:]).replace(exe, "neocomm"))
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0 or not os.path.exists(path):
-                tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-                raise RuntimeError(f"calibration: `{' '.join(cmd[1:])}` failed (exit "
-                                   f"{done.returncode}): " + " | ".join(tail))
+        pattern = os.path.join(out_dir, f"bench-{ranks}r-{ranks // per_node}n-{{op}}-"
+                                        f"{launch}.json")
+        cmd = [exe, "run", "-n", str(ranks), "--ranks-per-node", str(per_node),
+               "--timeout", str(int(timeout))]
+        if hostfile:  # the layout's hosts, per_node ranks on each
+            cmd += ["--hostfile", layout_hostfile(
+                hostfile, ranks // per_node, per_node,
+                os.path.join(out_dir, f"hosts-{ranks}r-{ranks // per_node}n"))]
+        cmd += ["--", exe, "bench", *ops, "-b", str(minbytes), "-e", str(maxbytes),
+                "-f", str(factor), "--json", pattern] + (["--device"] if device else [])
+        if echo:
+            echo(" ".join(cmd[1:]).replace(exe, "neocomm"))
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        paths = [pattern.replace("{op}", op) for op in ops]
+        if done.returncode != 0 or not all(os.path.exists(p) for p in paths):
+            tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+            raise RuntimeError(f"calibration: `{' '.join(cmd[1:])}` failed (exit "
+                               f"{done.returncode}): " + " | ".join(tail))
+        for path in paths:
             with open(path, encoding="utf-8") as fh:
                 out.append(json.load(fh))
     return median_of_launches(out)

@@ -100,9 +100,17 @@ def validate(args) -> int:
     from topology.spec import load_spec
 
     spec = load_spec(args.fabric)
+    fabric = spec_links(spec, device=args.device)
+    if not (args.bench or args.hostfile or args.device) and fabric.inter.kind != "shm" and \
+            any(ranks > per_node for ranks, per_node in _layouts(args)):
+        # refused before any bench runs: the nodes would share this host's memory
+        raise ValueError(f"--nodes {args.nodes}: nodes measured here are emulated on this "
+                         f"host's shared memory, but fabric {spec.name!r} has "
+                         f"{fabric.inter.kind} between nodes; pass --hostfile to measure "
+                         f"across real nodes, --nodes 1, or the fabric `neocomm simulate "
+                         f"calibrate` wrote here")
     runs = _measurements(args)
     rows = measured_rows(runs, args.device)
-    fabric = spec_links(spec, device=args.device)
     check_kinds(fabric, measured_kinds(runs), spec.name)
     table = compare(rows, fabric)
     print(f"# neocomm simulate validate: fabric {spec.name!r} ({fabric.source}); "

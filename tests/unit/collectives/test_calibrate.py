@@ -393,3 +393,38 @@ def test_launches_of_one_bench_merge_to_each_calls_median_and_validate_reads_the
             {"kind": "neocomm-measurements", "runs": launch}))
     assert main(["simulate", "validate", "--fabric", "cpu-host", *paths]) == 0
     assert "the host itself: 64 of 64 calls measured alike" in capsys.readouterr().out
+
+
+def test_a_live_validate_benches_every_op_in_one_job_per_layout_and_launch(tmp_path, capsys):
+    """Without --bench, validate runs ``neocomm bench`` here: every op in one job for each
+    layout and launch (not a job per op), and merges each op's launches."""
+    from collectives.calibrate import OPS, read_measurements
+
+    record = tmp_path / "runs.json"
+    code = main(["simulate", "validate", "--fabric", "cpu-host", "--ranks", "2", "--nodes",
+                 "1", "-b", "4K", "-e", "16K", "--launches", "2", "--record", str(record)])
+    out = capsys.readouterr().out
+    jobs = [line for line in out.splitlines() if line.startswith("# run ")]
+    assert code in (0, 1), out  # 1: calls the line rates do not price within 25 %
+    assert len(jobs) == 2 and all(f" bench {' '.join(OPS)} " in job for job in jobs), jobs
+    runs = read_measurements(str(record))
+    assert sorted(run["op"] for run in runs) == sorted(OPS)
+    assert all(run["launches"] == 2 and run["ranks"] == 2 and run["nodes"] == 1
+               for run in runs), [(r["op"], r["launches"]) for r in runs]
+
+
+def test_a_live_validate_across_emulated_nodes_of_another_link_is_refused_before_it_runs(
+        capsys, monkeypatch):
+    """Nodes benched on this host share its memory: a fabric with another link between
+    nodes is refused before any bench runs (not after they all ran)."""
+    import collectives.calibrate as calibrate
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a bench ran")
+
+    monkeypatch.setattr(calibrate, "run_benches", ran)
+    assert main(["simulate", "validate", "--fabric", "cpu-host", "--ranks", "2",
+                 "--nodes", "1,2"]) == 2
+    assert ("--nodes 1,2: nodes measured here are emulated on this host's shared memory, "
+            "but fabric 'cpu-host' has tcp between nodes; pass --hostfile") \
+        in capsys.readouterr().err
