@@ -402,7 +402,7 @@ def test_a_live_validate_benches_every_op_in_one_job_per_layout_and_launch(tmp_p
 
     record = tmp_path / "runs.json"
     code = main(["simulate", "validate", "--fabric", "cpu-host", "--ranks", "2", "--nodes",
-                 "1", "-b", "4K", "-e", "16K", "--launches", "2", "--record", str(record)])
+                 "1", "-b", "4K", "-e", "4K", "--launches", "2", "--record", str(record)])
     out = capsys.readouterr().out
     jobs = [line for line in out.splitlines() if line.startswith("# run ")]
     assert code in (0, 1), out  # 1: calls the line rates do not price within 25 %
