@@ -28,9 +28,9 @@ its embedding work, so the NumPy kernels serve a process's calls for its first
 :data:`RENT_S` seconds of embedding work and the compiled ones from then on. A
 process that stops before then never pays the load; one that goes on pays it
 once, and spends at most :data:`RENT_S` seconds on the slower kernels first.
-The compiled kernels serve float32 and float64 tables; half tables (float16, bfloat16, whose rounding modes the
-NumPy path implements) and optimizer state stored narrower than the compute
-dtype take the NumPy path.
+The compiled kernels serve float32 and float64 tables; half tables (float16,
+bfloat16, whose rounding modes the NumPy path implements) and optimizer state
+stored narrower than the compute dtype take the NumPy path.
 """
 from __future__ import annotations
 
