@@ -13,7 +13,11 @@ gloo for TorchRec (started on neocomm's ranks by
 over an ``EmbeddingBagCollection`` built on the meta device, both with the
 optimizer fused into the backward (SGD, or row-wise AdaGrad: TorchRec's
 ``RowWiseAdagrad``, FBGEMM's EXACT_ROWWISE_ADAGRAD), each table placed by the
-sharding asked for. A step is the pooled (sum) lookup of a local batch
+sharding asked for; column-wise, both cut each table's columns over every
+rank (TorchRec's planner keeps a table narrower than 128 columns whole unless
+told, which is table-wise placement under another name). The last column
+shows how the first table was cut (``2 x 100000x8``: two shards of 100,000
+rows and 8 columns), and TorchRec's cut where it differs. A step is the pooled (sum) lookup of a local batch
 (``--ids-per-bag`` Zipf ids per feature and sample, as many as production
 multi-hot features pool; ``--variable``: each bag 0 to twice that many,
 the same mean), a loss on the pooled output and its backward with the fused
@@ -57,13 +61,34 @@ def batches(args, rank: int, count: int, per_bag: int):
     return out
 
 
+def column_split(args, world) -> int:
+    """The narrowest column shard both sides may cut: a table's columns split over every rank.
+    (TorchRec's planner keeps tables narrower than 128 columns whole under column-wise sharding
+    unless told: ``min_partition``.)"""
+    return max(1, args.dim // world.size)
+
+
+def shapes(sizes, replicated: bool = False) -> str:
+    """``N x ROWSxCOLS`` of a table's shards (``sizes``: their ``(rows, cols)``), e.g. ``2 x
+    100000x8``; ``replicated``: every rank holds the whole table."""
+    if len(set(sizes)) == 1:
+        if replicated:
+            return f"{len(sizes)} x {sizes[0][0]}x{sizes[0][1]} replicas"
+        return f"{len(sizes)} x {sizes[0][0]}x{sizes[0][1]}"
+    return " + ".join(f"{r}x{c}" for r, c in sizes)
+
+
 def neocomm_steps(args, world, sharding: str, data):
+    """``(run, shards of the first table)``: ``run(n)`` takes ``n`` steps."""
     tables = [TableConfig(f"t{i}", args.rows, args.dim, "sum", (f"f{i}",),
                           optimizer=OptimizerConfig(args.optimizer, lr=LR, eps=EPS))
               for i in range(args.tables)]
     only = {t.name: TableConstraints(shardings=(ShardingType(sharding),)) for t in tables}
-    hw = Hardware(world.size, 1, 64 << 30, min_column_dim=max(1, args.dim // world.size))
+    hw = Hardware(world.size, 1, 64 << 30, min_column_dim=column_split(args, world))
     plan = plan_sharding(tables, hw, Workload(batch_size=args.batch), constraints=only).plan
+    first = plan.tables[0]
+    shards = shapes([(s.num_rows, s.num_cols) for s in first.shards],
+                    replicated=first.sharding is ShardingType.DATA_PARALLEL)
     ebc = ShardedEmbeddingBagCollection(tables, plan, world.world, threads=args.threads)
     keys = [f"f{i}" for i in range(args.tables)]
     from embedding.jagged import KeyedJagged
@@ -75,7 +100,7 @@ def neocomm_steps(args, world, sharding: str, data):
         for k in range(n):
             pooled = ebc(kjts[k % len(kjts)])
             (pooled * w).sum().backward()
-    return run
+    return run, shards
 
 
 def torchrec_steps(args, world, sharding: str, data):
@@ -100,8 +125,15 @@ def torchrec_steps(args, world, sharding: str, data):
         return None
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=world.size, compute_device="cpu"),
-        constraints={c.name: ParameterConstraints(sharding_types=[sharding]) for c in configs})
+        constraints={c.name: ParameterConstraints(sharding_types=[sharding],
+                                                  min_partition=column_split(args, world))
+                     for c in configs})
     plan = planner.collective_plan(ebc, [sharder], dist.GroupMember.WORLD)
+    first = plan.plan[""]["t0"]
+    if first.sharding_spec is None:   # data-parallel: a replica on each of its ranks
+        shards = shapes([(args.rows, args.dim)] * len(first.ranks), replicated=True)
+    else:
+        shards = shapes([tuple(m.shard_sizes) for m in first.sharding_spec.shards])
     dmp = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan, sharders=[sharder])
     keys = [f"f{i}" for i in range(args.tables)]
     kjts = [KeyedJaggedTensor(keys=keys, values=torch.from_numpy(ids),
@@ -114,7 +146,7 @@ def torchrec_steps(args, world, sharding: str, data):
             out = dmp(kjts[k % len(kjts)]).to_dict()  # keys come grouped by rank: use names
             pooled = torch.cat([out[f] for f in keys], dim=1)
             (pooled * w).sum().backward()
-    return run
+    return run, shards
 
 
 def timed(world, run, steps: int) -> float:
@@ -153,8 +185,9 @@ def main(argv=None) -> int:
     for per_bag in args.ids_per_bag:
         data = batches(args, world.rank, 8, per_bag)
         for sharding in args.shardings:
-            ours = neocomm_steps(args, world, sharding, data)
-            theirs = torchrec_steps(args, world, sharding, data) if have_torchrec else None
+            ours, our_shards = neocomm_steps(args, world, sharding, data)
+            theirs, their_shards = (torchrec_steps(args, world, sharding, data)
+                                    if have_torchrec else None) or (None, None)
             ours(2)
             if theirs is not None:
                 theirs(2)
@@ -165,7 +198,9 @@ def main(argv=None) -> int:
                     times["torchrec"].append(timed(world, theirs, args.steps))
             samples = args.steps * args.batch * world.size
             rate = {k: samples / statistics.median(v) for k, v in times.items() if v}
-            rows.append((per_bag, sharding, rate.get("neocomm"), rate.get("torchrec")))
+            rows.append((per_bag, sharding, rate.get("neocomm"), rate.get("torchrec"),
+                         our_shards if their_shards in (None, our_shards)
+                         else f"{our_shards} (TorchRec: {their_shards})"))
     if world.rank == 0:
         per = "/".join(str(n) for n in args.ids_per_bag)
         bags = f"0 to 2x {per}" if args.variable else per
@@ -173,14 +208,15 @@ def main(argv=None) -> int:
               f"samples per rank, {world.size} ranks, fused {args.optimizer}, {bags} Zipf ids "
               f"per bag, {args.threads} kernel thread(s); samples/s (median of {args.repeat} "
               f"x {args.steps} steps)")
-        print(f"{'ids/bag':>7} {'sharding':<20} {'neocomm':>12} {'torchrec':>12} {'ratio':>7}")
-        for per_bag, sharding, ours, theirs in rows:
+        print(f"{'ids/bag':>7} {'sharding':<20} {'neocomm':>12} {'torchrec':>12} {'ratio':>7}  "
+              f"shards of a table")
+        for per_bag, sharding, ours, theirs, shards in rows:
             if theirs is None:
                 why = "not available on CPU" if have_torchrec else "torchrec not installed"
-                print(f"{per_bag:>7} {sharding:<20} {ours:>12,.0f} {why:>20}")
+                print(f"{per_bag:>7} {sharding:<20} {ours:>12,.0f} {why:>20}  {shards}")
             else:
                 print(f"{per_bag:>7} {sharding:<20} {ours:>12,.0f} {theirs:>12,.0f} "
-                      f"{ours / theirs:>6.2f}x")
+                      f"{ours / theirs:>6.2f}x  {shards}")
     if have_torchrec:
         torch.distributed.destroy_process_group()
     return 0

@@ -127,3 +127,9 @@ def test_the_torchrec_benchmark_runs_and_says_what_it_compared(tmp_path):
     assert re.search(r"^\s*1 row_wise .*(not available on CPU|torchrec not installed)",
                      out.stdout, re.M)
     assert "fused sgd, 1 Zipf ids per bag" in out.stdout, out.stdout
+    # how a table was cut, for each sharding (and TorchRec's cut where it differs): column-wise
+    # splits the 16 columns over both ranks on both sides
+    cuts = {m[1]: m[2] for m in re.finditer(r"^\s*1 (\w+)\s.*  (\d.*)$", out.stdout, re.M)}
+    assert cuts == {"table_wise": "1 x 1000x16", "row_wise": "2 x 500x16",
+                    "column_wise": "2 x 1000x8", "data_parallel": "2 x 1000x16 replicas"}, \
+        out.stdout
