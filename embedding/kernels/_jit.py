@@ -43,7 +43,7 @@ def _prefetch_id(typingctx, table, idx, j):
     ``table`` (LLVM's prefetch: a read, high locality; a hint that never faults).
 
     Written as LLVM IR rather than as a compiled helper: the same loop in a helper inlined by
-    numba ran the lookup 1.2-1.7x slower (``docs/embedding.md``)."""
+    numba ran the lookup 1.1-1.7x slower (``docs/embedding.md``)."""
     sig = types.void(table, idx, j)
 
     def codegen(context, builder, signature, args):
