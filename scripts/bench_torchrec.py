@@ -17,11 +17,11 @@ sharding asked for; column-wise, both cut each table's columns over every
 rank (TorchRec's planner keeps a table narrower than 128 columns whole unless
 told, which is table-wise placement under another name). The last column
 shows how the first table was cut (``2 x 100000x8``: two shards of 100,000
-rows and 8 columns), and TorchRec's cut where it differs. A step is the pooled (sum) lookup of a local batch
-(``--ids-per-bag`` Zipf ids per feature and sample, as many as production
-multi-hot features pool; ``--variable``: each bag 0 to twice that many,
-the same mean), a loss on the pooled output and its backward with the fused
-update. Prints samples/s of both (the slowest rank's time, median of
+rows and 8 columns), and TorchRec's cut where it differs. A step is the
+pooled (sum) lookup of a local batch (``--ids-per-bag`` Zipf ids per feature
+and sample, as many as production multi-hot features pool; ``--variable``:
+each bag 0 to twice that many, the same mean), a loss on the pooled output
+and its backward with the fused update. Prints samples/s of both (the slowest rank's time, median of
 ``--repeat`` timings of ``--steps`` steps, the two interleaved) and neocomm's
 over TorchRec's. A sharding TorchRec cannot run here (row-wise
 on CPU) is reported as such, with neocomm's figure alone. Needs torchrec
