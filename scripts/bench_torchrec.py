@@ -104,6 +104,8 @@ def neocomm_steps(args, world, sharding: str, data):
 
 
 def torchrec_steps(args, world, sharding: str, data):
+    """``(run, shards of the first table)`` as :func:`neocomm_steps`; ``(None, None)`` for a
+    sharding TorchRec cannot run on CPU."""
     import torch.distributed as dist
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.distributed import DistributedModelParallel
@@ -122,7 +124,7 @@ def torchrec_steps(args, world, sharding: str, data):
         apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": LR, "eps": EPS})
     sharder = EmbeddingBagCollectionSharder()
     if sharding not in sharder.sharding_types("cpu"):
-        return None
+        return None, None
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=world.size, compute_device="cpu"),
         constraints={c.name: ParameterConstraints(sharding_types=[sharding],
@@ -187,7 +189,7 @@ def main(argv=None) -> int:
         for sharding in args.shardings:
             ours, our_shards = neocomm_steps(args, world, sharding, data)
             theirs, their_shards = (torchrec_steps(args, world, sharding, data)
-                                    if have_torchrec else None) or (None, None)
+                                    if have_torchrec else (None, None))
             ours(2)
             if theirs is not None:
                 theirs(2)
