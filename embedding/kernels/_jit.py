@@ -16,6 +16,8 @@ caller raises, naming it.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba as nb
 import numpy as np
 from llvmlite import ir
@@ -36,11 +38,35 @@ LINE = 64
 WARP = 32
 
 
+def _prefetch_lines(context, builder, start, nbytes) -> None:
+    """Emit LLVM prefetches (a read, high locality; hints that never fault) of every cache
+    line of the ``nbytes`` bytes from address ``start``."""
+    intp = context.get_value_type(types.intp)
+    i8p = ir.IntType(8).as_pointer()
+    i32 = ir.IntType(32)
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+        "llvm.prefetch.p0i8")
+    with cgutils.for_range_slice(builder, start, builder.add(start, nbytes),
+                                 ir.Constant(intp, LINE), intp=intp) as (address, _):
+        builder.call(fn, [builder.inttoptr(address, i8p), ir.Constant(i32, 0),
+                          ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+
+def _load_at(context, builder, aty, arr, pos):
+    """``arr[pos]`` of the 1-D array ``arr`` (type ``aty``) as an intp (no bounds check)."""
+    n, = cgutils.unpack_tuple(builder, arr.shape)
+    at = cgutils.get_item_pointer2(context, builder, arr.data, [n],
+                                   cgutils.unpack_tuple(builder, arr.strides), aty.layout,
+                                   [pos], wraparound=False, boundscheck=False)
+    return context.cast(builder, builder.load(at), aty.dtype, types.intp)
+
+
 @intrinsic
 def _prefetch_id(typingctx, table, idx, j):
     """Ask the CPU to bring the row of ``idx[j]`` of ``table`` (2-D, its rows contiguous) into
     cache, every cache line of it, when ``j`` is a position of ``idx`` and ``idx[j]`` a row of
-    ``table`` (LLVM's prefetch: a read, high locality; a hint that never faults).
+    ``table``.
 
     Written as LLVM IR rather than as a compiled helper: the same loop in a helper inlined by
     numba ran the lookup 1.1-1.7x slower (``docs/embedding.md``)."""
@@ -49,32 +75,47 @@ def _prefetch_id(typingctx, table, idx, j):
     def codegen(context, builder, signature, args):
         tty, ity, jty = signature.args
         intp = context.get_value_type(types.intp)
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-            "llvm.prefetch.p0i8")
         tab = context.make_array(tty)(context, builder, args[0])
         ids = context.make_array(ity)(context, builder, args[1])
         pos = context.cast(builder, args[2], jty, types.intp)
         n, = cgutils.unpack_tuple(builder, ids.shape)
         with builder.if_then(builder.icmp_signed("<", pos, n), likely=True):
-            at = cgutils.get_item_pointer2(context, builder, ids.data, [n],
-                                           cgutils.unpack_tuple(builder, ids.strides),
-                                           ity.layout, [pos], wraparound=False,
-                                           boundscheck=False)
-            row = context.cast(builder, builder.load(at), ity.dtype, types.intp)
+            row = _load_at(context, builder, ity, ids, pos)
             rows, cols = cgutils.unpack_tuple(builder, tab.shape)
             stride, step = cgutils.unpack_tuple(builder, tab.strides)
             inside = builder.and_(builder.icmp_signed(">=", row, ir.Constant(intp, 0)),
                                   builder.icmp_signed("<", row, rows))
             with builder.if_then(inside, likely=True):
                 start = builder.add(builder.ptrtoint(tab.data, intp), builder.mul(row, stride))
-                stop = builder.add(start, builder.mul(cols, step))
-                with cgutils.for_range_slice(builder, start, stop, ir.Constant(intp, LINE),
-                                             intp=intp) as (address, _):
-                    builder.call(fn, [builder.inttoptr(address, i8p), ir.Constant(i32, 0),
-                                      ir.Constant(i32, 3), ir.Constant(i32, 1)])
+                _prefetch_lines(context, builder, start, builder.mul(cols, step))
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _prefetch_at(typingctx, flat, occ, j, d):
+    """Ask the CPU to bring ``flat[occ[j]:occ[j] + d]`` (``flat`` 1-D, contiguous) into cache
+    when ``j`` is a position of ``occ`` and that range lies inside ``flat``."""
+    sig = types.void(flat, occ, j, d)
+
+    def codegen(context, builder, signature, args):
+        fty, oty, jty, dty = signature.args
+        intp = context.get_value_type(types.intp)
+        src = context.make_array(fty)(context, builder, args[0])
+        at = context.make_array(oty)(context, builder, args[1])
+        pos = context.cast(builder, args[2], jty, types.intp)
+        width = context.cast(builder, args[3], dty, types.intp)
+        n, = cgutils.unpack_tuple(builder, at.shape)
+        with builder.if_then(builder.icmp_signed("<", pos, n), likely=True):
+            first = _load_at(context, builder, oty, at, pos)
+            size, = cgutils.unpack_tuple(builder, src.shape)
+            inside = builder.and_(builder.icmp_signed(">=", first, ir.Constant(intp, 0)),
+                                  builder.icmp_signed("<=", builder.add(first, width), size))
+            with builder.if_then(inside, likely=True):
+                item = ir.Constant(intp, context.get_abi_sizeof(
+                    context.get_data_type(fty.dtype)))
+                start = builder.add(builder.ptrtoint(src.data, intp), builder.mul(first, item))
+                _prefetch_lines(context, builder, start, builder.mul(width, item))
         return context.get_dummy_value()
     return sig, codegen
 
@@ -83,206 +124,320 @@ def _prefetch_id(typingctx, table, idx, j):
 AGGREGATE, SGD, ROWWISE_ADAGRAD, ADAM = 0, 1, 2, 3
 
 
-@nb.njit(**_OPTS)
-def pool_sum(table, idx, offsets, w, weighted, inv, mean, out, r0, c0):
-    """``out[r0 + i, c0:c0 + d]`` = the (weighted) sum of bag ``i``'s rows, times ``inv[i]``
-    when ``mean``; bag ``i`` is ``idx[offsets[i]:offsets[i + 1]]``."""
-    rows, d = table.shape
-    acc = np.empty(d, out.dtype)
-    for i in range(offsets.size - 1):
-        s = offsets[i]
-        e = offsets[i + 1]
-        o = out[r0 + i]
-        if e <= s:
-            for c in range(d):
-                o[c0 + c] = 0
-            continue
-        r = idx[s]
-        if r < 0 or r >= rows:
-            return s
-        _prefetch_id(table, idx, s + AHEAD)
-        if weighted:
-            wt = w[s]
-            for c in range(d):
-                acc[c] = table[r, c] * wt
-        else:
-            for c in range(d):
-                acc[c] = table[r, c]
-        for j in range(s + 1, e):
-            r = idx[j]
-            if r < 0 or r >= rows:
-                return j
-            _prefetch_id(table, idx, j + AHEAD)
-            if weighted:
-                wt = w[j]
+def _build(D: int):
+    """The per-dim kernels, ``D`` values per row fixed at compile time (LLVM then unrolls and
+    vectorizes each row's loops whole), or any dim (``D == 0``)."""
+    @nb.njit(**_OPTS)
+    def pool_sum(table, idx, offsets, w, weighted, inv, mean, out, r0, c0):
+        """``out[r0 + i, c0:c0 + d]`` = the (weighted) sum of bag ``i``'s rows, times ``inv[i]``
+        when ``mean``; bag ``i`` is ``idx[offsets[i]:offsets[i + 1]]``."""
+        rows = table.shape[0]
+        d = D if D else table.shape[1]
+        acc = np.empty(d, out.dtype)
+        for i in range(offsets.size - 1):
+            s = offsets[i]
+            e = offsets[i + 1]
+            o = out[r0 + i]
+            if e <= s:
                 for c in range(d):
-                    acc[c] += table[r, c] * wt
+                    o[c0 + c] = 0
+                continue
+            r = idx[s]
+            if r < 0 or r >= rows:
+                return s
+            _prefetch_id(table, idx, s + AHEAD)
+            if weighted:
+                wt = w[s]
+                for c in range(d):
+                    acc[c] = table[r, c] * wt
             else:
                 for c in range(d):
-                    acc[c] += table[r, c]
-        if mean:
-            f = inv[i]
-            for c in range(d):
-                o[c0 + c] = acc[c] * f
-        else:
-            for c in range(d):
-                o[c0 + c] = acc[c]
-    return -1
-
-
-@nb.njit(**_OPTS)
-def pool_max(table, idx, offsets, w, weighted, out, r0, c0, arg, want_arg):
-    """Max pooling: each column's largest (weighted) value of bag ``i`` (the first on ties;
-    zeros for an empty bag); ``arg[i, c]`` its position in ``idx`` (-1: empty bag)."""
-    rows, d = table.shape
-    best = np.empty(d, out.dtype)
-    at = np.empty(d, np.int64)
-    for i in range(offsets.size - 1):
-        s = offsets[i]
-        e = offsets[i + 1]
-        o = out[r0 + i]
-        if e <= s:
-            for c in range(d):
-                o[c0 + c] = 0
-                if want_arg:
-                    arg[i, c] = -1
-            continue
-        for j in range(s, e):
-            r = idx[j]
-            if r < 0 or r >= rows:
-                return j
-            _prefetch_id(table, idx, j + AHEAD)
-            for c in range(d):
+                    acc[c] = table[r, c]
+            for j in range(s + 1, e):
+                r = idx[j]
+                if r < 0 or r >= rows:
+                    return j
+                _prefetch_id(table, idx, j + AHEAD)
                 if weighted:
-                    v = table[r, c] * w[j]
+                    wt = w[j]
+                    for c in range(d):
+                        acc[c] += table[r, c] * wt
                 else:
-                    v = table[r, c]
-                if j == s or v > best[c]:
-                    best[c] = v
-                    at[c] = j
-        for c in range(d):
-            o[c0 + c] = best[c]
-            if want_arg:
-                arg[i, c] = at[c]
-    return -1
-
-
-@nb.njit(**_OPTS)
-def segment_update(kind, src, occ, ws, weighted, starts, lengths, uniq, out, weight, mom, ea,
-                   es, bc1, bc2, terms, has_terms, width, lr, eps, b1, b2, a1, a2):
-    """For each segment ``u`` (occurrences ``starts[u]:starts[u] + lengths[u]`` of ``occ``,
-    sorted by row): sum its gradient rows ``src[occ[j]] * ws[j]`` in order of ``j`` into a
-    ``d``-long buffer, then either store the sum in ``out[u]`` (``kind == AGGREGATE``) or
-    apply the optimizer to row ``uniq[u]`` of ``weight`` at once (``embedding.optim.
-    sparse_update``'s arithmetic; ``terms[u]`` replaces row-wise AdaGrad's ``mean(g * g)``
-    when ``has_terms``; ``bc1``, ``bc2``: Adam's per-row bias corrections).
-
-    One function with the loops written out: numba calls between compiled functions cost
-    more than the work of a short segment."""
-    d = src.shape[1]
-    acc = np.empty(d, src.dtype)
-    lanes = np.empty(WARP, src.dtype)
-    pair = np.empty(WARP, src.dtype)
-    for u in range(starts.size):
-        s = starts[u]
-        e = s + lengths[u]
-        k = occ[s]
-        if kind != AGGREGATE:
-            _prefetch_id(weight, uniq, u + AHEAD_ROWS)
-        if weighted:
-            wt = ws[s]
-            for c in range(d):
-                acc[c] = src[k, c] * wt
-        else:
-            for c in range(d):
-                acc[c] = src[k, c]
-        for j in range(s + 1, e):
-            k = occ[j]
-            if weighted:
-                wt = ws[j]
+                    for c in range(d):
+                        acc[c] += table[r, c]
+            if mean:
+                f = inv[i]
                 for c in range(d):
-                    acc[c] += src[k, c] * wt
+                    o[c0 + c] = acc[c] * f
             else:
                 for c in range(d):
-                    acc[c] += src[k, c]
-        if kind == AGGREGATE:
-            for c in range(d):
-                out[u, c] = acc[c]
-            continue
-        r = uniq[u]
-        if kind == SGD:
-            for c in range(d):
-                weight[r, c] = weight[r, c] - acc[c] * lr
-        elif kind == ROWWISE_ADAGRAD:
-            if has_terms:
-                t = terms[u]
-            else:   # mean(g * g) in the device's warp order (embedding.optim.mean_square)
-                lanes[:] = 0
+                    o[c0 + c] = acc[c]
+        return -1
+
+    @nb.njit(**_OPTS)
+    def gather_rows(flat, rows, w, weighted, out):
+        """``out[k] = flat[rows[k]]`` (times ``w[k]`` when ``weighted``), the rows prefetched
+        :data:`AHEAD` ahead: one id per bag, every row already checked by the caller."""
+        d = D if D else flat.shape[1]
+        for k in range(rows.size):
+            _prefetch_id(flat, rows, k + AHEAD)
+            r = rows[k]
+            if weighted:
+                wt = w[k]
                 for c in range(d):
-                    lanes[c & (WARP - 1)] += acc[c] * acc[c]
-                o = WARP // 2
-                while o > 0:
-                    for lane in range(WARP):
-                        pair[lane] = lanes[lane] + lanes[lane ^ o]
-                    lanes[:] = pair
-                    o //= 2
-                t = lanes[0] / width
-            m = mom[r] + t
-            mom[r] = m
-            scale = lr / (np.sqrt(m) + eps)
+                    out[k, c] = flat[r, c] * wt
+            else:
+                for c in range(d):
+                    out[k, c] = flat[r, c]
+
+    @nb.njit(**_OPTS)
+    def pool_max(table, idx, offsets, w, weighted, out, r0, c0, arg, want_arg):
+        """Max pooling: each column's largest (weighted) value of bag ``i`` (the first on ties;
+        zeros for an empty bag); ``arg[i, c]`` its position in ``idx`` (-1: empty bag)."""
+        rows = table.shape[0]
+        d = D if D else table.shape[1]
+        best = np.empty(d, out.dtype)
+        at = np.empty(d, np.int64)
+        for i in range(offsets.size - 1):
+            s = offsets[i]
+            e = offsets[i + 1]
+            o = out[r0 + i]
+            if e <= s:
+                for c in range(d):
+                    o[c0 + c] = 0
+                    if want_arg:
+                        arg[i, c] = -1
+                continue
+            for j in range(s, e):
+                r = idx[j]
+                if r < 0 or r >= rows:
+                    return j
+                _prefetch_id(table, idx, j + AHEAD)
+                for c in range(d):
+                    if weighted:
+                        v = table[r, c] * w[j]
+                    else:
+                        v = table[r, c]
+                    if j == s or v > best[c]:
+                        best[c] = v
+                        at[c] = j
             for c in range(d):
-                weight[r, c] = weight[r, c] - acc[c] * scale
-        elif kind == ADAM:
-            f1 = bc1[u]
-            f2 = bc2[u]
-            for c in range(d):
-                m = ea[r, c] * b1 + acc[c] * a1
-                v = es[r, c] * b2 + (acc[c] * acc[c]) * a2
-                ea[r, c] = m
-                es[r, c] = v
-                den = np.sqrt(v / f2) + eps
-                weight[r, c] = weight[r, c] - ((m / f1) / den) * lr
+                o[c0 + c] = best[c]
+                if want_arg:
+                    arg[i, c] = at[c]
+        return -1
+
+    @nb.njit(**_OPTS)
+    def segment_update(kind, src, row_width, occ, ws, weighted, starts, lengths, uniq, out,
+                       weight, mom, ea, es, bc1, bc2, terms, has_terms, width, lr, eps, b1, b2,
+                       a1, a2):
+        """For each segment ``u`` (occurrences ``starts[u]:starts[u] + lengths[u]`` of ``occ``,
+        sorted by row): sum its gradient rows ``src[occ[j]:occ[j] + d] * ws[j]`` (``src`` flat,
+        ``occ[j]`` where occurrence ``j``'s ``d = row_width`` values start) in order of ``j`` into a
+        ``d``-long buffer, then either store the sum in ``out[u]`` (``kind == AGGREGATE``) or
+        apply the optimizer to row ``uniq[u]`` of ``weight`` at once (``embedding.optim.
+        sparse_update``'s arithmetic; ``terms[u]`` replaces row-wise AdaGrad's ``mean(g * g)``
+        when ``has_terms``; ``bc1``, ``bc2``: Adam's per-row bias corrections).
+
+        The gradient rows are read where they are: rows of a ``[n, d]`` block (``occ[j] = k *
+        d``) or the columns of a table inside the whole output gradient (``occ[j] = bag *
+        row_length + column``), so the backward copies nothing before it sums.
+
+        One function with the loops written out: numba calls between compiled functions cost
+        more than the work of a short segment."""
+        d = D if D else row_width
+        acc = np.empty(d, src.dtype)
+        lanes = np.empty(WARP, src.dtype)
+        for u in range(starts.size):
+            s = starts[u]
+            e = s + lengths[u]
+            k = occ[s]
+            if kind != AGGREGATE:
+                _prefetch_id(weight, uniq, u + AHEAD_ROWS)
+            _prefetch_at(src, occ, s + AHEAD_ROWS, d)
+            if weighted:
+                wt = ws[s]
+                for c in range(d):
+                    acc[c] = src[k + c] * wt
+            else:
+                for c in range(d):
+                    acc[c] = src[k + c]
+            for j in range(s + 1, e):
+                k = occ[j]
+                _prefetch_at(src, occ, j + AHEAD_ROWS, d)
+                if weighted:
+                    wt = ws[j]
+                    for c in range(d):
+                        acc[c] += src[k + c] * wt
+                else:
+                    for c in range(d):
+                        acc[c] += src[k + c]
+            if kind == AGGREGATE:
+                for c in range(d):
+                    out[u, c] = acc[c]
+                continue
+            r = uniq[u]
+            if kind == SGD:
+                for c in range(d):
+                    weight[r, c] = weight[r, c] - acc[c] * lr
+            elif kind == ROWWISE_ADAGRAD:
+                if has_terms:
+                    t = terms[u]
+                else:   # mean(g * g) in the device's warp order (embedding.optim.mean_square)
+                    lanes[:] = 0
+                    for c in range(d):
+                        lanes[c & (WARP - 1)] += acc[c] * acc[c]
+                    # the butterfly's lane 0: each round adds lane ``l + o`` into lane ``l``
+                    # for the ``o`` lanes lane 0 still reads (31 adds, not 5 x 32)
+                    o = WARP // 2
+                    while o > 0:
+                        for lane in range(o):
+                            lanes[lane] = lanes[lane] + lanes[lane + o]
+                        o //= 2
+                    t = lanes[0] / width
+                m = mom[r] + t
+                mom[r] = m
+                scale = lr / (np.sqrt(m) + eps)
+                for c in range(d):
+                    weight[r, c] = weight[r, c] - acc[c] * scale
+            elif kind == ADAM:
+                f1 = bc1[u]
+                f2 = bc2[u]
+                for c in range(d):
+                    m = ea[r, c] * b1 + acc[c] * a1
+                    v = es[r, c] * b2 + (acc[c] * acc[c]) * a2
+                    ea[r, c] = m
+                    es[r, c] = v
+                    den = np.sqrt(v / f2) + eps
+                    weight[r, c] = weight[r, c] - ((m / f1) / den) * lr
+
+    return Kernels(pool_sum, gather_rows, pool_max, segment_update)
+
+
+class Kernels(NamedTuple):
+    """The kernels whose loops run over a row's ``d`` values (:func:`for_dim`)."""
+    pool_sum: object
+    gather_rows: object
+    pool_max: object
+    segment_update: object
+
+
+#: dims the kernels are compiled for with the dim fixed (the common embedding dims): each is
+#: compiled on its first use on a machine (seconds) and cached; other dims use the kernels
+#: for any dim
+FIXED_DIMS = (16, 32)
+ANY_DIM = _build(0)
+pool_sum, gather_rows, pool_max, segment_update = ANY_DIM
+_by_dim: dict = {}
+
+
+def for_dim(d: int) -> Kernels:
+    """The kernels for rows of ``d`` values: compiled for ``d`` itself when it is one of
+    :data:`FIXED_DIMS`, else :data:`ANY_DIM`."""
+    if d not in FIXED_DIMS:
+        return ANY_DIM
+    k = _by_dim.get(d)
+    if k is None:
+        k = _by_dim[d] = _build(d)
+    return k
+
+
+#: bits of one pass of :func:`sort_by_row`'s radix sort (its counts stay in the L1 cache)
+RADIX_BITS = 11
 
 
 @nb.njit(**_OPTS)
 def sort_by_row(ids, rows, occ_in, ws_in, weighted):
-    """A stable counting sort of occurrences by row (for tables of few rows per occurrence):
-    ``(bad, occ, ws, uniq, starts, lengths)`` with ``occ``/``ws`` the occurrences' gradient
-    rows and weights in row order, ``uniq`` the rows read (ascending) and each one's run;
-    ``bad`` is the position of an id outside ``[0, rows)`` (then nothing else is valid),
-    else -1."""
+    """A stable sort of occurrences by row: ``(bad, occ, ws, uniq, starts, lengths)`` with
+    ``occ``/``ws`` the occurrences' ``occ_in``/``ws_in`` in row order, ``uniq`` the rows read
+    (ascending) and each one's run; ``bad`` is the position of an id outside ``[0, rows)``
+    (then nothing else is valid), else -1.
+
+    A counting sort over the rows when there are few rows per occurrence, else a radix sort of
+    the ids (passes of at most :data:`RADIX_BITS` bits): its cost follows the ids, not the
+    table's rows."""
     n = ids.size
-    start = np.zeros(rows + 1, np.int32)   # positions < n < 2**31 (the caller checks)
     for i in range(n):
         r = ids[i]
         if r < 0 or r >= rows:
             return i, occ_in[:0], ws_in[:0], ids[:0], ids[:0], ids[:0]
-        start[r + 1] += 1
+    occ = np.empty(n, occ_in.dtype)
+    ws = np.empty(n if weighted else 0, ws_in.dtype)
+    if rows <= 8 * n + (1 << 16):
+        start = np.zeros(rows + 1, np.int32)   # n < 2**31 (the caller checks)
+        for i in range(n):
+            start[ids[i] + 1] += 1
+        nu = 0
+        for r in range(rows):
+            if start[r + 1] > 0:
+                nu += 1
+        uniq = np.empty(nu, np.int64)
+        starts = np.empty(nu, np.int64)
+        lengths = np.empty(nu, np.int64)
+        u = 0
+        for r in range(rows):
+            c = start[r + 1]
+            if c > 0:
+                uniq[u] = r
+                starts[u] = start[r]
+                lengths[u] = c
+                u += 1
+            start[r + 1] = start[r] + c
+        for i in range(n):
+            r = ids[i]
+            p = start[r]
+            start[r] = p + 1
+            occ[p] = occ_in[i]
+            if weighted:
+                ws[p] = ws_in[i]
+        return -1, occ, ws, uniq, starts, lengths
+    bits = 1
+    while (rows - 1) >> bits:
+        bits += 1
+    passes = (bits + RADIX_BITS - 1) // RADIX_BITS
+    step = (bits + passes - 1) // passes
+    mask = (1 << step) - 1
+    order = np.arange(n)
+    spare = np.empty(n, np.int64)
+    count = np.empty(mask + 2, np.int64)
+    for p in range(passes):
+        shift = p * step
+        count[:] = 0
+        for i in range(n):
+            count[((ids[order[i]] >> shift) & mask) + 1] += 1
+        for k in range(mask + 1):
+            count[k + 1] += count[k]
+        for i in range(n):
+            k = order[i]
+            digit = (ids[k] >> shift) & mask
+            spare[count[digit]] = k
+            count[digit] += 1
+        order, spare = spare, order
     nu = 0
-    for r in range(rows):
-        if start[r + 1] > 0:
+    last = -1
+    for i in range(n):
+        k = order[i]
+        occ[i] = occ_in[k]
+        if weighted:
+            ws[i] = ws_in[k]
+        r = ids[k]
+        if r != last:
             nu += 1
+            last = r
     uniq = np.empty(nu, np.int64)
     starts = np.empty(nu, np.int64)
     lengths = np.empty(nu, np.int64)
-    u = 0
-    for r in range(rows):
-        c = start[r + 1]
-        if c > 0:
-            uniq[u] = r
-            starts[u] = start[r]
-            lengths[u] = c
-            u += 1
-        start[r + 1] = start[r] + c
-    occ = np.empty(n, occ_in.dtype)
-    ws = np.empty(n if weighted else 0, ws_in.dtype)
+    u = -1
+    last = -1
     for i in range(n):
-        r = ids[i]
-        p = start[r]
-        start[r] = p + 1
-        occ[p] = occ_in[i]
-        if weighted:
-            ws[p] = ws_in[i]
+        r = ids[order[i]]
+        if r != last:
+            u += 1
+            uniq[u] = r
+            starts[u] = i
+            lengths[u] = 0
+            last = r
+        lengths[u] += 1
     return -1, occ, ws, uniq, starts, lengths
 
 

@@ -8,11 +8,16 @@ rather than the bytes of the rows. The compiled loops
 a touched row's gradient, in a ``dim``-long buffer:
 
 - the pooled lookup sums (or takes the maximum of) a bag's rows straight
-  into its output row;
-- the backward sorts the occurrences by row (as the NumPy path does), then,
-  for each touched row, sums its gradients and applies the optimizer to the
-  row in place (SGD, row-wise AdaGrad, Adam): FBGEMM's CPU scheme, with no
-  ``[rows, dim]`` gradient written out.
+  into its output row, prefetching rows a few ids ahead; when every bag
+  holds one id it is one gather of the rows in output order;
+- the backward sorts the occurrences by row (a counting sort over a table
+  of few rows per id, else a radix sort of the ids: its cost follows the
+  ids), then, for each touched row, sums its gradients where they lie in
+  the output gradient and applies the optimizer to the row in place (SGD,
+  row-wise AdaGrad, Adam): FBGEMM's CPU scheme, with no ``[rows, dim]``
+  gradient written out and nothing copied before the sum;
+- the common dims (``_jit.FIXED_DIMS``) get kernels compiled with the dim
+  fixed, whose row loops LLVM unrolls whole.
 
 numba is picked over a C extension because it compiles for the host's own
 vector units at run time and needs no compiler on the user's machine (the

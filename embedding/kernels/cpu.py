@@ -87,22 +87,35 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
     lengths = np.diff(offsets)
     w = _weights_of(bags, cdt)
     idx = np.asarray(bags.indices, np.int64)
+    jit = compiled.kernels(weights.dtype) if weights.dtype == cdt else None
     if fmt is None and _one_id_per_bag(layout, bags, lengths, out):
         # every bag holds one id (sum, mean and max all pool to the weighted row): one gather
         # of the rows in output order, straight into ``out``
         d = layout.dims[0]
-        base = np.asarray(layout.row_base, np.int64)[list(bags.slot_table)]
-        rows = (idx.reshape(g_count, s_count, b) + base[None, :, None]).transpose(0, 2, 1)
+        tables = list(bags.slot_table)
+        ids = idx.reshape(g_count, s_count, b)
+        limit = np.asarray(layout.rows, np.int64)[tables][None, :, None]
+        bad = (ids < 0) | (ids >= limit)
+        if bad.any():
+            pos = int(np.flatnonzero(bad)[0])
+            t = tables[pos // b % s_count]
+            raise _bad_id(idx, pos, t, layout.rows[t])
+        base = np.asarray(layout.row_base, np.int64)[tables]
+        rows = (ids + base[None, :, None]).transpose(0, 2, 1).reshape(-1)
         flat_out = out.reshape(-1, d)
-        if weights.dtype == flat_out.dtype:
-            np.take(weights.reshape(-1, d), rows.reshape(-1), axis=0, out=flat_out)
-        else:
-            flat_out[...] = np.take(weights.reshape(-1, d), rows.reshape(-1), axis=0)
         if w is not None:
-            flat_out *= w.reshape(g_count, s_count, b).transpose(0, 2, 1).reshape(-1, 1)
+            w = w.reshape(g_count, s_count, b).transpose(0, 2, 1).reshape(-1)
+        if jit is not None and out.dtype == weights.dtype:
+            jit.for_dim(d).gather_rows(weights.reshape(-1, d), rows, _none_as_empty(w, cdt),
+                                       w is not None, flat_out)
+            return out
+        if weights.dtype == flat_out.dtype:
+            np.take(weights.reshape(-1, d), rows, axis=0, out=flat_out)
+        else:
+            flat_out[...] = np.take(weights.reshape(-1, d), rows, axis=0)
+        if w is not None:
+            flat_out *= w[:, None]
         return out
-
-    jit = compiled.kernels(weights.dtype) if weights.dtype == cdt else None
 
     def block(gs: int) -> None:
         g, s = divmod(gs, s_count)
@@ -142,12 +155,13 @@ def _compiled_block(jit, layout, weights, t, bags, idx, offsets, w, lengths, s, 
     at, col = (r0, c0) if direct else (0, 0)
     wv = _none_as_empty(w, table.dtype)
     if bags.slot_max[s]:
-        bad = jit.pool_max(table, idx, offsets, wv, w is not None, target, at, col, _NO_ARG,
-                           False)
+        bad = jit.for_dim(d).pool_max(table, idx, offsets, wv, w is not None, target, at, col,
+                                      _NO_ARG, False)
     else:
         mean = bool(bags.slot_mean[s])
         inv = _inverse_lengths(lengths, table.dtype) if mean else np.empty(0, table.dtype)
-        bad = jit.pool_sum(table, idx, offsets, wv, w is not None, inv, mean, target, at, col)
+        bad = jit.for_dim(d).pool_sum(table, idx, offsets, wv, w is not None, inv, mean, target,
+                                      at, col)
     if bad >= 0:
         raise _bad_id(idx, bad, t, table.shape[0])
     if fmt is not None:
@@ -189,9 +203,9 @@ def _encode_block(vals: np.ndarray, out: np.ndarray, r0: int, c0: int, fmt: str,
 
 def _one_id_per_bag(layout: TableLayout, bags: Bags, lengths: np.ndarray, out) -> bool:
     """Whether a lookup is one gather: one id per bag, one dim for every table, the slots
-    side by side in slot order filling ``out`` (C-contiguous). (Faster here than the
-    compiled loops, which go table by table and so write a table's columns of every output
-    row: a cache miss per bag once ``out`` outgrows the cache.)"""
+    side by side in slot order filling ``out`` (C-contiguous). (Faster than the per-table
+    loops, which write a table's columns of every output row: a cache miss per bag once
+    ``out`` outgrows the cache.)"""
     d = layout.dims[0]
     return (len(set(layout.dims)) == 1 and out.flags.c_contiguous
             and bags.out_dim == bags.num_slots * d
@@ -234,7 +248,7 @@ def aggregate_grads(layout: TableLayout, bags: Bags, grad_out: np.ndarray,
         gsrc, occ, ws, uniq, starts, lens = seg
         if jit is not None:
             out = np.empty((len(uniq), d), dtype)
-            _run_segments(jit, jit.AGGREGATE, seg, out, _no_rule(dtype))
+            _run_segments(jit, jit.AGGREGATE, seg, d, out, _no_rule(dtype))
             return uniq, out
         grads, perm = jagged_sum_permuted(gsrc, occ, starts, lens, ws)
         return (uniq if perm is None else uniq[perm]), grads
@@ -278,6 +292,8 @@ def _segments_of(layout: TableLayout, bags: Bags, grad_out: np.ndarray, weights,
     w = _weights_of(bags, dtype)
     one_each = bool((lengths == 1).all())  # one id per bag: occurrence k is gradient row k
     jit = compiled.kernels(dtype)
+    # the compiled kernels read a sum slot's gradients straight from ``grad_out``
+    direct = fmt is None and grad_out.dtype == dtype and grad_out.flags.c_contiguous
 
     def one(t: int):
         d = layout.dims[t]
@@ -285,6 +301,10 @@ def _segments_of(layout: TableLayout, bags: Bags, grad_out: np.ndarray, weights,
                   if bags.slot_table[s] == t]
         if not blocks or b == 0:
             return None
+        if jit is not None and direct and not any(bags.slot_mean[s] or bags.slot_max[s]
+                                                  for _, s in blocks):
+            return _direct_segments(jit, layout, t, bags, blocks, idx, offsets, lengths, w,
+                                    grad_out, one_each)
         gsrc = [np.empty((len(blocks) * b, d), dtype)]
         ids_parts, row_parts, w_parts = [], [], []
         at = len(blocks) * b  # rows of gsrc so far (max slots append one per occurrence)
@@ -320,14 +340,10 @@ def _segments_of(layout: TableLayout, bags: Bags, grad_out: np.ndarray, weights,
         if ids.size == 0:
             return None
         gsrc = _cat(gsrc)
-        if jit is not None and layout.rows[t] <= 8 * ids.size + (1 << 16) < 1 << 31:
+        if jit is not None:
             ws_in = _cat(w_parts) if w is not None else np.empty(0, dtype)
-            bad, occ, ws, uniq, starts, lens = jit.sort_by_row(ids, layout.rows[t],
-                                                               _cat(row_parts), ws_in,
-                                                               w is not None)
-            if bad >= 0:
-                raise _bad_id(ids, bad, t, layout.rows[t], at=False)
-            return gsrc, occ, ws if w is not None else None, uniq, starts, lens
+            return _sorted(jit, ids, t, layout.rows[t], gsrc.reshape(-1),
+                           _cat(row_parts) * d, ws_in, w is not None)
         if ids.min() < 0 or ids.max() >= layout.rows[t]:
             raise _bad_id(ids, int(np.flatnonzero((ids < 0) | (ids >= layout.rows[t]))[0]), t,
                           layout.rows[t], at=False)
@@ -337,6 +353,42 @@ def _segments_of(layout: TableLayout, bags: Bags, grad_out: np.ndarray, weights,
         return gsrc, _cat(row_parts)[order], ws, uniq, starts, lens
 
     return one
+
+
+def _sorted(jit, ids, t: int, rows: int, src, occ, ws_in, weighted: bool):
+    """The compiled kernels' segments of table ``t``: ``(src, occ, ws, uniq, starts, lengths)``
+    with ``src`` flat and ``occ`` each occurrence's offset in it, sorted by row (IndexError
+    naming a bad id)."""
+    if ids.size >= 1 << 31:
+        raise ValueError(f"indices: {ids.size} ids of local table {t} in one batch; at most "
+                         f"{(1 << 31) - 1} are supported")
+    bad, occ, ws, uniq, starts, lens = jit.sort_by_row(ids, rows, occ, ws_in, weighted)
+    if bad >= 0:
+        raise _bad_id(ids, bad, t, rows, at=False)
+    return src, occ, ws if weighted else None, uniq, starts, lens
+
+
+def _direct_segments(jit, layout, t: int, bags: Bags, blocks, idx, offsets, lengths, w,
+                     grad_out, one_each: bool):
+    """:func:`_segments_of` of table ``t`` when all its slots are sum-pooled and ``grad_out``
+    is plain: each occurrence reads its bag's gradient where it lies in ``grad_out``."""
+    b, s_count, width = bags.batch_size, bags.num_slots, grad_out.shape[1]
+    ids_parts, occ_parts, w_parts = [], [], []
+    bag = np.arange(b, dtype=np.int64) * width
+    for g, s in blocks:
+        first = (g * s_count + s) * b
+        lo, hi = offsets[first], offsets[first + b]
+        ids_parts.append(idx[lo:hi])
+        if w is not None:
+            w_parts.append(w[lo:hi])
+        rows = bag + (g * b * width + bags.slot_col[s])
+        occ_parts.append(rows if one_each else np.repeat(rows, lengths[first:first + b]))
+    ids = _cat(ids_parts)
+    if ids.size == 0:
+        return None
+    ws_in = _cat(w_parts) if w is not None else np.empty(0, grad_out.dtype)
+    return _sorted(jit, ids, t, layout.rows[t], grad_out.reshape(-1), _cat(occ_parts), ws_in,
+                   w is not None)
 
 
 def _max_occurrence_grads(table, idx, starts, lengths, w, grad, lo: int, hi: int):
@@ -444,19 +496,20 @@ def _compiled_update(jit, layout, config, weights, state, t, rows, grads, unique
         bad = int(np.flatnonzero((rows < 0) | (rows >= n))[0])
         raise IndexError(f"rows[{bad}]: row {int(rows[bad])} is out of range for local table "
                          f"{t} ({n} rows)")
+    d = grads.shape[1]
     if not unique:
         order = stable_argsort(rows, n - 1)
         uniq, starts, lens = segments_of_sorted(rows[order])
         if uniq.size < rows.size:
             if term is not None:
                 raise ValueError("row_terms: given per row, so the rows must be unique")
-            seg = (grads, order, None, uniq, starts, lens)
-            _run_segments(jit, None, seg, None,
+            seg = (grads.reshape(-1), order * d, None, uniq, starts, lens)
+            _run_segments(jit, None, seg, d, None,
                           _rule(jit, config, layout, weights, state, t, uniq, grads.dtype))
             return
     n_rows = np.arange(len(rows), dtype=np.int64)   # each row its own one-occurrence segment
-    seg = (grads, n_rows, None, rows, n_rows, np.ones(len(rows), np.int64))
-    _run_segments(jit, None, seg, None,
+    seg = (grads.reshape(-1), n_rows * d, None, rows, n_rows, np.ones(len(rows), np.int64))
+    _run_segments(jit, None, seg, d, None,
                   _rule(jit, config, layout, weights, state, t, rows, grads.dtype), term)
 
 
@@ -500,20 +553,22 @@ def _no_rule(dtype) -> tuple:
     return (0, two, one, two, two, one, one, z, z, z, z, z, z, z)
 
 
-def _run_segments(jit, code, seg, out, rule, term=None) -> None:
+def _run_segments(jit, code, seg, d: int, out, rule, term=None) -> None:
     """:func:`~embedding.kernels._jit.segment_update` over a table's sorted occurrences ``seg``
-    (:func:`_segments_of`): into ``out``, or (``out`` None) through ``rule`` (:func:`_rule`;
-    ``code`` None: the rule's own; ``term``: row-wise AdaGrad's per-row terms)."""
+    (:func:`_segments_of`; ``d`` values per gradient row): into ``out``, or (``out`` None)
+    through ``rule`` (:func:`_rule`; ``code`` None: the rule's own; ``term``: row-wise
+    AdaGrad's per-row terms)."""
     gsrc, occ, ws, uniq, starts, lens = seg
     kind, weight, mom, ea, es, bc1, bc2, width, lr, eps, b1, b2, a1, a2 = rule
     if code is None:
         code = kind
     dtype = gsrc.dtype
     terms = np.empty(0, dtype) if term is None else np.ascontiguousarray(term)
-    jit.segment_update(code, gsrc, occ, _none_as_empty(ws, dtype), ws is not None, starts, lens,
-                       uniq, out if out is not None else np.empty((0, 0), dtype), weight, mom,
-                       ea, es, bc1, bc2, terms, term is not None, width, lr, eps, b1, b2, a1,
-                       a2)
+    jit.for_dim(d).segment_update(code, gsrc, d, occ, _none_as_empty(ws, dtype), ws is not None,
+                                  starts, lens, uniq,
+                                  out if out is not None else np.empty((0, 0), dtype), weight,
+                                  mom, ea, es, bc1, bc2, terms, term is not None, width, lr, eps,
+                                  b1, b2, a1, a2)
 
 
 def backward_update(layout: TableLayout, config, weights: np.ndarray,
@@ -541,8 +596,8 @@ def backward_update(layout: TableLayout, config, weights: np.ndarray,
     def one(t: int) -> None:
         seg = segments[t]
         if seg is not None:
-            _run_segments(jit, None, seg, None, _rule(jit, configs[t], layout, weights, state,
-                                                      t, seg[3], dtype))
+            _run_segments(jit, None, seg, layout.dims[t], None,
+                          _rule(jit, configs[t], layout, weights, state, t, seg[3], dtype))
 
     _map(one, range(layout.num_tables), threads)
 

@@ -79,6 +79,12 @@ CASES = {
     "variable": lambda dt, w: multi_hot(dt, 4, 32, fixed=False, weighted=w),
     "200-hot": lambda dt, w: multi_hot(dt, 5, 200, rows=(3, 50, 1), batch=8, weighted=w),
     "sum-only": lambda dt, w: multi_hot(dt, 6, 16, weighted=w, slot_max=(False,) * 3),
+    # one id per bag and one dim: the lookup is one gather in output order; a table of many
+    # rows per id: the backward sorts its ids by radix, not by counting over its rows
+    "1-hot one dim": lambda dt, w: multi_hot(dt, 7, 1, rows=(300_000, 1000, 1),
+                                             dims=(16, 16, 16), weighted=w),
+    "8-hot big table": lambda dt, w: multi_hot(dt, 8, 8, rows=(120_000, 70_000, 1),
+                                               dims=(32, 7, 16), weighted=w),
 }
 
 
@@ -134,7 +140,8 @@ def _tables(layout, weights, kind, dtype, threads):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("case", ["adversarial", "1-hot", "32-hot", "variable", "200-hot"])
+@pytest.mark.parametrize("case", ["adversarial", "1-hot", "32-hot", "variable", "200-hot",
+                                  "1-hot one dim", "8-hot big table"])
 def test_backward_update(monkeypatch, case, dtype, kind, threads):
     layout, bags, weights, grad = CASES[case](dtype, True)
 
@@ -195,6 +202,28 @@ def test_update_of_given_rows(monkeypatch, kind, unique):
         assert_same_bytes(got.state[name], ref.state[name], name)
 
 
+@pytest.mark.parametrize("rows", [50, 70_000, 1 << 20, 1 << 40])
+def test_the_row_sort_is_numpys_stable_sort(rows):
+    # a counting sort over few rows, a radix sort of 1 to 4 passes over many
+    jit = compiled._load()
+    rng = np.random.default_rng(rows % 997)
+    pool = np.concatenate([[0, rows - 1], rng.integers(0, rows, 300)])
+    ids = pool[rng.zipf(1.3, 3000) % pool.size].astype(np.int64)
+    occ_in = rng.integers(0, 1 << 40, ids.size)
+    ws_in = rng.standard_normal(ids.size)
+    bad, occ, ws, uniq, starts, lens = jit.sort_by_row(ids, rows, occ_in, ws_in, True)
+    order = np.argsort(ids, kind="stable")
+    want_uniq, want_lens = np.unique(ids, return_counts=True)
+    assert bad == -1
+    assert np.array_equal(occ, occ_in[order]) and np.array_equal(ws, ws_in[order])
+    assert np.array_equal(uniq, want_uniq) and np.array_equal(lens, want_lens)
+    assert np.array_equal(starts, np.concatenate([[0], np.cumsum(want_lens)[:-1]]))
+    for pos, wrong in ((7, rows), (3, -1)):
+        bad_ids = ids.copy()
+        bad_ids[pos] = wrong
+        assert jit.sort_by_row(bad_ids, rows, occ_in, ws_in, True)[0] == pos
+
+
 def test_a_bad_id_is_named(monkeypatch):
     layout, bags, weights, grad = multi_hot("float32", 10, 4)
     idx = np.array(bags.indices)
@@ -210,6 +239,21 @@ def test_a_bad_id_is_named(monkeypatch):
     with pytest.raises(IndexError, match=r"out of range for local table 0"):
         ft.backward_update(bad, grad)
     assert np.array_equal(ft.weights, before)   # nothing written before the check
+
+
+@pytest.mark.parametrize("mode", ["numpy", "compiled"])
+@pytest.mark.parametrize("wrong", [-1, 1000])
+def test_a_bad_id_is_named_when_every_bag_holds_one(monkeypatch, mode, wrong):
+    # the one-gather lookup checks each id against its own table, not the flat buffer
+    layout, bags, weights, _ = multi_hot("float32", 11, 1, rows=(1000, 50, 1), dims=(8,) * 3)
+    idx = np.array(bags.indices)
+    idx[64 + 9] = wrong              # group 0, slot 1 (table 1 of 50 rows), bag 9
+    bad = Bags(idx, bags.offsets, bags.slot_table, bags.slot_col, bags.slot_mean,
+               bags.batch_size, bags.out_dim, bags.num_groups, None, bags.slot_max)
+    monkeypatch.setenv("NEOCOMM_EMBEDDING_KERNELS", mode)
+    with pytest.raises(IndexError, match=rf"indices\[73\]: id {wrong} is out of range for "
+                                         rf"local table 1 \(50 rows\)"):
+        cpu.pooled_lookup(layout, weights, bad)
 
 
 def test_the_setting(monkeypatch):
