@@ -187,7 +187,8 @@ def _build(D: int):
     @nb.njit(**_OPTS)
     def gather_rows(flat, rows, w, weighted, out):
         """``out[k] = flat[rows[k]]`` (times ``w[k]`` when ``weighted``), the rows prefetched
-        :data:`AHEAD` ids ahead (farther ran slower here): one id per bag, every row already checked by the caller."""
+        :data:`AHEAD` ids ahead (farther ran slower here): one id per bag, every row already
+        checked by the caller."""
         d = D if D else flat.shape[1]
         for k in range(rows.size):
             _prefetch_id(flat, rows, k + AHEAD)
