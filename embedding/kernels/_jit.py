@@ -26,14 +26,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 _OPTS = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
-#: the lookup prefetches rows at least this many ids ahead (FBGEMM's CPU kernels' default),
-#: and up to twice that for rows so short that 16 ids take less time than a row's fetch:
-#: as many ids as fill :data:`AHEAD_BYTES` (measured best here: 32 ids ahead for rows of
-#: 64 bytes ran the lookup 1.2-1.3x faster than 16, and 48 or more ran it 1.5-2x slower)
+#: the lookup prefetches rows this many ids ahead (FBGEMM's CPU kernels' default; 32 ids
+#: ahead for rows of 64 bytes ran one process 1.1-1.25x faster, but two ranks sharing the
+#: host's cache and memory about 10 % slower); the backward prefetches the rows it updates,
+#: and the gradient rows it sums, half as far ahead (measured best here)
 AHEAD = 16
-AHEAD_BYTES = 2048
-#: the backward prefetches the rows it updates, and the gradient rows it sums, this many
-#: occurrences ahead (measured best here)
 AHEAD_ROWS = 8
 #: bytes of a cache line: a row is prefetched line by line
 LINE = 64
@@ -123,12 +120,6 @@ def _prefetch_at(typingctx, flat, occ, j, d):
     return sig, codegen
 
 
-@nb.njit(inline="always")
-def _ahead(row_bytes):
-    """How many ids ahead the lookup prefetches rows of ``row_bytes`` bytes."""
-    return min(2 * AHEAD, max(AHEAD, AHEAD_BYTES // max(row_bytes, 1)))
-
-
 #: optimizer codes of :func:`segment_update`
 AGGREGATE, SGD, ROWWISE_ADAGRAD, ADAM = 0, 1, 2, 3
 
@@ -142,7 +133,6 @@ def _build(D: int):
         when ``mean``; bag ``i`` is ``idx[offsets[i]:offsets[i + 1]]``."""
         rows = table.shape[0]
         d = D if D else table.shape[1]
-        ahead = _ahead(d * table.itemsize)
         acc = np.empty(d, out.dtype)
         for i in range(offsets.size - 1):
             s = offsets[i]
@@ -155,7 +145,7 @@ def _build(D: int):
             r = idx[s]
             if r < 0 or r >= rows:
                 return s
-            _prefetch_id(table, idx, s + ahead)
+            _prefetch_id(table, idx, s + AHEAD)
             if weighted:
                 wt = w[s]
                 for c in range(d):
@@ -167,7 +157,7 @@ def _build(D: int):
                 r = idx[j]
                 if r < 0 or r >= rows:
                     return j
-                _prefetch_id(table, idx, j + ahead)
+                _prefetch_id(table, idx, j + AHEAD)
                 if weighted:
                     wt = w[j]
                     for c in range(d):
@@ -187,8 +177,7 @@ def _build(D: int):
     @nb.njit(**_OPTS)
     def gather_rows(flat, rows, w, weighted, out):
         """``out[k] = flat[rows[k]]`` (times ``w[k]`` when ``weighted``), the rows prefetched
-        :data:`AHEAD` ids ahead (farther ran slower here): one id per bag, every row already
-        checked by the caller."""
+        :data:`AHEAD` ids ahead: one id per bag, every row already checked by the caller."""
         d = D if D else flat.shape[1]
         for k in range(rows.size):
             _prefetch_id(flat, rows, k + AHEAD)
@@ -207,7 +196,6 @@ def _build(D: int):
         zeros for an empty bag); ``arg[i, c]`` its position in ``idx`` (-1: empty bag)."""
         rows = table.shape[0]
         d = D if D else table.shape[1]
-        ahead = _ahead(d * table.itemsize)
         best = np.empty(d, out.dtype)
         at = np.empty(d, np.int64)
         for i in range(offsets.size - 1):
@@ -224,7 +212,7 @@ def _build(D: int):
                 r = idx[j]
                 if r < 0 or r >= rows:
                     return j
-                _prefetch_id(table, idx, j + ahead)
+                _prefetch_id(table, idx, j + AHEAD)
                 for c in range(d):
                     if weighted:
                         v = table[r, c] * w[j]
