@@ -357,16 +357,13 @@ def sort_by_row(ids, rows, occ_in, ws_in, weighted):
     the ids (passes of at most :data:`RADIX_BITS` bits): its cost follows the ids, not the
     table's rows."""
     n = ids.size
-    for i in range(n):
-        r = ids[i]
-        if r < 0 or r >= rows:
-            return i, occ_in[:0], ws_in[:0], ids[:0], ids[:0], ids[:0]
-    occ = np.empty(n, occ_in.dtype)
-    ws = np.empty(n if weighted else 0, ws_in.dtype)
     if rows <= 8 * n + (1 << 16):
         start = np.zeros(rows + 1, np.int32)   # n < 2**31 (the caller checks)
         for i in range(n):
-            start[ids[i] + 1] += 1
+            r = ids[i]
+            if r < 0 or r >= rows:
+                return i, occ_in[:0], ws_in[:0], ids[:0], ids[:0], ids[:0]
+            start[r + 1] += 1
         nu = 0
         for r in range(rows):
             if start[r + 1] > 0:
@@ -383,6 +380,8 @@ def sort_by_row(ids, rows, occ_in, ws_in, weighted):
                 lengths[u] = c
                 u += 1
             start[r + 1] = start[r] + c
+        occ = np.empty(n, occ_in.dtype)
+        ws = np.empty(n if weighted else 0, ws_in.dtype)
         for i in range(n):
             r = ids[i]
             p = start[r]
@@ -391,6 +390,10 @@ def sort_by_row(ids, rows, occ_in, ws_in, weighted):
             if weighted:
                 ws[p] = ws_in[i]
         return -1, occ, ws, uniq, starts, lengths
+    for i in range(n):
+        r = ids[i]
+        if r < 0 or r >= rows:
+            return i, occ_in[:0], ws_in[:0], ids[:0], ids[:0], ids[:0]
     bits = 1
     while (rows - 1) >> bits:
         bits += 1
@@ -413,6 +416,8 @@ def sort_by_row(ids, rows, occ_in, ws_in, weighted):
             spare[count[digit]] = k
             count[digit] += 1
         order, spare = spare, order
+    occ = np.empty(n, occ_in.dtype)
+    ws = np.empty(n if weighted else 0, ws_in.dtype)
     nu = 0
     last = -1
     for i in range(n):
