@@ -12,7 +12,6 @@ from neocomm.mpistart import _LAUNCHED_BY  # noqa: F401 - the launcher variables
 
 from neocomm.errors import (BackendUnavailableError, CollectiveArgumentError, NeocommError,
                             GroupGoneError)
-from neocomm.types import BackendKind, GroupKind, ReduceOp
 
 __all__ = [
     "__version__", "init", "World", "ProcessGroup", "ReduceOp", "BackendKind", "GroupKind",
@@ -20,7 +19,13 @@ __all__ = [
 ]
 
 
-def __getattr__(name):  # lazy: importing neocomm must not initialise MPI
+def __getattr__(name):
+    # lazy: importing neocomm neither starts MPI nor loads NumPy (the launcher and the
+    # process that watches each rank import only what they use)
+    if name in ("ReduceOp", "BackendKind", "GroupKind"):
+        from neocomm import types
+
+        return getattr(types, name)
     if name in ("init", "World", "current_world"):
         from neocomm import world
 

@@ -354,7 +354,10 @@ def check_room(local_ranks: int, *, shm_dir: str = _SHM_DIR,
     """Refuse to start (:class:`NoRoomError`) when this host cannot hold the job's
     shared memory (``local_ranks`` ranks here) or the MPI launcher's session files;
     returns warnings for room that is tight but may do."""
-    from topology.sizes import format_size  # here: the topology package costs start-up time
+    def format_size(n: int) -> str:  # only for the messages: topology costs start-up time
+        from topology.sizes import format_size as fmt
+
+        return fmt(n)
 
     warnings = []
     # where the MPI launcher puts its session files (as Open MPI looks for it)

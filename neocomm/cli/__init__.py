@@ -145,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     # any command may start the world, which warns about unknown NEOCOMM_* names: the
     # settings of every layer are known first (loaded only when needed)
     config.add_declarations(declare_settings)
-    table = commands()
+    # the core's commands need no look at the installed packages' entry points
+    table = ({argv[0]: Command(argv[0], _CORE[argv[0]])} if argv and argv[0] in _CORE
+             else commands())
     if not argv or argv[0] in ("-h", "--help"):
         _top_parser(table, listing=True).print_help()
         return 0 if argv else 2

@@ -1,6 +1,8 @@
-"""What a rank pays at start-up: importing the runtime and ``neocomm.init()`` load neither
+"""What a job pays at start-up: importing the runtime and ``neocomm.init()`` load neither
 ``ml_dtypes`` (about half a second) nor CuPy (most of a second) until they are used, and
-CuPy only where the CUDA driver reports a GPU."""
+CuPy only where the CUDA driver reports a GPU; ``neocomm run`` and the process that watches
+each rank load neither NumPy nor the other layers, nor read the installed packages'
+metadata (together about half a second of every job)."""
 from __future__ import annotations
 
 import os
@@ -68,3 +70,33 @@ def test_a_float32_training_job_never_loads_ml_dtypes_and_a_bf16_one_does(tmp_pa
     gpu = ["cupy"] if driver_devices() > 0 else []
     assert loaded["fp32"] == gpu, loaded
     assert loaded["bf16"] == sorted(gpu + ["ml_dtypes"]), loaded
+
+
+LAUNCHER = """
+import sys
+from neocomm.cli import main
+code = main(["run", "-n", "2", "--", sys.executable, "-m", "neocomm.rankwatch", "--",
+             sys.executable, "-c", WATCHER])
+print("LAUNCHER", " ".join(sorted(m for m in HEAVY if m in sys.modules)), flush=True)
+sys.exit(code)
+"""
+#: what the watcher of a rank reports loading (it runs under the launcher's own watcher)
+WATCHER = ("import sys, neocomm.rankwatch, neocomm.launcher; print('WATCHER', ' '.join(sorted("
+           "m for m in {heavy} if m in sys.modules)), flush=True)")
+HEAVY = ("numpy", "topology", "collectives", "embedding", "importlib.metadata", "mpi4py")
+
+
+def test_the_launcher_and_the_rank_watcher_load_nothing_heavy(tmp_path):
+    """A real two-rank ``neocomm run`` of a rank watcher: the launcher process and the
+    watcher import only the core's launching modules."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY
+           and k not in ("DEVSIM",)}
+    code = (f"HEAVY = {HEAVY!r}\nWATCHER = {WATCHER.format(heavy=repr(HEAVY))!r}\n"
+            + LAUNCHER)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    watchers = [line.split()[1:] for line in lines if line.startswith("WATCHER")]
+    launcher = [line.split()[1:] for line in lines if line.startswith("LAUNCHER")]
+    assert watchers == [[], []] and launcher == [[]], out.stdout + out.stderr
