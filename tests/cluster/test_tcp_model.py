@@ -34,20 +34,22 @@ def _spec(cluster) -> str:
 
 
 def _measure(cluster, name: str, launches: int = 2) -> str:
-    """``neocomm bench`` of AllReduce and AlltoAll at 2 to 16 MiB on 2 hosts x 1 rank,
-    ``launches`` times over; the runs in one measurements file."""
+    """``neocomm bench`` of AllReduce and AlltoAll at 2 to 16 MiB on 2 hosts x 1 rank (both
+    ops in one job, a file each), ``launches`` times over; the runs in one measurements
+    file."""
     from collectives.calibrate import median_of_launches
 
     hf = cluster.hostfile({"node-a": 1, "node-b": 1})
+    ops = ("all_reduce", "all_to_all")
     runs = []
     for launch in range(launches):
-        for op in ("all_reduce", "all_to_all"):
-            out = os.path.join(cluster.workdir, f"{name}-{op}-{launch}.json")
-            done = neocomm_run(cluster, 2, ["neocomm", "bench", op, "-b", "2M", "-e", "16M",
-                                            "-f", "2", "-n", "1", "-w", "1", "-r", "3",
-                                            "--json", out], hostfile=hf, timeout=120)
-            assert done.returncode == 0, explain(done)
-            with open(out) as fh:
+        out = os.path.join(cluster.workdir, f"{name}-{{op}}-{launch}.json")
+        done = neocomm_run(cluster, 2, ["neocomm", "bench", *ops, "-b", "2M", "-e", "16M",
+                                        "-f", "2", "-n", "1", "-w", "1", "-r", "3",
+                                        "--json", out], hostfile=hf, timeout=240)
+        assert done.returncode == 0, explain(done)
+        for op in ops:
+            with open(out.format(op=op)) as fh:
                 runs.append(json.load(fh))
     path = os.path.join(cluster.workdir, f"{name}.json")
     with open(path, "w") as fh:
