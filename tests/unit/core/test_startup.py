@@ -75,24 +75,23 @@ def test_a_float32_training_job_never_loads_ml_dtypes_and_a_bf16_one_does(tmp_pa
 LAUNCHER = """
 import sys
 from neocomm.cli import main
-code = main(["run", "-n", "2", "--", sys.executable, "-m", "neocomm.rankwatch", "--",
-             sys.executable, "-c", WATCHER])
+code = main(["run", "-n", "2", "--", sys.executable, "-c", RANK])
 print("LAUNCHER", " ".join(sorted(m for m in HEAVY if m in sys.modules)), flush=True)
 sys.exit(code)
 """
-#: what the watcher of a rank reports loading (it runs under the launcher's own watcher)
-WATCHER = ("import sys, neocomm.rankwatch, neocomm.launcher; print('WATCHER', ' '.join(sorted("
-           "m for m in {heavy} if m in sys.modules)), flush=True)")
+#: each rank: what the rank watcher's imports load (``python -m neocomm.rankwatch``, which
+#: starts every rank under ``neocomm run``, imports the same before it starts the rank)
+RANK = ("import sys, neocomm.rankwatch; print('WATCHER', ' '.join(sorted("
+        "m for m in {heavy} if m in sys.modules)), flush=True)")
 HEAVY = ("numpy", "topology", "collectives", "embedding", "importlib.metadata", "mpi4py")
 
 
 def test_the_launcher_and_the_rank_watcher_load_nothing_heavy(tmp_path):
-    """A real two-rank ``neocomm run`` of a rank watcher: the launcher process and the
-    watcher import only the core's launching modules."""
+    """A real two-rank ``neocomm run``: the launcher process, and the rank watcher's imports on
+    each rank, load only the core's launching modules."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY
            and k not in ("DEVSIM",)}
-    code = (f"HEAVY = {HEAVY!r}\nWATCHER = {WATCHER.format(heavy=repr(HEAVY))!r}\n"
-            + LAUNCHER)
+    code = f"HEAVY = {HEAVY!r}\nRANK = {RANK.format(heavy=repr(HEAVY))!r}\n" + LAUNCHER
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
