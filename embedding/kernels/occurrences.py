@@ -88,7 +88,7 @@ def _segments_of(layout: TableLayout, bags: Bags, grad_out: np.ndarray, weights,
             return _direct_segments(jit, layout, t, bags, blocks, idx, offsets, lengths, w,
                                     grad_out, one_each)
         gsrc = [np.empty((len(blocks) * b, d), dtype)]
-        ids_parts, row_parts, w_parts = [], [], []
+        row_parts = []
         at = len(blocks) * b  # rows of gsrc so far (max slots append one per occurrence)
         for k, (g, s) in enumerate(blocks):
             first = (g * s_count + s) * b
@@ -96,9 +96,6 @@ def _segments_of(layout: TableLayout, bags: Bags, grad_out: np.ndarray, weights,
             ln = lengths[first:first + b]
             lo, hi = offsets[first], offsets[first + b]
             grad = grad_out[g * b:(g + 1) * b, col:col + d]
-            ids_parts.append(idx[lo:hi])
-            if w is not None:
-                w_parts.append(w[lo:hi])
             if bags.slot_max[s]:
                 if fmt is not None:
                     grad = grad.astype(dtype)
@@ -118,33 +115,45 @@ def _segments_of(layout: TableLayout, bags: Bags, grad_out: np.ndarray, weights,
                 dst *= _inverse_lengths(ln, dtype)[:, None]
             rows = np.arange(k * b, (k + 1) * b, dtype=np.int64)
             row_parts.append(rows if one_each else np.repeat(rows, ln))
-        ids = _cat(ids_parts)
+        ids, ws_in = _block_ids(bags, blocks, idx, offsets, w)
         if ids.size == 0:
             return None
         gsrc = _cat(gsrc)
         if jit is not None:
-            ws_in = _cat(w_parts) if w is not None else np.empty(0, dtype)
             return _sorted(jit, ids, t, layout.rows[t], gsrc.reshape(-1),
-                           _cat(row_parts) * d, ws_in, w is not None)
+                           _cat(row_parts) * d, ws_in)
         if ids.min() < 0 or ids.max() >= layout.rows[t]:
             raise _bad_id(ids, int(np.flatnonzero((ids < 0) | (ids >= layout.rows[t]))[0]), t,
                           layout.rows[t], at=False)
         order = stable_argsort(ids, layout.rows[t] - 1)
         uniq, starts, lens = segments_of_sorted(ids[order])
-        ws = _cat(w_parts)[order] if w is not None else None
+        ws = ws_in[order] if ws_in is not None else None
         return gsrc, _cat(row_parts)[order], ws, uniq, starts, lens
 
     return one
 
 
-def _sorted(jit, ids, t: int, rows: int, src, occ, ws_in, weighted: bool):
+def _block_ids(bags: Bags, blocks, idx, offsets, w):
+    """``(ids, weights)``: the ids of the bags of ``blocks`` (``(group, slot)`` pairs), block
+    after block, and their per-id weights (None without)."""
+    b, s_count = bags.batch_size, bags.num_slots
+    spans = [(offsets[(g * s_count + s) * b], offsets[(g * s_count + s + 1) * b])
+             for g, s in blocks]
+    ids = _cat([idx[lo:hi] for lo, hi in spans])
+    return ids, None if w is None else _cat([w[lo:hi] for lo, hi in spans])
+
+
+def _sorted(jit, ids, t: int, rows: int, src, occ, ws_in):
     """The compiled kernels' segments of table ``t``: ``(src, occ, ws, uniq, starts, lengths)``
     with ``src`` flat and ``occ`` each occurrence's offset in it, sorted by row (IndexError
-    naming a bad id)."""
+    naming a bad id); ``ws_in``: the occurrences' weights, or None."""
     if ids.size >= 1 << 31:
         raise ValueError(f"indices: {ids.size} ids of local table {t} in one batch; at most "
                          f"{(1 << 31) - 1} are supported")
-    bad, occ, ws, uniq, starts, lens = jit.sort_by_row(ids, rows, occ, ws_in, weighted)
+    weighted = ws_in is not None
+    bad, occ, ws, uniq, starts, lens = jit.sort_by_row(ids, rows, occ,
+                                                       _none_as_empty(ws_in, src.dtype),
+                                                       weighted)
     if bad >= 0:
         raise _bad_id(ids, bad, t, rows, at=False)
     return src, occ, ws if weighted else None, uniq, starts, lens
@@ -155,22 +164,16 @@ def _direct_segments(jit, layout, t: int, bags: Bags, blocks, idx, offsets, leng
     """:func:`_segments_of` of table ``t`` when all its slots are sum-pooled and ``grad_out``
     is plain: each occurrence reads its bag's gradient where it lies in ``grad_out``."""
     b, s_count, width = bags.batch_size, bags.num_slots, grad_out.shape[1]
-    ids_parts, occ_parts, w_parts = [], [], []
+    ids, ws_in = _block_ids(bags, blocks, idx, offsets, w)
+    if ids.size == 0:
+        return None
+    occ_parts = []
     bag = np.arange(b, dtype=np.int64) * width
     for g, s in blocks:
         first = (g * s_count + s) * b
-        lo, hi = offsets[first], offsets[first + b]
-        ids_parts.append(idx[lo:hi])
-        if w is not None:
-            w_parts.append(w[lo:hi])
         rows = bag + (g * b * width + bags.slot_col[s])
         occ_parts.append(rows if one_each else np.repeat(rows, lengths[first:first + b]))
-    ids = _cat(ids_parts)
-    if ids.size == 0:
-        return None
-    ws_in = _cat(w_parts) if w is not None else np.empty(0, grad_out.dtype)
-    return _sorted(jit, ids, t, layout.rows[t], grad_out.reshape(-1), _cat(occ_parts), ws_in,
-                   w is not None)
+    return _sorted(jit, ids, t, layout.rows[t], grad_out.reshape(-1), _cat(occ_parts), ws_in)
 
 
 def _max_occurrence_grads(table, idx, starts, lengths, w, grad, lo: int, hi: int):
