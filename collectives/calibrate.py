@@ -404,14 +404,15 @@ def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64
     unless a ``hostfile`` spreads them: each layout on the first of its hosts,
     ``ranks_per_node`` to a host), ``launches`` times over (every layout once, then again),
     and return the results, each launch's runs merged by :func:`median_of_launches`.
-    ``echo(text)`` hears each command. RuntimeError naming the command and its output's
-    tail when one fails."""
+    ``echo(text)`` hears each command. RuntimeError naming the command, what its ranks said
+    of why and the file with its whole output when one fails (the output of every launch
+    is kept beside its results, ``bench-...-N.log``)."""
     import os
     import shutil
-    import subprocess
     import json
 
     from neocomm.hostfile import layout_hostfile
+    from neocomm.launcher import run_job
 
     if isinstance(launches, bool) or not isinstance(launches, int) or launches < 1:
         raise ValueError(f"launches: expected a count >= 1, got {launches!r}")
@@ -432,12 +433,9 @@ def run_benches(layouts, *, ops=OPS, minbytes: int = 4 << 10, maxbytes: int = 64
                 "-f", str(factor), "--json", pattern] + (["--device"] if device else [])
         if echo:
             echo(" ".join(cmd[1:]).replace(exe, "neocomm"))
-        done = subprocess.run(cmd, capture_output=True, text=True)
         paths = [pattern.replace("{op}", op) for op in ops]
-        if done.returncode != 0 or not all(os.path.exists(p) for p in paths):
-            tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-            raise RuntimeError(f"calibration: `{' '.join(cmd[1:])}` failed (exit "
-                               f"{done.returncode}): " + " | ".join(tail))
+        run_job(cmd, what="calibration", expect=tuple(paths), shown=" ".join(cmd[1:]),
+                log=os.path.join(out_dir, f"bench-{ranks}r-{ranks // per_node}n-{launch}.log"))
         for path in paths:
             with open(path, encoding="utf-8") as fh:
                 out.append(json.load(fh))

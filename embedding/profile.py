@@ -350,12 +350,14 @@ def run_training(layouts, *, config: str | None, steps: int, out_dir: str, hostf
     to a host), ``launches`` times over (every layout once, then again),
     and return what each layout logged (:func:`read_training`, with ``ranks``, ``nodes``
     and ``emulated``; several launches merged by :func:`median_of_training_launches`).
-    RuntimeError naming the command when one fails."""
+    RuntimeError naming the command, what its ranks said of why and the file with its
+    whole output when one fails (each launch's output is kept beside its directory,
+    ``train-...-N.log``)."""
     import os
     import shutil
-    import subprocess
 
     from neocomm.hostfile import layout_hostfile
+    from neocomm.launcher import run_job
 
     if isinstance(launches, bool) or not isinstance(launches, int) or launches < 1:
         raise ValueError(f"launches: expected a count >= 1, got {launches!r}")
@@ -374,12 +376,9 @@ def run_training(layouts, *, config: str | None, steps: int, out_dir: str, hostf
         cmd += ["--config", config] if config else []
         if echo:
             echo(" ".join(cmd[1:]).replace(exe, "neocomm"))
-        done = subprocess.run(cmd, capture_output=True, text=True)
         metrics = os.path.join(where, "metrics.jsonl")
-        if done.returncode != 0 or not os.path.exists(metrics):
-            tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-            raise RuntimeError(f"validation: `{' '.join(cmd[1:])}` failed (exit "
-                               f"{done.returncode}): " + " | ".join(tail))
+        run_job(cmd, what="validation", log=f"{where}.log", expect=(metrics,),
+                shown=" ".join(cmd[1:]))
         out.append({"ranks": ranks, "nodes": ranks // per_node, "emulated": not hostfile,
                     "config": config, "steps": steps, **read_training(metrics)})
     return median_of_training_launches(out)

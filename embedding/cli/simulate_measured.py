@@ -9,16 +9,35 @@ module reads the options and prints.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from embedding.cli.simulate_job import Job, dump_json, positive_counts
 
 __all__ = ["calibrate", "validate"]
 
 
+@contextmanager
+def _jobs_folder(prefix: str, dir: str | None = None):
+    """A new folder for the jobs run here, removed when they succeed and kept when one
+    fails: the error names the job's whole output there, which the user will want to read.
+    A job's RuntimeError comes out as the ValueError the command reports."""
+    import shutil
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix=prefix, dir=dir)
+    try:
+        yield where
+    except RuntimeError as exc:
+        raise ValueError(str(exc)) from None
+    except BaseException:
+        shutil.rmtree(where, ignore_errors=True)
+        raise
+    shutil.rmtree(where, ignore_errors=True)
+
+
 def _measurements(args) -> list[dict]:
     """The bench runs of ``--bench`` files, or of benches run here now (``--ranks`` x
     ``--nodes``), saved to ``--record`` when asked."""
-    import tempfile
-
     from collectives.calibrate import median_of_launches, read_measurements, run_benches
 
     if args.bench:  # several files of one layout (launches) are merged as launches are
@@ -26,14 +45,11 @@ def _measurements(args) -> list[dict]:
                                    for run in read_measurements(path)])
     else:
         layouts = _layouts(args)
-        with tempfile.TemporaryDirectory(prefix="neocomm-calibrate-") as where:
-            try:
-                runs = run_benches(layouts, minbytes=args.minbytes, maxbytes=args.maxbytes,
-                                   factor=args.stepfactor, out_dir=where, device=args.device,
-                                   hostfile=args.hostfile, launches=args.launches,
-                                   echo=lambda cmd: print(f"# {cmd}", flush=True))
-            except RuntimeError as exc:
-                raise ValueError(str(exc)) from None
+        with _jobs_folder("neocomm-calibrate-") as where:
+            runs = run_benches(layouts, minbytes=args.minbytes, maxbytes=args.maxbytes,
+                               factor=args.stepfactor, out_dir=where, device=args.device,
+                               hostfile=args.hostfile, launches=args.launches,
+                               echo=lambda cmd: print(f"# {cmd}", flush=True))
     if args.record:
         dump_json(args.record, {"kind": "neocomm-measurements", "runs": runs})
     return runs
@@ -214,8 +230,6 @@ def _training_runs(args) -> list[dict]:
     """The training runs of ``--bench`` files (``--record`` of an earlier ``validate
     --step``), or runs made here now, each with the profile of its compute taken beside it;
     saved to ``--record`` when asked."""
-    import tempfile
-
     from collectives.fabric import read_json
     from embedding.profile import STEP_KIND, median_of_training_launches, run_training
 
@@ -233,13 +247,10 @@ def _training_runs(args) -> list[dict]:
     import os
 
     shared = os.getcwd() if args.hostfile else None
-    with tempfile.TemporaryDirectory(prefix="neocomm-validate-", dir=shared) as tmp:
-        try:
-            return run_training(_layouts(args), config=args.config, steps=args.steps,
-                                out_dir=tmp, hostfile=args.hostfile, launches=args.launches,
-                                echo=lambda c: print(f"# running: {c}", flush=True))
-        except RuntimeError as exc:
-            raise ValueError(str(exc)) from None
+    with _jobs_folder("neocomm-validate-", dir=shared) as tmp:
+        return run_training(_layouts(args), config=args.config, steps=args.steps,
+                            out_dir=tmp, hostfile=args.hostfile, launches=args.launches,
+                            echo=lambda c: print(f"# running: {c}", flush=True))
 
 
 def _validate_step(args) -> int:

@@ -1,0 +1,138 @@
+"""A job run for the user (the benches of ``neocomm simulate calibrate``, the training of
+``validate --step``) that fails is reported by what its failing rank said, not by the MPI
+launcher's closing banner, and its whole output is kept where the message says."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pytest
+
+from neocomm import _LAUNCHED_BY
+from neocomm.cli import main
+from neocomm.launcher import run_job, why_job_failed
+
+BANNER = """--------------------------------------------------------------------------
+prterun has exited due to process rank 1 with PID 0 on node node-b calling
+"abort". This may have caused other processes in the application to be
+terminated by signals sent by prterun (as reported here).
+--------------------------------------------------------------------------
+\x00\x00"""
+
+FAILS = """
+import neocomm
+world = neocomm.init()
+if world.rank == 1:
+    raise ValueError("shard 7 of table t3 has no rows")
+world.world.barrier()
+"""
+
+
+def test_the_cause_comes_before_the_launchers_banner_and_odd_bytes_are_dropped():
+    out = ("neocomm train: 2 rank(s), 8 tables\nstep 10 loss 0.69\n"
+           "neocomm: rank 1 failed with an unhandled exception; aborting the job.\n"
+           "Traceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n"
+           "    raise ValueError('shard 7')\nValueError: shard 7\n" + BANNER)
+    assert why_job_failed(out) == ("neocomm: rank 1 failed with an unhandled exception; "
+                                   "aborting the job. | ValueError: shard 7")
+    # the watchdog's, a command's agreed error and the launcher's own are causes too
+    assert why_job_failed(
+        "neocomm: rank 3: all_to_all has not completed after 300.0 s (NEOCOMM_TIMEOUT=300);"
+        " rank 2 never arrived. Aborting the job.\nneocomm train: error: --steps: bad\n"
+        "neocomm run: the job did not finish within 60 s; stopping it\n") == (
+        "neocomm: rank 3: all_to_all has not completed after 300.0 s (NEOCOMM_TIMEOUT=300); "
+        "rank 2 never arrived. Aborting the job. | neocomm train: error: --steps: bad | "
+        "neocomm run: the job did not finish within 60 s; stopping it")
+    # the MPI library's own, and the rank watcher's word for a rank killed by a signal
+    assert why_job_failed(
+        "[node-b:00189] *** An error occurred in MPI_Allreduce\n"
+        "[node-b:00189] *** reported by process [1,2]\n"
+        "neocomm run: rank 3 (pid 77 on node-b) died of SIGKILL; the job ends\n" + BANNER) \
+        == ("[node-b:00189] *** An error occurred in MPI_Allreduce | neocomm run: rank 3 "
+            "(pid 77 on node-b) died of SIGKILL; the job ends")
+    # where no rank said why, the last lines, printable
+    assert why_job_failed(BANNER, keep=2) == (
+        "terminated by signals sent by prterun (as reported here). | "
+        "--------------------------------------------------------------------------")
+
+
+def _clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY}
+
+
+def test_a_rank_that_fails_is_named_with_its_error_and_the_whole_output_is_kept(
+        tmp_path, monkeypatch):
+    """A real two-rank job in which rank 1 raises: the error names rank 1 and its
+    exception, and the log holds everything the job printed, the launcher's banner too."""
+    for key in _LAUNCHED_BY:
+        monkeypatch.delenv(key, raising=False)
+    log = tmp_path / "job.log"
+    cmd = [shutil.which("neocomm") or "neocomm", "run", "-n", "2", "--timeout", "120", "--",
+           sys.executable, "-c", FAILS]
+    with pytest.raises(RuntimeError) as caught:
+        run_job(cmd, what="validation", log=str(log), shown="run -n 2 -- python job.py")
+    message = str(caught.value)
+    assert message.startswith("validation: `run -n 2 -- python job.py` failed (exit "), message
+    assert "neocomm: rank 1 failed with an unhandled exception" in message, message
+    assert "ValueError: shard 7 of table t3 has no rows" in message, message
+    assert message.endswith(f"(its whole output: {log})"), message
+    text = log.read_text()
+    assert "Traceback" in text and "ValueError: shard 7 of table t3 has no rows" in text
+
+
+def test_a_job_that_exits_0_without_its_result_says_which_file_is_missing(tmp_path):
+    missing = tmp_path / "metrics.jsonl"
+    with pytest.raises(RuntimeError, match=f"failed \\(exit 0\\): it exited 0 but did not "
+                                           f"write {missing}"):
+        run_job([sys.executable, "-c", "print('done')"], what="validation",
+                log=str(tmp_path / "job.log"), expect=(str(missing),))
+    assert (tmp_path / "job.log").read_text() == "done\n"
+
+
+def test_calibration_keeps_the_folder_of_a_failed_bench_and_removes_a_good_one(
+        tmp_path, monkeypatch, capsys):
+    """``neocomm simulate calibrate`` runs its benches in a folder of its own: gone after
+    they succeed, kept (with the failed job's output) when one fails."""
+    import tempfile
+
+    import collectives.calibrate as calibrate
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen = []
+
+    def failing(layouts, *, out_dir, **kw):
+        seen.append(out_dir)
+        log = os.path.join(out_dir, "bench-2r-1n-0.log")
+        with open(log, "w") as fh:
+            fh.write("neocomm: rank 1 failed\n")
+        raise RuntimeError(f"calibration: `run ...` failed (exit 1): neocomm: rank 1 failed "
+                           f"(its whole output: {log})")
+
+    monkeypatch.setattr(calibrate, "run_benches", failing)
+    assert main(["simulate", "calibrate", "--fabric", "cpu-host", "--ranks", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "neocomm: rank 1 failed" in err and seen[0] in err, err
+    assert os.listdir(seen[0]) == ["bench-2r-1n-0.log"]
+
+    def interrupted(layouts, *, out_dir, **kw):
+        seen.append(out_dir)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(calibrate, "run_benches", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(["simulate", "calibrate", "--fabric", "cpu-host", "--ranks", "2"])
+    assert not os.path.exists(seen[1])
+
+
+def test_the_jobs_folder_goes_when_its_jobs_succeed(tmp_path):
+    from embedding.cli.simulate_measured import _jobs_folder
+
+    with _jobs_folder("neocomm-validate-", dir=str(tmp_path)) as where:
+        with open(os.path.join(where, "train-2r-1n-0.log"), "w") as fh:
+            fh.write("ok\n")
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError, match="failed"):
+        with _jobs_folder("neocomm-validate-", dir=str(tmp_path)) as where:
+            raise RuntimeError("validation: `run` failed (exit 1)")
+    assert os.listdir(tmp_path) == [os.path.basename(where)]
