@@ -48,6 +48,8 @@ import subprocess
 import sys
 import tempfile
 
+from neocomm.launcher import run_job
+
 #: (name, TOML sections added to the data's config)
 SETTINGS = (
     ("float32", ""),
@@ -177,10 +179,8 @@ def _run(exe: str, args, base: str, out: str, i: int, name: str, extra: str,
     shutil.rmtree(where, ignore_errors=True)       # a run cut short starts over
     print(f"# {name}: neocomm run -n {args.ranks} -- neocomm train --config {config} "
           f"--steps {args.steps} --seed {seed}", flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-4:])
-        raise RuntimeError(f"{name} failed (exit {done.returncode}): {tail}")
+    run_job(cmd, what=name, log=f"{where}.log", expect=(metrics,),
+            shown=" ".join(cmd).replace(exe, "neocomm"))
     return _read(metrics)
 
 
