@@ -19,8 +19,10 @@ __all__ = ["calibrate", "validate"]
 @contextmanager
 def _jobs_folder(prefix: str, dir: str | None = None):
     """A new folder for the jobs run here, removed when they succeed and kept when one
-    fails: the error names the job's whole output there, which the user will want to read.
-    A job's RuntimeError comes out as the ValueError the command reports."""
+    fails: the error names the job's whole output there, which the user will want to read
+    (an empty one goes: nothing ran). A job's RuntimeError comes out as the ValueError the
+    command reports."""
+    import os
     import shutil
     import tempfile
 
@@ -28,6 +30,8 @@ def _jobs_folder(prefix: str, dir: str | None = None):
     try:
         yield where
     except RuntimeError as exc:
+        if not os.listdir(where):
+            os.rmdir(where)
         raise ValueError(str(exc)) from None
     except BaseException:
         shutil.rmtree(where, ignore_errors=True)

@@ -134,5 +134,13 @@ def test_the_jobs_folder_goes_when_its_jobs_succeed(tmp_path):
     assert os.listdir(tmp_path) == []
     with pytest.raises(ValueError, match="failed"):
         with _jobs_folder("neocomm-validate-", dir=str(tmp_path)) as where:
+            with open(os.path.join(where, "train-2r-1n-0.log"), "w") as fh:
+                fh.write("neocomm: rank 1 failed\n")
             raise RuntimeError("validation: `run` failed (exit 1)")
     assert os.listdir(tmp_path) == [os.path.basename(where)]
+    shutil.rmtree(where)
+    # nothing ran (no neocomm command, say): nothing to read, nothing kept
+    with pytest.raises(ValueError, match="not on PATH"):
+        with _jobs_folder("neocomm-validate-", dir=str(tmp_path)):
+            raise RuntimeError("validation: the neocomm command is not on PATH")
+    assert os.listdir(tmp_path) == []
