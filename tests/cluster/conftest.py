@@ -56,9 +56,17 @@ def neocomm_run(cluster: TestCluster, nprocs: int, command: list[str], *, hostfi
     return cluster.run(cluster.hosts[0].name, argv, cwd=ROOT, timeout=timeout, env=env)
 
 
-def explain(done) -> str:
+def explain(done, kept: str | None = None) -> str:
+    """The finished process's exit status and output; with ``kept``, also the end of every
+    job log that ``neocomm simulate`` kept under it for a failed job (the cluster's folder
+    goes with the cluster, so what the failed job printed is shown here)."""
+    import glob
+
+    logs = sorted(glob.glob(os.path.join(kept, "neocomm-*", "*.log"))) if kept else []
+    text = "".join(f"\n--- {path}\n{open(path, errors='replace').read()[-6000:]}"
+                   for path in logs)
     return f"exit {done.returncode}\n--- stdout\n{done.stdout[-6000:]}\n--- stderr\n" \
-           f"{done.stderr[-6000:]}"
+           f"{done.stderr[-6000:]}{text}"
 
 
 __all__ = ["build", "neocomm_run", "explain", "need_cluster", "sys"]

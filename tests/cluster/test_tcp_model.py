@@ -117,7 +117,7 @@ def test_the_training_step_priced_with_the_calibration_meets_a_run_where_it_repe
     done = c.run("node-a", ["neocomm", "simulate", "validate", "--step", "--fabric", fitted,
                             "--hostfile", hf, "--ranks", "4", "--nodes", "2", "--steps", "50",
                             "--launches", "2", "--json", report], cwd=c.workdir, timeout=600)
-    assert done.returncode in (0, 1) and os.path.exists(report), explain(done)
+    assert done.returncode in (0, 1) and os.path.exists(report), explain(done, c.workdir)
     with open(report) as fh:
         rows = json.load(fh)["rows"]
     assert [(r["run"]["ranks"], r["run"]["nodes"], r["run"]["emulated"]) for r in rows] == \
