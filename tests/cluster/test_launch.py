@@ -10,6 +10,7 @@ import time
 
 import pytest
 from conftest import explain, neocomm_run
+from neocomm.launcher import FAILED
 from testcluster import ROOT
 
 #: one line of JSON per rank: where it runs and what it sees
@@ -124,6 +125,10 @@ def test_a_failure_on_the_remote_host_exits_nonzero_naming_it(two_hosts):
     text = done.stdout + done.stderr
     assert "rank three gives up" in text and "node-b" in text, explain(done)
     assert re.search(r"rank 3\b", text), explain(done)
+    # the launcher's last line, after the MPI launcher's banner, says who failed and why
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{FAILED} (exit {done.returncode}): neocomm: rank 3 failed") \
+        and "RuntimeError: rank three gives up" in last, explain(done)
     c.assert_clean()
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from neocomm import _LAUNCHED_BY
 from neocomm.cli import main
-from neocomm.launcher import run_job, why_job_failed
+from neocomm.launcher import FAILED, run_job, why_job_failed
 
 BANNER = """--------------------------------------------------------------------------
 prterun has exited due to process rank 1 with PID 0 on node node-b calling
@@ -25,7 +25,7 @@ import neocomm
 world = neocomm.init()
 if world.rank == 1:
     raise ValueError("shard 7 of table t3 has no rows")
-world.world.barrier()
+world.comm.Barrier()
 """
 
 
@@ -144,3 +144,31 @@ def test_the_jobs_folder_goes_when_its_jobs_succeed(tmp_path):
         with _jobs_folder("neocomm-validate-", dir=str(tmp_path)):
             raise RuntimeError("validation: the neocomm command is not on PATH")
     assert os.listdir(tmp_path) == []
+
+
+def test_neocomm_run_closes_a_failed_job_with_why_and_a_good_one_with_nothing(tmp_path,
+                                                                           monkeypatch):
+    """After the MPI launcher's banners, ``neocomm run``'s last line says which rank failed
+    and its error; everything the job printed to stderr still comes through, in order."""
+    import subprocess
+
+    for key in _LAUNCHED_BY:
+        monkeypatch.delenv(key, raising=False)
+    script = tmp_path / "job.py"
+    script.write_text(FAILS)
+    exe = shutil.which("neocomm") or "neocomm"
+    done = subprocess.run([exe, "run", "-n", "2", "--timeout", "120", "--", sys.executable,
+                           str(script)], capture_output=True, text=True, timeout=180)
+    assert done.returncode != 0, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{FAILED} (exit {done.returncode}): neocomm: rank 1 failed with "
+                           f"an unhandled exception"), done.stderr
+    assert last.endswith("ValueError: shard 7 of table t3 has no rows"), done.stderr
+    assert done.stderr.index("Traceback") < done.stderr.index(last), done.stderr
+    # run_job reports that line as the job's why
+    assert why_job_failed(done.stdout + done.stderr) == last
+    good = subprocess.run([exe, "run", "-n", "2", "--", sys.executable, "-c",
+                           "import sys; print('out'); print('warning: err', file=sys.stderr)"],
+                          capture_output=True, text=True, timeout=180)
+    assert good.returncode == 0 and FAILED not in good.stderr, good.stderr
+    assert good.stdout == "out\nout\n" and good.stderr.count("warning: err") == 2, good
