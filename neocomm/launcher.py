@@ -424,14 +424,14 @@ def _cause_lines(lines, keep: int) -> list[str]:
 
 def why_job_failed(output: str, keep: int = 5) -> str:
     """What a failed job's ``output`` (its ranks' and launcher's, together) says about why,
-    as one line: the line with which ``neocomm run`` closed it where there is one; else
+    as one line: what ``neocomm run``'s closing line gave where there is one; else
     the first ``keep`` lines in which a rank or a command gave its cause, in the order
     printed (the first is the cause, later ones mostly its echoes), ahead of the MPI
     launcher's closing banner; the last ``keep`` lines where none did."""
     lines = output.splitlines()
     for line in reversed(lines):
         if line.startswith(FAILED):
-            return line.strip()
+            return line.strip().partition("): ")[2]
     causes = _cause_lines(lines, keep)
     if causes:
         return " | ".join(causes)
