@@ -396,57 +396,81 @@ def check_room(local_ranks: int, *, shm_dir: str = _SHM_DIR,
     return warnings
 
 
-#: a line of a job's output that says why it failed: a rank's or a command's own message
-#: (the watchdog's, the abort hook's, ``neocomm train: error: ...``, the rank watcher's and
-#: the launcher's), the exception that ends a Python traceback, and the MPI library's own
-#: (``*** An error occurred in MPI_...``, a connection that failed)
+#: a launcher's tag in front of a rank's line (``--tag-output``: ``[1,0]<stderr>:``)
+_TAG = re.compile(r"^\[[^\]]*\]<std\w+>: ?")
+#: a line in which a rank or a command says why it failed: neocomm's own (the abort hook's
+#: ``neocomm: rank N failed``, the watchdog's ``neocomm: rank N: ...``, a command's
+#: ``error:``, the rank watcher's ``died of`` and ``cannot start``, the launcher's timeout
+#: and the signal it stopped the job for), the exception that ends
+#: a Python traceback, and the MPI library's and the system's words for a failed process
 _CAUSE = re.compile(
-    r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$"
-    r"|.*\b(error|errors|failed|fatal|aborting|abort\w*:|has not completed|did not finish"
-    r"|died of|cannot start|received; stopping)\b", re.IGNORECASE)
-
+    r"^neocomm: rank \d+"
+    r"|^neocomm run: .*\b(died of|cannot start|did not finish within|received; stopping)\b"
+    r"|^neocomm [\w -]+: error: "
+    r"|^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$"
+    r"|\*\*\* An error occurred in |Fatal Python error|MPI_ABORT was invoked|called MPI_Abort"
+    r"|BAD TERMINATION|exited on signal \d+|Segmentation fault")
+#: a line that only mentions a failure: used where no line of :data:`_CAUSE` is found
+#: (warnings are never a job's cause)
+_MENTION = re.compile(r"^(?!.*warn).*\b(error|errors|failed|fatal|killed)\b", re.IGNORECASE)
 
 #: how ``neocomm run`` begins the line that closes a failed job (:func:`launch`)
 FAILED = "neocomm run: the job failed"
 
 
-def _cause_lines(lines, keep: int) -> list[str]:
-    """The first ``keep`` distinct lines of ``lines`` that say why a job failed, printable."""
-    out: list[str] = []
-    for line in lines:
-        line = "".join(c for c in line if c.isprintable()).strip()
-        if line and _CAUSE.match(line) and line not in out and not line.startswith(FAILED):
-            out.append(line)
-            if len(out) == keep:
-                break
-    return out
+class _Causes:
+    """The first lines of a job's output that say why it failed (:data:`_CAUSE`), and
+    apart from them the first that only mention a failure (:data:`_MENTION`)."""
+
+    def __init__(self, keep: int = 5):
+        self.keep = keep
+        self.said: list[str] = []
+        self.mentioned: list[str] = []
+
+    def add(self, line: str) -> None:
+        line = _TAG.sub("", line.strip())
+        if not line or line.startswith(FAILED):
+            return
+        which = self.said if _CAUSE.search(line) else \
+            self.mentioned if _MENTION.match(line) else None
+        if which is not None and len(which) < self.keep:
+            line = "".join(c for c in line if c.isprintable()).strip()
+            if line not in which:
+                which.append(line)
+
+    @property
+    def full(self) -> bool:
+        return len(self.said) >= self.keep
+
+    def lines(self) -> list[str]:
+        return list(self.said or self.mentioned)
 
 
 def why_job_failed(output: str, keep: int = 5) -> str:
     """What a failed job's ``output`` (its ranks' and launcher's, together) says about why,
-    as one line: what ``neocomm run``'s closing line gave where there is one; else
-    the first ``keep`` lines in which a rank or a command gave its cause, in the order
-    printed (the first is the cause, later ones mostly its echoes), ahead of the MPI
-    launcher's closing banner; the last ``keep`` lines where none did."""
+    as one line: what ``neocomm run``'s closing line gave where there is one; else the
+    first ``keep`` lines in which a rank or a command gave its cause (the first is most
+    often the cause, later ones its echoes on other ranks), or failing those the first
+    that mention a failure; the last ``keep`` lines where no line does."""
     lines = output.splitlines()
     for line in reversed(lines):
         if line.startswith(FAILED):
             return line.strip().partition("): ")[2]
-    causes = _cause_lines(lines, keep)
-    if causes:
-        return " | ".join(causes)
+    causes = _Causes(keep)
+    for line in lines:
+        causes.add(line)
+    if causes.lines():
+        return " | ".join(causes.lines())
     lines = ["".join(c for c in line if c.isprintable()).strip() for line in lines]
     return " | ".join([line for line in lines if line][-keep:])
 
 
 class _StderrTap:
     """The job's standard error, passed on to this process's as it comes (a reader
-    thread), and the first lines in it that say why a failed job failed."""
-
-    KEEP = 5
+    thread), and the lines in it that say why a failed job failed (:class:`_Causes`)."""
 
     def __init__(self, fd_in: int, fd_out: int = 2):
-        self.causes: list[str] = []
+        self.causes = _Causes()
         self.ended_line = True  # whether what was passed on so far ends with a newline
         self._partial = b""
         self._thread = threading.Thread(target=self._pump, args=(fd_in, fd_out),
@@ -455,39 +479,63 @@ class _StderrTap:
 
     def _pump(self, fd_in: int, fd_out: int) -> None:
         passing = True
-        while True:
-            try:
-                chunk = os.read(fd_in, 1 << 16)
-            except InterruptedError:  # pragma: no cover - retried by Python itself
-                continue
-            except OSError:
-                break
-            if not chunk:
-                break
-            self.ended_line = chunk.endswith(b"\n")
-            view = memoryview(chunk)
-            while passing and view:
+        try:
+            while True:
                 try:
-                    view = view[os.write(fd_out, view):]
-                except OSError:  # our stderr is gone: keep draining, or the job blocks
-                    passing = False
-            if len(self.causes) < self.KEEP:
-                self._scan(chunk)
-        os.close(fd_in)
+                    chunk = os.read(fd_in, 1 << 16)
+                except InterruptedError:  # pragma: no cover - retried by Python itself
+                    continue
+                if not chunk:
+                    break
+                self._scan(chunk)  # first: a stalled reader of ours must not hide the cause
+                self.ended_line = chunk.endswith(b"\n")
+                if passing:
+                    passing = _write_all(fd_out, chunk)
+            self._scan(b"\n")  # a last line without its newline
+        except Exception:  # noqa: BLE001 - never stop draining: the job would block on it
+            while _drain(fd_in):
+                pass
+        finally:
+            os.close(fd_in)
 
     def _scan(self, chunk: bytes) -> None:
+        if self.causes.full:
+            return
         lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()[-4096:]  # a line not yet ended (a very long one cut)
-        found = _cause_lines((raw.decode(errors="replace") for raw in lines), self.KEEP)
-        for line in found:
-            if line not in self.causes and len(self.causes) < self.KEEP:
-                self.causes.append(line)
+        for raw in lines:
+            self.causes.add(raw.decode(errors="replace"))
 
     def finish(self, wait: float) -> list[str]:
-        """The cause lines seen, after waiting up to ``wait`` seconds for the stream's end
-        (a process of the job that outlived it may hold it open)."""
+        """The cause lines seen, after waiting up to ``wait`` seconds for the end of the
+        stream (every process of the job gone) and for what it still held to be passed on."""
         self._thread.join(wait)
-        return list(self.causes)
+        return self.causes.lines()
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    """Write ``data`` to ``fd`` whole, waiting while it is full; False when ``fd`` is gone
+    (closed, a reader that left): the caller stops passing output on but keeps reading."""
+    import select
+
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            select.select([], [fd], [], 1.0)
+        except InterruptedError:  # pragma: no cover - retried by Python itself
+            continue
+        except OSError:
+            return False
+    return True
+
+
+def _drain(fd: int) -> bool:
+    try:
+        return bool(os.read(fd, 1 << 16))
+    except OSError:
+        return False
 
 
 def _grace() -> float:
@@ -545,10 +593,15 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
         raise
     finally:
         os.close(write_end)
-    tap = _StderrTap(read_end)
     tree = _Tree(proc)
+    tap = None
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
+        try:
+            tap = _StderrTap(read_end)
+        except BaseException:
+            os.close(read_end)
+            raise
         while True:
             tree.refresh()
             try:
@@ -575,14 +628,20 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
                                      f"not; stopping them\n")
                     rc = rc or 1
                 tree.stop(signal.SIGTERM, _grace())  # and helpers on their way out
-                causes = tap.finish(1.0) if rc != 0 else []
-                if causes:  # one line to close the MPI launcher's banners: why
-                    sys.stderr.write(f"{'' if tap.ended_line else chr(10)}{FAILED} (exit "
-                                     f"{rc}): {' | '.join(causes)}\n")
+                causes = tap.finish(_grace() + 5.0)
+                if rc != 0 and causes:  # one line to close the MPI launcher's banners: why
+                    try:
+                        sys.stderr.write(f"{'' if tap.ended_line else chr(10)}{FAILED} "
+                                         f"(exit {rc}): {' | '.join(causes)}\n")
+                        sys.stderr.flush()
+                    except OSError:  # nobody reads our stderr any more
+                        pass
                 return rc
     finally:
         if proc.poll() is None:  # an exception of our own: leave nothing behind
             tree.stop(signal.SIGTERM, _grace())
+        if tap is not None:  # all the job said is passed on before we return
+            tap.finish(_grace() + 5.0)
         tree.remove_shared_memory(shm_before)
         for sig, handler in saved.items():
             signal.signal(sig, handler)
@@ -594,12 +653,13 @@ def run_job(cmd: list[str], *, what: str, log: str, expect: tuple[str, ...] = ()
     file ``log``. RuntimeError ``what: `shown` failed (exit N): why`` (:func:`why_job_failed`,
     with where the whole output is) when it exits non-zero or leaves a file of ``expect``
     unwritten; ``shown`` is the command as the user would type it (default ``cmd``)."""
-    done = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace")
     with open(log, "w", encoding="utf-8") as fh:
-        fh.write(done.stdout + done.stderr)
+        fh.write(done.stdout)
     missing = [p for p in expect if not os.path.exists(p)]
     if done.returncode != 0 or missing:
-        why = why_job_failed(done.stdout + done.stderr) if done.returncode != 0 else \
+        why = why_job_failed(done.stdout) if done.returncode != 0 else \
             f"it exited 0 but did not write {', '.join(missing)}"
         raise RuntimeError(f"{what}: `{shown or ' '.join(cmd)}` failed (exit "
                            f"{done.returncode}): {why} (its whole output: {log})")

@@ -127,8 +127,9 @@ def test_a_failure_on_the_remote_host_exits_nonzero_naming_it(two_hosts):
     assert re.search(r"rank 3\b", text), explain(done)
     # the launcher's last line, after the MPI launcher's banner, says who failed and why
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"{FAILED} (exit {done.returncode}): neocomm: rank 3 failed") \
-        and "RuntimeError: rank three gives up" in last, explain(done)
+    assert last.startswith(f"{FAILED} (exit {done.returncode}): ") \
+        and "neocomm: rank 3 failed" in last and "RuntimeError: rank three gives up" in last, \
+        explain(done)
     c.assert_clean()
 
 

@@ -51,7 +51,21 @@ def test_the_cause_comes_before_the_launchers_banner_and_odd_bytes_are_dropped()
         "neocomm run: rank 3 (pid 77 on node-b) died of SIGKILL; the job ends\n" + BANNER) \
         == ("[node-b:00189] *** An error occurred in MPI_Allreduce | neocomm run: rank 3 "
             "(pid 77 on node-b) died of SIGKILL; the job ends")
-    # where no rank said why, the last lines, printable
+    # warnings and lines that only mention a failure give way to a rank's own words; the
+    # MPI library's words for a process that called abort or died count; tags are dropped
+    noisy = ("12:00:01 [rank 0] WARNING topology: NUMA discovery failed; using one domain\n"
+             "step 3: relative error of the sketch 0.01\n" * 6 +
+             "[1,1]<stderr>:neocomm: rank 1 failed with an unhandled exception; aborting the "
+             "job.\n[1,1]<stderr>:ValueError: shard 7\n"
+             "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD\n" + BANNER)
+    assert why_job_failed(noisy) == ("neocomm: rank 1 failed with an unhandled exception; "
+                                     "aborting the job. | ValueError: shard 7 | MPI_ABORT was "
+                                     "invoked on rank 1 in communicator MPI_COMM_WORLD")
+    # with no such words, the lines that mention a failure (never a warning)
+    assert why_job_failed("UserWarning: failed to find a GPU\nloading shard: read failed\n"
+                          "done\n") == "loading shard: read failed"
+    assert why_job_failed("No errors found\n\n") == "No errors found"
+    # where no line says or mentions why, the last lines, printable
     assert why_job_failed(BANNER, keep=2) == (
         "terminated by signals sent by prterun (as reported here). | "
         "--------------------------------------------------------------------------")
@@ -91,10 +105,10 @@ def test_a_job_that_exits_0_without_its_result_says_which_file_is_missing(tmp_pa
     assert (tmp_path / "job.log").read_text() == "done\n"
 
 
-def test_calibration_keeps_the_folder_of_a_failed_bench_and_removes_a_good_one(
+def test_calibration_keeps_the_folder_of_a_failed_bench_and_not_of_an_interrupted_one(
         tmp_path, monkeypatch, capsys):
-    """``neocomm simulate calibrate`` runs its benches in a folder of its own: gone after
-    they succeed, kept (with the failed job's output) when one fails."""
+    """``neocomm simulate calibrate`` runs its benches in a folder of its own: kept (with the
+    failed job's output) when one fails, gone when the command is interrupted."""
     import tempfile
 
     import collectives.calibrate as calibrate
@@ -162,9 +176,9 @@ def test_neocomm_run_closes_a_failed_job_with_why_and_a_good_one_with_nothing(tm
                            str(script)], capture_output=True, text=True, timeout=180)
     assert done.returncode != 0, done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"{FAILED} (exit {done.returncode}): neocomm: rank 1 failed with "
-                           f"an unhandled exception"), done.stderr
-    assert last.endswith("ValueError: shard 7 of table t3 has no rows"), done.stderr
+    assert last.startswith(f"{FAILED} (exit {done.returncode}): "), done.stderr
+    assert "neocomm: rank 1 failed with an unhandled exception" in last, done.stderr
+    assert "ValueError: shard 7 of table t3 has no rows" in last, done.stderr
     assert done.stderr.index("Traceback") < done.stderr.index(last), done.stderr
     # run_job reports what that line gives as the job's why
     assert why_job_failed(done.stdout + done.stderr) == last.partition("): ")[2]
@@ -173,3 +187,45 @@ def test_neocomm_run_closes_a_failed_job_with_why_and_a_good_one_with_nothing(tm
                           capture_output=True, text=True, timeout=180)
     assert good.returncode == 0 and FAILED not in good.stderr, good.stderr
     assert good.stdout == "out\nout\n" and good.stderr.count("warning: err") == 2, good
+
+
+SLOW = """
+import sys
+sys.stderr.write(("x" * 99 + "\\n") * 1500)  # 150 KB a rank, more than a pipe holds
+sys.stderr.write("LAST LINE\\n")
+sys.stderr.flush()
+import neocomm
+world = neocomm.init()
+if world.rank == 1:
+    raise ValueError("late failure")
+world.comm.Barrier()
+"""
+
+
+def test_a_slow_reader_of_the_jobs_stderr_still_gets_all_of_it_and_the_closing_line(
+        tmp_path, monkeypatch):
+    """The job's standard error is passed on whole even when whoever reads ``neocomm run``'s
+    is slower than the job (a log streamer, a slow terminal): nothing is left in the pipe
+    when the launcher returns, and the closing line comes last."""
+    import subprocess
+    import time
+
+    for key in _LAUNCHED_BY:
+        monkeypatch.delenv(key, raising=False)
+    script = tmp_path / "job.py"
+    script.write_text(SLOW)
+    exe = shutil.which("neocomm") or "neocomm"
+    proc = subprocess.Popen([exe, "run", "-n", "2", "--timeout", "120", "--", sys.executable,
+                             str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    got = []
+    while True:  # about 80 KB/s
+        piece = proc.stderr.read1(4096)
+        if not piece:
+            break
+        got.append(piece)
+        time.sleep(0.05)
+    err = b"".join(got).decode(errors="replace")
+    assert proc.wait(timeout=120) != 0, err[-2000:]
+    assert err.count("x" * 99 + "\n") == 3000 and err.count("LAST LINE") == 2, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(FAILED) and "ValueError: late failure" in last, err[-2000:]
