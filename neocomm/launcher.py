@@ -414,6 +414,9 @@ _CAUSE = re.compile(
 #: (warnings are never a job's cause)
 _MENTION = re.compile(r"^(?!.*warn).*\b(error|errors|failed|fatal|killed)\b", re.IGNORECASE)
 
+#: control characters, dropped from a line before it is read (MPI launchers write NULs)
+_CONTROLS = dict.fromkeys([*range(32), 127])
+
 #: how ``neocomm run`` begins the line that closes a failed job (:func:`launch`)
 FAILED = "neocomm run: the job failed"
 
@@ -428,15 +431,13 @@ class _Causes:
         self.mentioned: list[str] = []
 
     def add(self, line: str) -> None:
-        line = _TAG.sub("", line.strip())
+        line = _TAG.sub("", line.translate(_CONTROLS).strip())
         if not line or line.startswith(FAILED):
             return
         which = self.said if _CAUSE.search(line) else \
             self.mentioned if _MENTION.match(line) else None
-        if which is not None and len(which) < self.keep:
-            line = "".join(c for c in line if c.isprintable()).strip()
-            if line not in which:
-                which.append(line)
+        if which is not None and len(which) < self.keep and line not in which:
+            which.append(line)
 
     @property
     def full(self) -> bool:
@@ -461,7 +462,7 @@ def why_job_failed(output: str, keep: int = 5) -> str:
         causes.add(line)
     if causes.lines():
         return " | ".join(causes.lines())
-    lines = ["".join(c for c in line if c.isprintable()).strip() for line in lines]
+    lines = [line.translate(_CONTROLS).strip() for line in lines]
     return " | ".join([line for line in lines if line][-keep:])
 
 

@@ -61,6 +61,10 @@ def test_the_cause_comes_before_the_launchers_banner_and_odd_bytes_are_dropped()
     assert why_job_failed(noisy) == ("neocomm: rank 1 failed with an unhandled exception; "
                                      "aborting the job. | ValueError: shard 7 | MPI_ABORT was "
                                      "invoked on rank 1 in communicator MPI_COMM_WORLD")
+    # a line glued behind the launcher's NULs is read as the rank wrote it
+    assert why_job_failed("-----\n\x00\x00 neocomm: rank 2 failed with an unhandled "
+                          "exception; aborting the job.\n") == \
+        "neocomm: rank 2 failed with an unhandled exception; aborting the job."
     # with no such words, the lines that mention a failure (never a warning)
     assert why_job_failed("UserWarning: failed to find a GPU\nloading shard: read failed\n"
                           "done\n") == "loading shard: read failed"
@@ -71,19 +75,23 @@ def test_the_cause_comes_before_the_launchers_banner_and_odd_bytes_are_dropped()
         "--------------------------------------------------------------------------")
 
 
-def _clean_env() -> dict:
-    return {k: v for k, v in os.environ.items() if k not in _LAUNCHED_BY}
+def _two_rank_job(tmp_path, monkeypatch, source: str) -> list[str]:
+    """``neocomm run -n 2 -- python job.py`` of ``source``, launched from a process that is
+    not itself a rank."""
+    for key in _LAUNCHED_BY:
+        monkeypatch.delenv(key, raising=False)
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    return [shutil.which("neocomm") or "neocomm", "run", "-n", "2", "--timeout", "120", "--",
+            sys.executable, str(script)]
 
 
 def test_a_rank_that_fails_is_named_with_its_error_and_the_whole_output_is_kept(
         tmp_path, monkeypatch):
     """A real two-rank job in which rank 1 raises: the error names rank 1 and its
     exception, and the log holds everything the job printed, the launcher's banner too."""
-    for key in _LAUNCHED_BY:
-        monkeypatch.delenv(key, raising=False)
+    cmd = _two_rank_job(tmp_path, monkeypatch, FAILS)
     log = tmp_path / "job.log"
-    cmd = [shutil.which("neocomm") or "neocomm", "run", "-n", "2", "--timeout", "120", "--",
-           sys.executable, "-c", FAILS]
     with pytest.raises(RuntimeError) as caught:
         run_job(cmd, what="validation", log=str(log), shown="run -n 2 -- python job.py")
     message = str(caught.value)
@@ -167,13 +175,8 @@ def test_neocomm_run_closes_a_failed_job_with_why_and_a_good_one_with_nothing(tm
     and its error; everything the job printed to stderr still comes through, in order."""
     import subprocess
 
-    for key in _LAUNCHED_BY:
-        monkeypatch.delenv(key, raising=False)
-    script = tmp_path / "job.py"
-    script.write_text(FAILS)
-    exe = shutil.which("neocomm") or "neocomm"
-    done = subprocess.run([exe, "run", "-n", "2", "--timeout", "120", "--", sys.executable,
-                           str(script)], capture_output=True, text=True, timeout=180)
+    cmd = _two_rank_job(tmp_path, monkeypatch, FAILS)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert done.returncode != 0, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"{FAILED} (exit {done.returncode}): "), done.stderr
@@ -182,8 +185,8 @@ def test_neocomm_run_closes_a_failed_job_with_why_and_a_good_one_with_nothing(tm
     assert done.stderr.index("Traceback") < done.stderr.index(last), done.stderr
     # run_job reports what that line gives as the job's why
     assert why_job_failed(done.stdout + done.stderr) == last.partition("): ")[2]
-    good = subprocess.run([exe, "run", "-n", "2", "--", sys.executable, "-c",
-                           "import sys; print('out'); print('warning: err', file=sys.stderr)"],
+    good = subprocess.run(cmd[:-1] + ["-c", "import sys; print('out'); "
+                                            "print('warning: err', file=sys.stderr)"],
                           capture_output=True, text=True, timeout=180)
     assert good.returncode == 0 and FAILED not in good.stderr, good.stderr
     assert good.stdout == "out\nout\n" and good.stderr.count("warning: err") == 2, good
@@ -210,13 +213,8 @@ def test_a_slow_reader_of_the_jobs_stderr_still_gets_all_of_it_and_the_closing_l
     import subprocess
     import time
 
-    for key in _LAUNCHED_BY:
-        monkeypatch.delenv(key, raising=False)
-    script = tmp_path / "job.py"
-    script.write_text(SLOW)
-    exe = shutil.which("neocomm") or "neocomm"
-    proc = subprocess.Popen([exe, "run", "-n", "2", "--timeout", "120", "--", sys.executable,
-                             str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(_two_rank_job(tmp_path, monkeypatch, SLOW),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     got = []
     while True:  # about 80 KB/s
         piece = proc.stderr.read1(4096)
