@@ -482,10 +482,7 @@ class _StderrTap:
         passing = True
         try:
             while True:
-                try:
-                    chunk = os.read(fd_in, 1 << 16)
-                except InterruptedError:  # pragma: no cover - retried by Python itself
-                    continue
+                chunk = os.read(fd_in, 1 << 16)  # (Python retries an interrupted read)
                 if not chunk:
                     break
                 self._scan(chunk)  # first: a stalled reader of ours must not hide the cause
@@ -494,7 +491,10 @@ class _StderrTap:
                     passing = _write_all(fd_out, chunk)
             self._scan(b"\n")  # a last line without its newline
         except Exception:  # noqa: BLE001 - never stop draining: the job would block on it
-            while _drain(fd_in):
+            try:
+                while os.read(fd_in, 1 << 16):
+                    pass
+            except OSError:
                 pass
         finally:
             os.close(fd_in)
@@ -525,18 +525,9 @@ def _write_all(fd: int, data: bytes) -> bool:
             view = view[os.write(fd, view):]
         except BlockingIOError:
             select.select([], [fd], [], 1.0)
-        except InterruptedError:  # pragma: no cover - retried by Python itself
-            continue
         except OSError:
             return False
     return True
-
-
-def _drain(fd: int) -> bool:
-    try:
-        return bool(os.read(fd, 1 << 16))
-    except OSError:
-        return False
 
 
 def _grace() -> float:

@@ -60,10 +60,10 @@ def explain(done, kept: str | None = None) -> str:
     """The finished process's exit status and output; with ``kept``, also the end of every
     job log that ``neocomm simulate`` kept under it for a failed job (the cluster's folder
     goes with the cluster, so what the failed job printed is shown here)."""
-    import glob
+    from pathlib import Path
 
-    logs = sorted(glob.glob(os.path.join(kept, "neocomm-*", "*.log"))) if kept else []
-    text = "".join(f"\n--- {path}\n{open(path, errors='replace').read()[-6000:]}"
+    logs = sorted(Path(kept).glob("neocomm-*/*.log")) if kept else []
+    text = "".join(f"\n--- {path}\n{path.read_text(errors='replace')[-6000:]}"
                    for path in logs)
     return f"exit {done.returncode}\n--- stdout\n{done.stdout[-6000:]}\n--- stderr\n" \
            f"{done.stderr[-6000:]}{text}"
