@@ -113,6 +113,9 @@ declare("LAUNCHER", str, "", "MPI launcher for `neocomm run` (default: mpirun or
 declare("STDOUT_TTY", bool, False, "Set by `neocomm run` when its own output is a terminal "
         "(under a launcher every rank sees a pseudo-terminal, so ranks cannot tell)")
 declare("ABORT_ON_EXCEPTION", bool, True, "An unhandled exception on any rank aborts the job")
+declare("HOST_KEEP_FREED", int, 1 << 30, "Freed host memory each process keeps for reuse instead "
+        "of returning it to the OS (glibc's malloc thresholds), so a training step's temporaries "
+        "stop page-faulting every step (0: the C library's defaults)", unit="bytes", minimum=0)
 
 
 def get(name: str, environ: dict | None = None) -> Any:

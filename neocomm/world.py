@@ -191,6 +191,9 @@ def init(comm=None, *, ranks_per_node: int | None = None) -> World:
     from mpi4py import MPI
 
     settings = config.settings()
+    from neocomm.hostmem import keep_freed_memory
+
+    keep_freed_memory(settings["HOST_KEEP_FREED"])
     if comm is None:
         _refuse_a_foreign_launcher(MPI.COMM_WORLD.Get_size())
     base = (comm or MPI.COMM_WORLD).Dup()

@@ -23,7 +23,9 @@ and sample, as many as production multi-hot features pool; ``--variable``:
 each bag 0 to twice that many, the same mean), a loss on the pooled output
 and its backward with the fused update. Prints samples/s of both (the slowest rank's time, median of
 ``--repeat`` timings of ``--steps`` steps, the two interleaved) and neocomm's
-over TorchRec's. A sharding TorchRec cannot run here (row-wise
+over TorchRec's, and each side's page faults per step (neocomm / TorchRec: the
+median over the timings, on the rank that faulted most; both share the processes,
+so both run with the host memory neocomm keeps, ``neocomm.hostmem``). A sharding TorchRec cannot run here (row-wise
 on CPU) is reported as such, with neocomm's figure alone. Needs torchrec
 (with fbgemm-gpu's CPU build); without it, only neocomm's figures.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import resource
 import statistics
 import time
 
@@ -151,12 +154,17 @@ def torchrec_steps(args, world, sharding: str, data):
     return run, shards
 
 
-def timed(world, run, steps: int) -> float:
-    """Seconds of ``steps`` steps on the slowest rank."""
+def timed(world, run, steps: int) -> tuple[float, float]:
+    """``(seconds, faults)``: seconds of ``steps`` steps on the slowest rank, and the page
+    faults per step of the rank that faulted most (minor faults: fresh memory touched)."""
     world.world.comm.Barrier()
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     run(steps)
-    return float(all_reduce(np.array([time.perf_counter() - t0]), op="max")[0])
+    took = time.perf_counter() - t0
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / steps
+    worst = all_reduce(np.array([took, faults]), op="max")
+    return float(worst[0]), float(worst[1])
 
 
 def main(argv=None) -> int:
@@ -194,15 +202,20 @@ def main(argv=None) -> int:
             if theirs is not None:
                 theirs(2)
             times = {"neocomm": [], "torchrec": []}
+            faults = {"neocomm": [], "torchrec": []}
             for _ in range(args.repeat):
-                times["neocomm"].append(timed(world, ours, args.steps))
-                if theirs is not None:
-                    times["torchrec"].append(timed(world, theirs, args.steps))
+                for side, run in (("neocomm", ours), ("torchrec", theirs)):
+                    if run is not None:
+                        took, faulted = timed(world, run, args.steps)
+                        times[side].append(took)
+                        faults[side].append(faulted)
             samples = args.steps * args.batch * world.size
             rate = {k: samples / statistics.median(v) for k, v in times.items() if v}
+            fault = {k: statistics.median(v) for k, v in faults.items() if v}
             rows.append((per_bag, sharding, rate.get("neocomm"), rate.get("torchrec"),
                          our_shards if their_shards in (None, our_shards)
-                         else f"{our_shards} (TorchRec: {their_shards})"))
+                         else f"{our_shards} (TorchRec: {their_shards})",
+                         fault.get("neocomm"), fault.get("torchrec")))
     if world.rank == 0:
         per = "/".join(str(n) for n in args.ids_per_bag)
         bags = f"0 to 2x {per}" if args.variable else per
@@ -210,15 +223,17 @@ def main(argv=None) -> int:
               f"samples per rank, {world.size} ranks, fused {args.optimizer}, {bags} Zipf ids "
               f"per bag, {args.threads} kernel thread(s); samples/s (median of {args.repeat} "
               f"x {args.steps} steps)")
-        print(f"{'ids/bag':>7} {'sharding':<20} {'neocomm':>12} {'torchrec':>12} {'ratio':>7}  "
-              f"shards of a table")
-        for per_bag, sharding, ours, theirs, shards in rows:
+        print(f"{'ids/bag':>7} {'sharding':<20} {'neocomm':>12} {'torchrec':>12} {'ratio':>7} "
+              f"{'faults/step':>13}  shards of a table")
+        for per_bag, sharding, ours, theirs, shards, our_f, their_f in rows:
             if theirs is None:
                 why = "not available on CPU" if have_torchrec else "torchrec not installed"
-                print(f"{per_bag:>7} {sharding:<20} {ours:>12,.0f} {why:>20}  {shards}")
+                print(f"{per_bag:>7} {sharding:<20} {ours:>12,.0f} {why:>20} {our_f:>13,.0f}  "
+                      f"{shards}")
             else:
+                both = f"{our_f:,.0f} / {their_f:,.0f}"
                 print(f"{per_bag:>7} {sharding:<20} {ours:>12,.0f} {theirs:>12,.0f} "
-                      f"{ours / theirs:>6.2f}x  {shards}")
+                      f"{ours / theirs:>6.2f}x {both:>13}  {shards}")
     if have_torchrec:
         torch.distributed.destroy_process_group()
     return 0

@@ -16,6 +16,7 @@ from embedding.kernels.layout import Bags, TableLayout, encode_after, per_table_
 from embedding.optim import state_specs
 from embedding.precision import Rounding, compute_dtype, storage_dtype
 from embedding.types import OptimizerConfig, enum_arg
+from neocomm.hostmem import keep_freed_memory
 from neocomm.types import check_array_bfloat16, is_half
 
 __all__ = ["FusedTables", "adopt_layout"]
@@ -41,7 +42,8 @@ class FusedTables:
     """Several local tables of ``rows[t] × dims[t]``, each with its optimizer config.
 
     Weights start at zero; fill them through :meth:`weight` views (or the
-    ``init`` helpers of the collection). ``device`` is ``"cpu"`` (NumPy) or
+    ``init`` helpers of the collection). The process keeps the host memory its
+    steps free for the next ones (:func:`neocomm.hostmem.keep_freed_memory`). ``device`` is ``"cpu"`` (NumPy) or
     ``"cuda"`` (CuPy, current device).
 
     ``dtype`` is the storage dtype of every table here (float32, float16,
@@ -65,6 +67,7 @@ class FusedTables:
                  rounding: Rounding | str | Sequence = Rounding.NEAREST,
                  seeds: Sequence[int] | None = None, state_dtype: str | None = None):
         self.layout = TableLayout(tuple(rows), tuple(dims))
+        keep_freed_memory()   # the step's temporaries reuse memory instead of page-faulting
         n = self.layout.num_tables
         self.optimizers = per_table_configs(optimizer, n)
         self.dtype = storage_dtype(dtype)
