@@ -25,7 +25,6 @@ apply it.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import threading
 
 from neocomm import config
@@ -44,7 +43,7 @@ _applied: int | None = None
 def _glibc_mallopt():
     """glibc's ``mallopt``, or None under another C library."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)   # the symbols this process already has: its C library's
         libc.gnu_get_libc_version  # glibc only
         mallopt = libc.mallopt
     except (OSError, AttributeError):
