@@ -42,9 +42,9 @@ class FusedTables:
     """Several local tables of ``rows[t] × dims[t]``, each with its optimizer config.
 
     Weights start at zero; fill them through :meth:`weight` views (or the
-    ``init`` helpers of the collection). The process keeps the host memory its
-    steps free for the next ones (:func:`neocomm.hostmem.keep_freed_memory`). ``device`` is ``"cpu"`` (NumPy) or
-    ``"cuda"`` (CuPy, current device).
+    ``init`` helpers of the collection). ``device`` is ``"cpu"`` (NumPy) or
+    ``"cuda"`` (CuPy, current device). The process keeps the host memory its
+    steps free for the next ones (:func:`neocomm.hostmem.keep_freed_memory`).
 
     ``dtype`` is the storage dtype of every table here (float32, float16,
     bfloat16, float64); half tables compute in float32
