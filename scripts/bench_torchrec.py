@@ -25,9 +25,10 @@ and its backward with the fused update. Prints samples/s of both (the slowest ra
 ``--repeat`` timings of ``--steps`` steps, the two interleaved) and neocomm's
 over TorchRec's, and each side's page faults per step (neocomm / TorchRec: the
 median over the timings, on the rank that faulted most; both share the processes,
-so both run with the host memory neocomm keeps, ``neocomm.hostmem``). A sharding TorchRec cannot run here (row-wise
-on CPU) is reported as such, with neocomm's figure alone. Needs torchrec
-(with fbgemm-gpu's CPU build); without it, only neocomm's figures.
+so both run with the host memory neocomm keeps, ``neocomm.hostmem``). A
+sharding TorchRec cannot run here (row-wise on CPU) is reported as such, with
+neocomm's figure alone. Needs torchrec (with fbgemm-gpu's CPU build); without
+it, only neocomm's figures.
 """
 from __future__ import annotations
 
