@@ -9,10 +9,12 @@ neocomm's NumPy kernels and ``torch.nn.EmbeddingBag(sparse=True)``, timed
 interleaved (median of ``--repeat`` rounds of ``--iters`` steps), with the
 bytes-touched bound: the bytes a step must move at least (every id's row
 read, the pooled rows written and their gradient read, every touched row and
-its state read and written once) over this machine's ``np.copyto`` rate::
+its state read and written once) over this machine's ``np.copyto`` rate;
+``--lookup`` also times the pooled lookup alone, beside FBGEMM's forward::
 
     python scripts/bench_embedding.py cpu --dims 16 64 128 --ids-per-bag 1 8 32 --numpy
     python scripts/bench_embedding.py cpu --ids-per-bag 32 --variable --optimizers adam
+    python scripts/bench_embedding.py cpu --dims 64 128 --ids-per-bag 32 --optimizers sgd --lookup
 
 Sharded (under mpirun): forward + backward + row-wise AdaGrad of a
 table-wise collection, against the same data path written with
@@ -145,6 +147,11 @@ def bench_cpu(args) -> list[dict]:
                         ours.lookup(bags)
                         ours.backward_update(bags, grad)
                     steps[f"neocomm {impl}"] = step
+                    if args.lookup and impl == "compiled":
+                        def lookup(ours=ours):
+                            os.environ["NEOCOMM_EMBEDDING_KERNELS"] = "compiled"
+                            ours.lookup(bags)
+                        steps["neocomm lookup"] = lookup
                 if torch is not None:
                     t_ids, t_off = torch.from_numpy(ids), torch.from_numpy(offsets)
                     t_grad = torch.from_numpy(grad)
@@ -153,6 +160,11 @@ def bench_cpu(args) -> list[dict]:
                         def fb_step(tbe=tbe):
                             tbe(t_ids, t_off).backward(t_grad)
                         steps["fbgemm"] = fb_step
+                        if args.lookup:
+                            def fb_forward(tbe=tbe):
+                                with torch.no_grad():
+                                    tbe(t_ids, t_off)
+                            steps["fbgemm forward"] = fb_forward
                         with torch.no_grad():
                             ref = tbe(t_ids, t_off).numpy()
                         got = FusedTables([rows] * t_count, [dim] * t_count,
@@ -177,6 +189,8 @@ def bench_cpu(args) -> list[dict]:
                            over_bound=ours_t / bound)
                 if "fbgemm" in times:
                     row["vs_fbgemm"] = times["fbgemm"] / ours_t
+                if "fbgemm forward" in times:
+                    row["lookup_vs_fbgemm"] = times["fbgemm forward"] / times["neocomm lookup"]
                 results.append(row)
                 print(_cpu_line(row), flush=True)
     return results
@@ -226,6 +240,8 @@ def _interleaved(steps: dict, args) -> dict:
 def _cpu_line(r) -> str:
     ms = "  ".join(f"{k} {v:.1f}" for k, v in r["ms"].items())
     vs = f"  compiled/FBGEMM speed {r['vs_fbgemm']:.2f}x" if "vs_fbgemm" in r else ""
+    if "lookup_vs_fbgemm" in r:
+        vs += f" (lookup alone {r['lookup_vs_fbgemm']:.2f}x)"
     return (f"[{r['clock']}] dim {r['dim']:>3}  ids/bag {'~' if r['variable'] else ''}{r['ids_per_bag']:<3} "
             f"{r['optimizer']:<16} ms/step: {ms}  bound {r['bound_ms']:.1f} "
             f"({r['over_bound']:.1f}x){vs}  check {r['check']}")
@@ -398,6 +414,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help="kernel threads (default: 1 cpu, CPUs / ranks on this host sharded)")
     p.add_argument("--numpy", action="store_true", help="cpu: also time the NumPy kernels")
+    p.add_argument("--lookup", action="store_true",
+                   help="cpu: also time the pooled lookup alone (FBGEMM's forward beside it)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: time steps by the wall clock, or by the CPU time of the one "
                    "thread that runs them all (--threads 1 only; steadier on a shared host, "
