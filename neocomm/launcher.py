@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -460,8 +461,9 @@ def why_job_failed(output: str, keep: int = 5) -> str:
     causes = _Causes(keep)
     for line in lines:
         causes.add(line)
-    if causes.lines():
-        return " | ".join(causes.lines())
+    found = causes.lines()
+    if found:
+        return " | ".join(found)
     lines = [line.translate(_CONTROLS).strip() for line in lines]
     return " | ".join([line for line in lines if line][-keep:])
 
@@ -473,6 +475,7 @@ class _StderrTap:
     def __init__(self, fd_in: int, fd_out: int = 2):
         self.causes = _Causes()
         self.ended_line = True  # whether what was passed on so far ends with a newline
+        self._waited = False
         self._partial = b""
         self._thread = threading.Thread(target=self._pump, args=(fd_in, fd_out),
                                         name="neocomm-run-stderr", daemon=True)
@@ -509,16 +512,17 @@ class _StderrTap:
 
     def finish(self, wait: float) -> list[str]:
         """The cause lines seen, after waiting up to ``wait`` seconds for the end of the
-        stream (every process of the job gone) and for what it still held to be passed on."""
-        self._thread.join(wait)
+        stream (every process of the job gone) and for what it still held to be passed on;
+        only the first call waits."""
+        if not self._waited:
+            self._waited = True
+            self._thread.join(wait)
         return self.causes.lines()
 
 
 def _write_all(fd: int, data: bytes) -> bool:
     """Write ``data`` to ``fd`` whole, waiting while it is full; False when ``fd`` is gone
     (closed, a reader that left): the caller stops passing output on but keeps reading."""
-    import select
-
     view = memoryview(data)
     while view:
         try:
@@ -632,7 +636,7 @@ def launch(nprocs: int, command: list[str], **kw) -> int:
     finally:
         if proc.poll() is None:  # an exception of our own: leave nothing behind
             tree.stop(signal.SIGTERM, _grace())
-        if tap is not None:  # all the job said is passed on before we return
+        if tap is not None:  # all the job said is passed on before we return (an error of ours)
             tap.finish(_grace() + 5.0)
         tree.remove_shared_memory(shm_before)
         for sig, handler in saved.items():
