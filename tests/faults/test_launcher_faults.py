@@ -99,7 +99,7 @@ def test_ranks_that_ignore_the_signal_still_end(tmp_path):
 def test_the_tree_escalates_to_sigkill_for_orphans_that_ignore_sigterm(tmp_path):
     """A grandchild in a session of its own that ignores SIGTERM, whose parent is gone:
     the launcher's tree still finds it (sub-reaper) and kills it after the grace."""
-    from neocomm.launcher import _become_subreaper, _Tree
+    from neocomm.jobtree import JobTree, become_subreaper
 
     pidfile = tmp_path / "orphan"
     code = textwrap.dedent(f"""
@@ -112,9 +112,9 @@ def test_the_tree_escalates_to_sigkill_for_orphans_that_ignore_sigterm(tmp_path)
             time.sleep(0.02)
         time.sleep(0.1)
     """)
-    assert _become_subreaper()
+    assert become_subreaper()
     parent = subprocess.Popen([sys.executable, "-c", code])
-    tree = _Tree(parent)
+    tree = JobTree(parent)
     while parent.poll() is None:  # the parent exits: the grandchild is an orphan now
         tree.refresh()
         time.sleep(0.02)
@@ -184,7 +184,10 @@ FAKE_LAUNCHER = textwrap.dedent("""\
     # an MPI launcher that leaves one process of the job behind as it exits 0
     case "$1" in --version) echo "mpirun (Open MPI) 5.0.0"; exit 0;; esac
     if [ "$FAKE_LEFT" = rank ]; then
-        "$FAKE_PYTHON" -m neocomm.rankwatch -- sleep 30 &   # a rank still running
+        # a rank still running: exit only once it runs (a real launcher never exits while
+        # a rank it started is still being executed)
+        "$FAKE_PYTHON" -m neocomm.rankwatch -- sh -c 'touch "$FAKE_MARK"; exec sleep 30' &
+        while [ ! -e "$FAKE_MARK" ]; do sleep 0.05; done
     else
         sleep 1 &   # e.g. the ssh client of a remote daemon, closing a moment after
     fi
@@ -201,7 +204,8 @@ def test_what_outlives_the_launcher_decides_the_status(tmp_path, left, want):
     fake.write_text(FAKE_LAUNCHER)
     fake.chmod(0o755)
     env = {**os.environ, "NEOCOMM_LAUNCHER": str(fake), "FAKE_LEFT": left,
-           "FAKE_PYTHON": sys.executable, "NEOCOMM_KILL_GRACE": "2"}
+           "FAKE_PYTHON": sys.executable, "NEOCOMM_KILL_GRACE": "2",
+           "FAKE_MARK": str(tmp_path / "rank-started")}
     done = subprocess.run([sys.executable, "-m", "neocomm.cli", "run", "-n", "2", "--", "true"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == want, done.stderr
