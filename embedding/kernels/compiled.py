@@ -4,12 +4,13 @@ The NumPy kernels (:mod:`embedding.kernels.cpu`) loop in Python over tables
 and in NumPy over ids; with many ids per bag their cost is the temporaries
 (a gathered ``[ids, dim]`` block per positional pass, a sort-order scatter)
 rather than the bytes of the rows. The compiled loops
-(:mod:`embedding.kernels._jit`) read each row once and keep a bag's sum, or
-a touched row's gradient, in a ``dim``-long buffer:
+(:mod:`embedding.kernels._jit`) read each row once:
 
-- the pooled lookup sums (or takes the maximum of) a bag's rows straight
-  into its output row, prefetching rows a few ids ahead; when every bag
-  holds one id it is one gather of the rows in output order;
+- the pooled lookup sums a bag's rows in registers (one vector of the
+  row's values, for rows up to ``_jit.VECTOR_ROW_BYTES``; wider rows through
+  a ``dim``-long buffer) or takes their maximum, prefetching rows a few ids
+  ahead, and writes the bag's output row once; when every bag holds one id
+  it is one gather of the rows in output order;
 - the backward sorts the occurrences by row (a counting sort over a table
   of few rows per id, else a radix sort of the ids: its cost follows the
   ids), then, for each touched row, sums its gradients where they lie in

@@ -116,6 +116,12 @@ def pooled_lookup(layout: TableLayout, weights: np.ndarray, bags: Bags,
             return
         dst = out[g * b:(g + 1) * b, c0:c0 + d] if fmt is None else np.empty((b, d), cdt)
         ln = lengths[first:first + b]
+        lo, hi = int(offsets[first]), int(offsets[first + b])
+        ids = idx[lo:hi]
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= layout.rows[t]):
+            # as the compiled kernels do: NumPy would wrap a negative id to a row from the end
+            raise _bad_id(idx, lo + int(np.flatnonzero((ids < 0) | (ids >= layout.rows[t]))[0]),
+                          t, layout.rows[t])
         if bags.slot_max[s]:
             jagged_max(table_view(layout, weights, t), idx, offsets[first:first + b], ln, w,
                        out=dst)
@@ -147,8 +153,8 @@ def _compiled_block(jit, layout, weights, t, bags, idx, offsets, w, lengths, s, 
     else:
         mean = bool(bags.slot_mean[s])
         inv = _inverse_lengths(lengths, table.dtype) if mean else np.empty(0, table.dtype)
-        bad = jit.for_dim(d).pool_sum(table, idx, offsets, wv, w is not None, inv, mean, target,
-                                      at, col)
+        kernel = jit.pool_sum_rows(table, target) or jit.for_dim(d).pool_sum
+        bad = kernel(table, idx, offsets, wv, w is not None, inv, mean, target, at, col)
     if bad >= 0:
         raise _bad_id(idx, bad, t, table.shape[0])
     if fmt is not None:

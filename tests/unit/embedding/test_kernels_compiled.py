@@ -241,6 +241,52 @@ def test_a_bad_id_is_named(monkeypatch):
     assert np.array_equal(ft.weights, before)   # nothing written before the check
 
 
+@pytest.mark.parametrize("dim", [16, 300], ids=["summed-in-registers", "wide-rows"])
+@pytest.mark.parametrize("pos", [0, 5], ids=["first-id", "later-id"])
+@pytest.mark.parametrize("wrong", [-1, 1000, -(1 << 62)])
+def test_a_bad_id_anywhere_in_a_bag_is_named(monkeypatch, dim, pos, wrong):
+    # the first id of a bag is checked apart from the rest; a negative id is out of range
+    # even where ids are compared as unsigned numbers
+    layout, bags, weights, _ = multi_hot("float32", 13, 8, dims=(dim, 8, 8))
+    idx = np.array(bags.indices)
+    idx[pos] = wrong                 # group 0, slot 0 (table 0 of 1000 rows), bag 0
+    bad = Bags(idx, bags.offsets, bags.slot_table, bags.slot_col, bags.slot_mean,
+               bags.batch_size, bags.out_dim, bags.num_groups, None, bags.slot_max)
+    for mode in ("numpy", "compiled"):
+        monkeypatch.setenv("NEOCOMM_EMBEDDING_KERNELS", mode)
+        with pytest.raises(IndexError, match=rf"indices\[{pos}\]: id {wrong} is out of range "
+                                             rf"for local table 0 \(1000 rows\)"):
+            cpu.pooled_lookup(layout, weights, bad)
+
+
+def test_which_tables_the_register_sum_serves():
+    from embedding.kernels import _jit
+
+    def serves(dtype, d, out_dtype=None, cut=None):
+        table = np.zeros((10, d), dtype)
+        out = np.zeros((4, d), out_dtype or dtype)
+        return _jit.pool_sum_rows(table if cut is None else table[:, :cut], out if cut is None
+                                  else out[:, :cut]) is not None
+
+    assert serves(np.float32, 64) and serves(np.float32, 1) and serves(np.float64, 128)
+    assert serves(np.float32, 256)                     # 1 KiB a row: still in registers
+    assert not serves(np.float32, 257) and not serves(np.float64, 129)   # wider: the loop
+    assert not serves(np.float16, 64)                  # widened rows: the loop
+    assert not serves(np.float32, 64, np.float64)      # another dtype out: the loop
+    table = np.zeros((10, 64), np.float32)
+    assert _jit.pool_sum_rows(table[:, ::2], np.zeros((4, 32), np.float32)) is None
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("dtype,dims", [("float32", (300, 16, 5)), ("float64", (130, 64, 3))])
+def test_rows_wider_than_the_registers_agree_too(monkeypatch, dtype, dims, weighted):
+    # sum (table 0, wider than VECTOR_ROW_BYTES), mean (table 1) and max pooling (table 2)
+    layout, bags, weights, _ = multi_hot(dtype, 14, 8, dims=dims, weighted=weighted,
+                                         fixed=False)
+    ref, got = both(monkeypatch, lambda: cpu.pooled_lookup(layout, weights, bags))
+    assert_same_bytes(got, ref, "lookup")
+
+
 @pytest.mark.parametrize("mode", ["numpy", "compiled"])
 @pytest.mark.parametrize("wrong", [-1, 1000])
 def test_a_bad_id_is_named_when_every_bag_holds_one(monkeypatch, mode, wrong):
