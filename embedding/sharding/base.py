@@ -32,7 +32,6 @@ import numpy as np
 
 from embedding.jagged import KeyedJagged
 from embedding.kernels import Bags, FusedTables
-from embedding.kernels.segments import positions_of_segments
 from embedding.sharding.qcomm import CommPrecision, QComms, Wire
 from embedding.types import (Pooling, Shard, ShardingType, TableConfig, TablePlan,
                              check_pooling)
@@ -381,13 +380,14 @@ def unpack_jagged(recv: np.ndarray, counts: np.ndarray, head: Sequence[int]
     lengths. Returns ``(lengths, values)``, each the concatenation over
     blocks in source order.
     """
-    counts = np.asarray(counts, np.int64)
-    head = np.asarray(head, np.int64)
-    starts = np.zeros(len(counts), np.int64)
-    np.cumsum(counts[:-1], out=starts[1:])
-    lengths = recv[positions_of_segments(starts, head)]
-    values = recv[positions_of_segments(starts + head, counts - head)]
-    return lengths, values
+    ends = np.cumsum(np.asarray(counts, np.int64)).tolist()
+    starts = [0, *ends[:-1]]
+    mids = [s + int(h) for s, h in zip(starts, head)]
+
+    def joined(spans):   # one copy of a few slices (one block per source rank)
+        pieces = [recv[a:b] for a, b in spans]
+        return np.concatenate(pieces) if pieces else recv[:0].copy()
+    return joined(zip(starts, mids)), joined(zip(mids, ends))
 
 
 def displacements(counts) -> np.ndarray:
