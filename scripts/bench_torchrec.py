@@ -24,9 +24,10 @@ each bag 0 to twice that many, the same mean), a loss on the pooled output
 and its backward with the fused update, after a warm-up of both (neocomm's past
 its first second of embedding work, which runs on the NumPy kernels). Prints
 samples/s of both (the slowest rank's time, median of ``--repeat`` timings of
-``--steps`` steps, the two interleaved) and neocomm's over TorchRec's, and each side's page faults per step (neocomm / TorchRec: the
-median over the timings, on the rank that faulted most; both share the processes,
-so both run with the host memory neocomm keeps, ``neocomm.hostmem``). A
+``--steps`` steps, the two interleaved) and neocomm's over TorchRec's, and each
+side's page faults per step (neocomm / TorchRec: the median over the timings, on
+the rank that faulted most; both share the processes, so both run with the host
+memory neocomm keeps, ``neocomm.hostmem``). A
 sharding TorchRec cannot run here (row-wise on CPU) is reported as such, with
 neocomm's figure alone. Needs torchrec (with fbgemm-gpu's CPU build); without
 it, only neocomm's figures.
