@@ -190,25 +190,11 @@ def _bag_sum(typingctx, dim, table, idx, s, e, w, weighted, inv, i, mean, out, o
                     _prefetch_lines(context, builder, builder.add(base, builder.mul(r, stride)),
                                     ir.Constant(intp, width * size))
 
-        def splat(x):
-            lanes = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
-            one_lane = builder.insert_element(ir.Constant(vty, ir.Undefined), x,
-                                              ir.Constant(ir.IntType(32), 0))
-            return builder.shuffle_vector(one_lane, ir.Constant(vty, ir.Undefined), lanes)
-
         def weighted_row(r, j):
             """Row ``r``, times ``w[j]`` when weighted."""
             v = builder.load(builder.inttoptr(builder.add(base, builder.mul(r, stride)),
                                               vty.as_pointer()), align=size)
-            plain = builder.block
-            with builder.if_then(weighted_):
-                times = builder.fmul(v, splat(builder.load(
-                    _element_ptr(context, builder, wty, wts, j))))
-                scaled = builder.block
-            out_v = builder.phi(vty)
-            out_v.add_incoming(times, scaled)
-            out_v.add_incoming(v, plain)
-            return out_v
+            return _times_weight(context, builder, v, vty, weighted_, wty, wts, j)
 
         fn = builder.function
         bad = fn.append_basic_block("bag_sum.bad")
@@ -255,7 +241,7 @@ def _bag_sum(typingctx, dim, table, idx, s, e, w, weighted, inv, i, mean, out, o
         with builder.if_then(mean_):
             f = builder.load(_element_ptr(context, builder, nty, invs,
                                           context.cast(builder, args[8], jty, types.intp)))
-            scaled = builder.fmul(acc, splat(f))
+            scaled = builder.fmul(acc, _splat(builder, f, vty))
             scaled_at = builder.block
         total = builder.phi(vty)
         total.add_incoming(scaled, scaled_at)
@@ -283,13 +269,116 @@ def _bag_sum(typingctx, dim, table, idx, s, e, w, weighted, inv, i, mean, out, o
     return sig, codegen
 
 
+@intrinsic
+def _segment_sum(typingctx, dim, src, occ, ws, weighted, s, e, acc):
+    """``acc[:dim]`` = the sum over ``j`` in ``[s, e)`` (``s < e``) of the gradient rows
+    ``src[occ[j]:occ[j] + dim]`` (``src`` flat and contiguous), each times ``ws[j]`` when
+    ``weighted``, in order of ``j``: :func:`_bag_sum`'s vector in registers for the
+    backward's segments (the rows :data:`AHEAD_ROWS` occurrences ahead prefetched). A
+    ``dim`` of 0 does nothing (the kernels for any dim sum in a loop instead)."""
+    if not isinstance(dim, types.IntegerLiteral):
+        return None
+    width = dim.literal_value
+    sig = types.void(dim, src, occ, ws, weighted, s, e, acc)
+    if width and not (src.dtype == ws.dtype == acc.dtype
+                      and src.dtype in (types.float32, types.float64)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        if not width:
+            return context.get_dummy_value()
+        (_, fty, oty, wty, _, sty, ety, aty) = signature.args
+        intp = context.get_value_type(types.intp)
+        elt = context.get_value_type(fty.dtype)
+        vty = ir.VectorType(elt, width)
+        size = context.get_abi_sizeof(elt)
+        flat = context.make_array(fty)(context, builder, args[1])
+        at = context.make_array(oty)(context, builder, args[2])
+        wts = context.make_array(wty)(context, builder, args[3])
+        out = context.make_array(aty)(context, builder, args[7])
+        weighted_ = args[4]
+        first = context.cast(builder, args[5], sty, types.intp)
+        end = context.cast(builder, args[6], ety, types.intp)
+        n, = cgutils.unpack_tuple(builder, at.shape)
+        total, = cgutils.unpack_tuple(builder, flat.shape)
+        base = builder.ptrtoint(flat.data, intp)
+        one = ir.Constant(intp, 1)
+        item = ir.Constant(intp, size)
+
+        def prefetch(j):
+            ahead = builder.add(j, ir.Constant(intp, AHEAD_ROWS))
+            with builder.if_then(builder.icmp_signed("<", ahead, n), likely=True):
+                k = _load_at(context, builder, oty, at, ahead)
+                inside = builder.and_(
+                    builder.icmp_signed(">=", k, ir.Constant(intp, 0)),
+                    builder.icmp_signed("<=", builder.add(k, ir.Constant(intp, width)), total))
+                with builder.if_then(inside, likely=True):
+                    _prefetch_lines(context, builder, builder.add(base, builder.mul(k, item)),
+                                    ir.Constant(intp, width * size))
+
+        def row(j):
+            prefetch(j)
+            k = _load_at(context, builder, oty, at, j)
+            v = builder.load(builder.inttoptr(builder.add(base, builder.mul(k, item)),
+                                              vty.as_pointer()), align=size)
+            return _times_weight(context, builder, v, vty, weighted_, wty, wts, j)
+
+        fn = builder.function
+        loop = fn.append_basic_block("segment_sum.loop")
+        step = fn.append_basic_block("segment_sum.step")
+        done = fn.append_basic_block("segment_sum.done")
+        acc0 = row(first)
+        second = builder.add(first, one)
+        started = builder.block
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        j = builder.phi(intp)
+        sum_ = builder.phi(vty)
+        j.add_incoming(second, started)
+        sum_.add_incoming(acc0, started)
+        builder.cbranch(builder.icmp_signed("<", j, end), step, done)
+        builder.position_at_end(step)
+        summed = builder.fadd(sum_, row(j))
+        following = builder.add(j, one)
+        stepped = builder.block
+        j.add_incoming(following, stepped)
+        sum_.add_incoming(summed, stepped)
+        builder.branch(loop)
+        builder.position_at_end(done)
+        builder.store(sum_, builder.bitcast(out.data, vty.as_pointer()), align=size)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+def _splat(builder, x, vty):
+    """The vector ``vty`` of ``x`` in every lane."""
+    lanes = ir.Constant(ir.VectorType(ir.IntType(32), vty.count), [0] * vty.count)
+    one_lane = builder.insert_element(ir.Constant(vty, ir.Undefined), x,
+                                      ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one_lane, ir.Constant(vty, ir.Undefined), lanes)
+
+
+def _times_weight(context, builder, v, vty, weighted, wty, wts, j):
+    """The vector ``v`` times ``wts[j]`` (``wts`` 1-D, type ``wty``) when ``weighted``."""
+    plain = builder.block
+    with builder.if_then(weighted):
+        times = builder.fmul(v, _splat(builder, builder.load(
+            _element_ptr(context, builder, wty, wts, j)), vty))
+        scaled = builder.block
+    out = builder.phi(vty)
+    out.add_incoming(times, scaled)
+    out.add_incoming(v, plain)
+    return out
+
+
 #: optimizer codes of :func:`segment_update`
 AGGREGATE, SGD, ROWWISE_ADAGRAD, ADAM = 0, 1, 2, 3
 
 
-def _build(D: int):
+def _build(D: int, V: int = 0):
     """The per-dim kernels, ``D`` values per row fixed at compile time (LLVM then unrolls and
-    vectorizes each row's loops whole), or any dim (``D == 0``)."""
+    vectorizes each row's loops whole), or any dim (``D == 0``); ``V``: the backward sums
+    rows of ``V`` values in registers (:func:`_segment_sum`), or in a loop (0)."""
     @nb.njit(**_OPTS)
     def pool_sum(table, idx, offsets, w, weighted, inv, mean, out, r0, c0):
         """``out[r0 + i, c0:c0 + d]`` = the (weighted) sum of bag ``i``'s rows, times ``inv[i]``
@@ -411,30 +500,34 @@ def _build(D: int):
         d = D if D else row_width
         acc = np.empty(d, src.dtype)
         lanes = np.empty(WARP, src.dtype)
+        rows_in_registers = V and src.strides[0] == src.itemsize
         for u in range(starts.size):
             s = starts[u]
             e = s + lengths[u]
             k = occ[s]
             if kind != AGGREGATE:
                 _prefetch_id(weight, uniq, u + AHEAD_ROWS)
-            _prefetch_at(src, occ, s + AHEAD_ROWS, d)
-            if weighted:
-                wt = ws[s]
-                for c in range(d):
-                    acc[c] = src[k + c] * wt
+            if rows_in_registers:
+                _segment_sum(V, src, occ, ws, weighted, s, e, acc)
             else:
-                for c in range(d):
-                    acc[c] = src[k + c]
-            for j in range(s + 1, e):
-                k = occ[j]
-                _prefetch_at(src, occ, j + AHEAD_ROWS, d)
+                _prefetch_at(src, occ, s + AHEAD_ROWS, d)
                 if weighted:
-                    wt = ws[j]
+                    wt = ws[s]
                     for c in range(d):
-                        acc[c] += src[k + c] * wt
+                        acc[c] = src[k + c] * wt
                 else:
                     for c in range(d):
-                        acc[c] += src[k + c]
+                        acc[c] = src[k + c]
+                for j in range(s + 1, e):
+                    k = occ[j]
+                    _prefetch_at(src, occ, j + AHEAD_ROWS, d)
+                    if weighted:
+                        wt = ws[j]
+                        for c in range(d):
+                            acc[c] += src[k + c] * wt
+                    else:
+                        for c in range(d):
+                            acc[c] += src[k + c]
             if kind == AGGREGATE:
                 for c in range(d):
                     out[u, c] = acc[c]
@@ -501,7 +594,22 @@ def for_dim(d: int) -> Kernels:
         return ANY_DIM
     k = _by_dim.get(d)
     if k is None:
-        k = _by_dim[d] = _build(d)
+        k = _by_dim[d] = _build(d, d)
+    return k
+
+
+_updates: dict = {}
+
+
+def update_for(d: int, dtype):
+    """:func:`segment_update` for rows of ``d`` values of ``dtype``: summing each row's
+    gradients in registers (:func:`_segment_sum`, compiled for ``d`` on its first use and
+    cached) where such a row fits :data:`VECTOR_ROW_BYTES`, else in a loop."""
+    if d in FIXED_DIMS or not 0 < d * np.dtype(dtype).itemsize <= VECTOR_ROW_BYTES:
+        return for_dim(d).segment_update
+    k = _updates.get(d)
+    if k is None:
+        k = _updates[d] = _build(0, d).segment_update
     return k
 
 

@@ -14,7 +14,8 @@ rather than the bytes of the rows. The compiled loops
 - the backward sorts the occurrences by row (a counting sort over a table
   of few rows per id, else a radix sort of the ids: its cost follows the
   ids), then, for each touched row, sums its gradients where they lie in
-  the output gradient and applies the optimizer to the row in place (SGD,
+  the output gradient (in registers, as the lookup sums a bag, for rows up
+  to ``_jit.VECTOR_ROW_BYTES``) and applies the optimizer to the row in place (SGD,
   row-wise AdaGrad, Adam): FBGEMM's CPU scheme, with no ``[rows, dim]``
   gradient written out and nothing copied before the sum;
 - the common dims (``_jit.FIXED_DIMS``) get kernels compiled with the dim

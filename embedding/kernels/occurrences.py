@@ -275,7 +275,7 @@ def _no_rule(dtype) -> tuple:
 
 
 def _run_segments(jit, code, seg, d: int, out, rule, term=None) -> None:
-    """:func:`~embedding.kernels._jit.segment_update` over a table's sorted occurrences ``seg``
+    """:func:`~embedding.kernels._jit.segment_update` (``update_for``) over a table's sorted occurrences ``seg``
     (:func:`_segments_of`; ``d`` values per gradient row): into ``out``, or (``out`` None)
     through ``rule`` (:func:`_rule`; ``code`` None: the rule's own; ``term``: row-wise
     AdaGrad's per-row terms)."""
@@ -285,8 +285,8 @@ def _run_segments(jit, code, seg, d: int, out, rule, term=None) -> None:
         code = kind
     dtype = gsrc.dtype
     terms = np.empty(0, dtype) if term is None else np.ascontiguousarray(term)
-    jit.for_dim(d).segment_update(code, gsrc, d, occ, _none_as_empty(ws, dtype), ws is not None,
-                                  starts, lens, uniq,
-                                  out if out is not None else np.empty((0, 0), dtype), weight,
-                                  mom, ea, es, bc1, bc2, terms, term is not None, width, lr, eps,
-                                  b1, b2, a1, a2)
+    jit.update_for(d, dtype)(code, gsrc, d, occ, _none_as_empty(ws, dtype), ws is not None,
+                             starts, lens, uniq,
+                             out if out is not None else np.empty((0, 0), dtype), weight, mom,
+                             ea, es, bc1, bc2, terms, term is not None, width, lr, eps, b1, b2,
+                             a1, a2)

@@ -275,16 +275,31 @@ def test_which_tables_the_register_sum_serves():
     assert not serves(np.float32, 64, np.float64)      # another dtype out: the loop
     table = np.zeros((10, 64), np.float32)
     assert _jit.pool_sum_rows(table[:, ::2], np.zeros((4, 32), np.float32)) is None
+    # the backward's sums likewise: in registers up to 1 KiB a row, else the loop for any dim
+    loop = _jit.ANY_DIM.segment_update
+    assert _jit.update_for(64, np.float32) is not loop
+    assert _jit.update_for(128, np.float64) is not loop
+    assert _jit.update_for(300, np.float32) is loop and _jit.update_for(129, np.float64) is loop
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 @pytest.mark.parametrize("dtype,dims", [("float32", (300, 16, 5)), ("float64", (130, 64, 3))])
 def test_rows_wider_than_the_registers_agree_too(monkeypatch, dtype, dims, weighted):
-    # sum (table 0, wider than VECTOR_ROW_BYTES), mean (table 1) and max pooling (table 2)
-    layout, bags, weights, _ = multi_hot(dtype, 14, 8, dims=dims, weighted=weighted,
-                                         fixed=False)
+    # sum (table 0, wider than VECTOR_ROW_BYTES: the loops), mean (table 1) and max pooling
+    # (table 2), the lookup and the backward with each optimizer
+    layout, bags, weights, grad = multi_hot(dtype, 14, 8, dims=dims, weighted=weighted,
+                                            fixed=False)
     ref, got = both(monkeypatch, lambda: cpu.pooled_lookup(layout, weights, bags))
     assert_same_bytes(got, ref, "lookup")
+    for kind in KINDS:
+        def run():
+            ft = _tables(layout, weights, kind, dtype, 1)
+            ft.backward_update(bags, grad)
+            return ft
+        ref, got = both(monkeypatch, run)
+        assert_same_bytes(got.weights, ref.weights, f"weights after {kind.value}")
+        for name in ref.state:
+            assert_same_bytes(got.state[name], ref.state[name], name)
 
 
 @pytest.mark.parametrize("mode", ["numpy", "compiled"])
