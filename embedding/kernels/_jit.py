@@ -669,27 +669,31 @@ def sort_by_row(ids, rows, occ_in, ws_in, weighted):
     n = ids.size
     if rows <= 8 * n + (1 << 16):
         start = np.zeros(rows + 1, np.int32)   # n < 2**31 (the caller checks)
+        nu = 0
         for i in range(n):
             r = ids[i]
             if r < 0 or r >= rows:
                 return i, occ_in[:0], ws_in[:0], ids[:0], ids[:0], ids[:0]
-            start[r + 1] += 1
-        nu = 0
-        for r in range(rows):
-            if start[r + 1] > 0:
-                nu += 1
-        uniq = np.empty(nu, np.int64)
-        starts = np.empty(nu, np.int64)
-        lengths = np.empty(nu, np.int64)
+            c = start[r + 1]
+            nu += c == 0
+            start[r + 1] = c + 1
+        # one pass over the rows without a branch on whether a row was read (about half of
+        # them are, at random: a branch there mispredicted its way to 1.5x this sort's time);
+        # a row not read is written at ``u`` and overwritten by the next one read
+        uniq = np.empty(nu + 1, np.int64)
+        starts = np.empty(nu + 1, np.int64)
+        lengths = np.empty(nu + 1, np.int64)
         u = 0
+        at = 0
         for r in range(rows):
             c = start[r + 1]
-            if c > 0:
-                uniq[u] = r
-                starts[u] = start[r]
-                lengths[u] = c
-                u += 1
-            start[r + 1] = start[r] + c
+            start[r] = at
+            uniq[u] = r
+            starts[u] = at
+            lengths[u] = c
+            u += c > 0
+            at += c
+        uniq, starts, lengths = uniq[:nu], starts[:nu], lengths[:nu]
         occ = np.empty(n, occ_in.dtype)
         ws = np.empty(n if weighted else 0, ws_in.dtype)
         for i in range(n):
