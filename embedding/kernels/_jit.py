@@ -175,7 +175,6 @@ def _bag_sum(typingctx, dim, table, idx, s, e, w, weighted, inv, i, mean, out, o
         stride, _ = cgutils.unpack_tuple(builder, tab.strides)
         n, = cgutils.unpack_tuple(builder, ids.shape)
         base = builder.ptrtoint(tab.data, intp)
-        one = ir.Constant(intp, 1)
 
         def row_of(j):
             """``(row, whether it is one of the table's)`` of position ``j``."""
@@ -196,47 +195,14 @@ def _bag_sum(typingctx, dim, table, idx, s, e, w, weighted, inv, i, mean, out, o
                                               vty.as_pointer()), align=size)
             return _times_weight(context, builder, v, vty, weighted_, wty, wts, j)
 
-        fn = builder.function
-        bad = fn.append_basic_block("bag_sum.bad")
-        start = fn.append_basic_block("bag_sum.start")
-        loop = fn.append_basic_block("bag_sum.loop")
-        step = fn.append_basic_block("bag_sum.step")
-        add = fn.append_basic_block("bag_sum.add")
-        done = fn.append_basic_block("bag_sum.done")
-        leave = fn.append_basic_block("bag_sum.leave")
+        bad = builder.function.append_basic_block("bag_sum.bad")
 
-        r, inside = row_of(first)
-        checked_first = builder.block
-        builder.cbranch(inside, start, bad)
+        def row(j, r):
+            prefetch(j)
+            return weighted_row(r, j)
+        acc, bad_at = _vector_sum(builder, vty, first, end, row,
+                                  check=lambda j: row_of(j)[::-1], bad=bad)
 
-        builder.position_at_end(start)
-        prefetch(first)
-        acc0 = weighted_row(r, first)
-        second = builder.add(first, one)
-        started = builder.block
-        builder.branch(loop)
-
-        builder.position_at_end(loop)
-        j = builder.phi(intp)
-        acc = builder.phi(vty)
-        j.add_incoming(second, started)
-        acc.add_incoming(acc0, started)
-        builder.cbranch(builder.icmp_signed("<", j, end), step, done)
-
-        builder.position_at_end(step)
-        r, inside = row_of(j)
-        builder.cbranch(inside, add, bad)
-
-        builder.position_at_end(add)
-        prefetch(j)
-        summed = builder.fadd(acc, weighted_row(r, j))
-        following = builder.add(j, one)
-        added = builder.block
-        j.add_incoming(following, added)
-        acc.add_incoming(summed, added)
-        builder.branch(loop)
-
-        builder.position_at_end(done)
         unscaled = builder.block
         with builder.if_then(mean_):
             f = builder.load(_element_ptr(context, builder, nty, invs,
@@ -253,12 +219,13 @@ def _bag_sum(typingctx, dim, table, idx, s, e, w, weighted, inv, i, mean, out, o
                         ir.Constant(intp, size))))
         builder.store(total, builder.inttoptr(at, vty.as_pointer()), align=size)
         stored = builder.block
+        leave = builder.function.append_basic_block("bag_sum.leave")
         builder.branch(leave)
 
         builder.position_at_end(bad)
         where = builder.phi(intp)
-        where.add_incoming(first, checked_first)
-        where.add_incoming(j, step)
+        for pos, block in bad_at:
+            where.add_incoming(pos, block)
         builder.branch(leave)
 
         builder.position_at_end(leave)
@@ -302,7 +269,6 @@ def _segment_sum(typingctx, dim, src, occ, ws, weighted, s, e, acc):
         n, = cgutils.unpack_tuple(builder, at.shape)
         total, = cgutils.unpack_tuple(builder, flat.shape)
         base = builder.ptrtoint(flat.data, intp)
-        one = ir.Constant(intp, 1)
         item = ir.Constant(intp, size)
 
         def prefetch(j):
@@ -323,31 +289,55 @@ def _segment_sum(typingctx, dim, src, occ, ws, weighted, s, e, acc):
                                               vty.as_pointer()), align=size)
             return _times_weight(context, builder, v, vty, weighted_, wty, wts, j)
 
-        fn = builder.function
-        loop = fn.append_basic_block("segment_sum.loop")
-        step = fn.append_basic_block("segment_sum.step")
-        done = fn.append_basic_block("segment_sum.done")
-        acc0 = row(first)
-        second = builder.add(first, one)
-        started = builder.block
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        j = builder.phi(intp)
-        sum_ = builder.phi(vty)
-        j.add_incoming(second, started)
-        sum_.add_incoming(acc0, started)
-        builder.cbranch(builder.icmp_signed("<", j, end), step, done)
-        builder.position_at_end(step)
-        summed = builder.fadd(sum_, row(j))
-        following = builder.add(j, one)
-        stepped = builder.block
-        j.add_incoming(following, stepped)
-        sum_.add_incoming(summed, stepped)
-        builder.branch(loop)
-        builder.position_at_end(done)
+        sum_, _ = _vector_sum(builder, vty, first, end, lambda j, _: row(j))
         builder.store(sum_, builder.bitcast(out.data, vty.as_pointer()), align=size)
         return context.get_dummy_value()
     return sig, codegen
+
+
+def _vector_sum(builder, vty, first, end, row, check=None, bad=None):
+    """Emit the sum of the vectors ``row(j, checked)`` for ``j`` in ``[first, end)`` (``first <
+    end``, intp values), in order of ``j``, held in registers (LLVM phis) from the first to
+    the last; ``check(j)`` -> ``(ok, checked)`` is asked first for each ``j``, which goes to
+    the block ``bad`` where not ``ok``. Leaves the builder after the loop; returns ``(sum,
+    [(j, block) that went to bad])``."""
+    intp = first.type
+    one = ir.Constant(intp, 1)
+    fn = builder.function
+    loop = fn.append_basic_block("sum.loop")
+    step = fn.append_basic_block("sum.step")
+    done = fn.append_basic_block("sum.done")
+    bad_at = []
+
+    def checked(j):
+        if check is None:
+            return None
+        ok, value = check(j)
+        bad_at.append((j, builder.block))
+        go_on = fn.append_basic_block("sum.ok")
+        builder.cbranch(ok, go_on, bad)
+        builder.position_at_end(go_on)
+        return value
+
+    acc0 = row(first, checked(first))
+    second = builder.add(first, one)
+    started = builder.block
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    j = builder.phi(intp)
+    acc = builder.phi(vty)
+    j.add_incoming(second, started)
+    acc.add_incoming(acc0, started)
+    builder.cbranch(builder.icmp_signed("<", j, end), step, done)
+    builder.position_at_end(step)
+    summed = builder.fadd(acc, row(j, checked(j)))
+    following = builder.add(j, one)
+    stepped = builder.block
+    j.add_incoming(following, stepped)
+    acc.add_incoming(summed, stepped)
+    builder.branch(loop)
+    builder.position_at_end(done)
+    return acc, bad_at
 
 
 def _splat(builder, x, vty):
