@@ -275,10 +275,10 @@ def _no_rule(dtype) -> tuple:
 
 
 def _run_segments(jit, code, seg, d: int, out, rule, term=None) -> None:
-    """:func:`~embedding.kernels._jit.segment_update` (``update_for``) over a table's sorted occurrences ``seg``
-    (:func:`_segments_of`; ``d`` values per gradient row): into ``out``, or (``out`` None)
-    through ``rule`` (:func:`_rule`; ``code`` None: the rule's own; ``term``: row-wise
-    AdaGrad's per-row terms)."""
+    """:func:`~embedding.kernels._jit.segment_update` (``update_for``) over a table's sorted
+    occurrences ``seg`` (:func:`_segments_of`; ``d`` values per gradient row): into ``out``,
+    or (``out`` None) through ``rule`` (:func:`_rule`; ``code`` None: the rule's own;
+    ``term``: row-wise AdaGrad's per-row terms)."""
     gsrc, occ, ws, uniq, starts, lens = seg
     kind, weight, mom, ea, es, bc1, bc2, width, lr, eps, b1, b2, a1, a2 = rule
     if code is None:
