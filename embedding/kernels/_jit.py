@@ -53,13 +53,47 @@ def _prefetch_lines(context, builder, start, nbytes) -> None:
                           ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
+def _element_ptr(context, builder, aty, arr, pos):
+    """A pointer to ``arr[pos]`` of the 1-D array ``arr`` (type ``aty``), no bounds check."""
+    n, = cgutils.unpack_tuple(builder, arr.shape)
+    return cgutils.get_item_pointer2(context, builder, arr.data, [n],
+                                     cgutils.unpack_tuple(builder, arr.strides), aty.layout,
+                                     [pos], wraparound=False, boundscheck=False)
+
+
 def _load_at(context, builder, aty, arr, pos):
     """``arr[pos]`` of the 1-D array ``arr`` (type ``aty``) as an intp (no bounds check)."""
-    n, = cgutils.unpack_tuple(builder, arr.shape)
-    at = cgutils.get_item_pointer2(context, builder, arr.data, [n],
-                                   cgutils.unpack_tuple(builder, arr.strides), aty.layout,
-                                   [pos], wraparound=False, boundscheck=False)
-    return context.cast(builder, builder.load(at), aty.dtype, types.intp)
+    return context.cast(builder, builder.load(_element_ptr(context, builder, aty, arr, pos)),
+                        aty.dtype, types.intp)
+
+
+def _emit_prefetch_row(context, builder, ity, ids, pos, base, stride, rows, nbytes) -> None:
+    """Prefetch the ``nbytes`` from ``base + ids[pos] * stride`` when ``pos`` is a position of
+    the 1-D array ``ids`` (type ``ity``) and ``ids[pos]`` lies in ``[0, rows)``."""
+    intp = context.get_value_type(types.intp)
+    n, = cgutils.unpack_tuple(builder, ids.shape)
+    with builder.if_then(builder.icmp_signed("<", pos, n), likely=True):
+        row = _load_at(context, builder, ity, ids, pos)
+        inside = builder.and_(builder.icmp_signed(">=", row, ir.Constant(intp, 0)),
+                              builder.icmp_signed("<", row, rows))
+        with builder.if_then(inside, likely=True):
+            _prefetch_lines(context, builder, builder.add(base, builder.mul(row, stride)),
+                            nbytes)
+
+
+def _emit_prefetch_at(context, builder, oty, at, pos, base, item, size, width) -> None:
+    """Prefetch ``flat[at[pos]:at[pos] + width]`` (``flat`` 1-D and contiguous from ``base``,
+    ``size`` elements of ``item`` bytes) when ``pos`` is a position of ``at`` (type ``oty``)
+    and that range lies inside ``flat``."""
+    intp = context.get_value_type(types.intp)
+    n, = cgutils.unpack_tuple(builder, at.shape)
+    with builder.if_then(builder.icmp_signed("<", pos, n), likely=True):
+        first = _load_at(context, builder, oty, at, pos)
+        inside = builder.and_(builder.icmp_signed(">=", first, ir.Constant(intp, 0)),
+                              builder.icmp_signed("<=", builder.add(first, width), size))
+        with builder.if_then(inside, likely=True):
+            _prefetch_lines(context, builder, builder.add(base, builder.mul(first, item)),
+                            builder.mul(width, item))
 
 
 @intrinsic
@@ -77,17 +111,12 @@ def _prefetch_id(typingctx, table, idx, j):
         intp = context.get_value_type(types.intp)
         tab = context.make_array(tty)(context, builder, args[0])
         ids = context.make_array(ity)(context, builder, args[1])
-        pos = context.cast(builder, args[2], jty, types.intp)
-        n, = cgutils.unpack_tuple(builder, ids.shape)
-        with builder.if_then(builder.icmp_signed("<", pos, n), likely=True):
-            row = _load_at(context, builder, ity, ids, pos)
-            rows, cols = cgutils.unpack_tuple(builder, tab.shape)
-            stride, step = cgutils.unpack_tuple(builder, tab.strides)
-            inside = builder.and_(builder.icmp_signed(">=", row, ir.Constant(intp, 0)),
-                                  builder.icmp_signed("<", row, rows))
-            with builder.if_then(inside, likely=True):
-                start = builder.add(builder.ptrtoint(tab.data, intp), builder.mul(row, stride))
-                _prefetch_lines(context, builder, start, builder.mul(cols, step))
+        rows, cols = cgutils.unpack_tuple(builder, tab.shape)
+        stride, step = cgutils.unpack_tuple(builder, tab.strides)
+        _emit_prefetch_row(context, builder, ity, ids,
+                           context.cast(builder, args[2], jty, types.intp),
+                           builder.ptrtoint(tab.data, intp), stride, rows,
+                           builder.mul(cols, step))
         return context.get_dummy_value()
     return sig, codegen
 
@@ -103,19 +132,12 @@ def _prefetch_at(typingctx, flat, occ, j, d):
         intp = context.get_value_type(types.intp)
         src = context.make_array(fty)(context, builder, args[0])
         at = context.make_array(oty)(context, builder, args[1])
-        pos = context.cast(builder, args[2], jty, types.intp)
-        width = context.cast(builder, args[3], dty, types.intp)
-        n, = cgutils.unpack_tuple(builder, at.shape)
-        with builder.if_then(builder.icmp_signed("<", pos, n), likely=True):
-            first = _load_at(context, builder, oty, at, pos)
-            size, = cgutils.unpack_tuple(builder, src.shape)
-            inside = builder.and_(builder.icmp_signed(">=", first, ir.Constant(intp, 0)),
-                                  builder.icmp_signed("<=", builder.add(first, width), size))
-            with builder.if_then(inside, likely=True):
-                item = ir.Constant(intp, context.get_abi_sizeof(
-                    context.get_data_type(fty.dtype)))
-                start = builder.add(builder.ptrtoint(src.data, intp), builder.mul(first, item))
-                _prefetch_lines(context, builder, start, builder.mul(width, item))
+        size, = cgutils.unpack_tuple(builder, src.shape)
+        item = ir.Constant(intp, context.get_abi_sizeof(context.get_data_type(fty.dtype)))
+        _emit_prefetch_at(context, builder, oty, at,
+                          context.cast(builder, args[2], jty, types.intp),
+                          builder.ptrtoint(src.data, intp), item, size,
+                          context.cast(builder, args[3], dty, types.intp))
         return context.get_dummy_value()
     return sig, codegen
 
@@ -124,14 +146,6 @@ def _prefetch_at(typingctx, flat, occ, j, d):
 #: AVX-512 registers of float32 (256 values); wider rows spill and ran no faster (dims 256
 #: and 512, float32: 1.37x and 1.00x the loop over an accumulator in memory)
 VECTOR_ROW_BYTES = 1024
-
-
-def _element_ptr(context, builder, aty, arr, pos):
-    """A pointer to ``arr[pos]`` of the 1-D array ``arr`` (type ``aty``), no bounds check."""
-    n, = cgutils.unpack_tuple(builder, arr.shape)
-    return cgutils.get_item_pointer2(context, builder, arr.data, [n],
-                                     cgutils.unpack_tuple(builder, arr.strides), aty.layout,
-                                     [pos], wraparound=False, boundscheck=False)
 
 
 @intrinsic
@@ -173,35 +187,24 @@ def _bag_sum(typingctx, dim, table, idx, s, e, w, weighted, inv, i, mean, out, o
         weighted_, mean_ = args[6], args[9]
         rows, _ = cgutils.unpack_tuple(builder, tab.shape)
         stride, _ = cgutils.unpack_tuple(builder, tab.strides)
-        n, = cgutils.unpack_tuple(builder, ids.shape)
         base = builder.ptrtoint(tab.data, intp)
 
-        def row_of(j):
-            """``(row, whether it is one of the table's)`` of position ``j``."""
+        def check(j):
+            """``(whether idx[j] is a row of the table, the row)``."""
             r = _load_at(context, builder, ity, ids, j)
-            return r, builder.icmp_unsigned("<", r, rows)
+            return builder.icmp_unsigned("<", r, rows), r
 
-        def prefetch(j):
-            ahead = builder.add(j, ir.Constant(intp, AHEAD))
-            with builder.if_then(builder.icmp_signed("<", ahead, n), likely=True):
-                r, inside = row_of(ahead)
-                with builder.if_then(inside, likely=True):
-                    _prefetch_lines(context, builder, builder.add(base, builder.mul(r, stride)),
-                                    ir.Constant(intp, width * size))
-
-        def weighted_row(r, j):
-            """Row ``r``, times ``w[j]`` when weighted."""
+        def row(j, r):
+            """Row ``r`` (that of position ``j``), times ``w[j]`` when weighted."""
+            _emit_prefetch_row(context, builder, ity, ids,
+                               builder.add(j, ir.Constant(intp, AHEAD)), base, stride, rows,
+                               ir.Constant(intp, width * size))
             v = builder.load(builder.inttoptr(builder.add(base, builder.mul(r, stride)),
                                               vty.as_pointer()), align=size)
             return _times_weight(context, builder, v, vty, weighted_, wty, wts, j)
 
         bad = builder.function.append_basic_block("bag_sum.bad")
-
-        def row(j, r):
-            prefetch(j)
-            return weighted_row(r, j)
-        acc, bad_at = _vector_sum(builder, vty, first, end, row,
-                                  check=lambda j: row_of(j)[::-1], bad=bad)
+        acc, bad_at = _vector_sum(builder, vty, first, end, row, check=check, bad=bad)
 
         unscaled = builder.block
         with builder.if_then(mean_):
@@ -266,24 +269,14 @@ def _segment_sum(typingctx, dim, src, occ, ws, weighted, s, e, acc):
         weighted_ = args[4]
         first = context.cast(builder, args[5], sty, types.intp)
         end = context.cast(builder, args[6], ety, types.intp)
-        n, = cgutils.unpack_tuple(builder, at.shape)
         total, = cgutils.unpack_tuple(builder, flat.shape)
         base = builder.ptrtoint(flat.data, intp)
         item = ir.Constant(intp, size)
 
-        def prefetch(j):
-            ahead = builder.add(j, ir.Constant(intp, AHEAD_ROWS))
-            with builder.if_then(builder.icmp_signed("<", ahead, n), likely=True):
-                k = _load_at(context, builder, oty, at, ahead)
-                inside = builder.and_(
-                    builder.icmp_signed(">=", k, ir.Constant(intp, 0)),
-                    builder.icmp_signed("<=", builder.add(k, ir.Constant(intp, width)), total))
-                with builder.if_then(inside, likely=True):
-                    _prefetch_lines(context, builder, builder.add(base, builder.mul(k, item)),
-                                    ir.Constant(intp, width * size))
-
         def row(j):
-            prefetch(j)
+            _emit_prefetch_at(context, builder, oty, at,
+                              builder.add(j, ir.Constant(intp, AHEAD_ROWS)), base, item, total,
+                              ir.Constant(intp, width))
             k = _load_at(context, builder, oty, at, j)
             v = builder.load(builder.inttoptr(builder.add(base, builder.mul(k, item)),
                                               vty.as_pointer()), align=size)
@@ -494,12 +487,12 @@ def _build(D: int, V: int = 0):
         for u in range(starts.size):
             s = starts[u]
             e = s + lengths[u]
-            k = occ[s]
             if kind != AGGREGATE:
                 _prefetch_id(weight, uniq, u + AHEAD_ROWS)
             if rows_in_registers:
                 _segment_sum(V, src, occ, ws, weighted, s, e, acc)
             else:
+                k = occ[s]
                 _prefetch_at(src, occ, s + AHEAD_ROWS, d)
                 if weighted:
                     wt = ws[s]
