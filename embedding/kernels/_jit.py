@@ -640,57 +640,87 @@ RADIX_BITS = 11
 
 
 @nb.njit(**_OPTS)
-def sort_by_row(ids, rows, occ_in, ws_in, weighted):
-    """A stable sort of occurrences by row: ``(bad, occ, ws, uniq, starts, lengths)`` with
-    ``occ``/``ws`` the occurrences' ``occ_in``/``ws_in`` in row order, ``uniq`` the rows read
-    (ascending) and each one's run; ``bad`` is the position of an id outside ``[0, rows)``
-    (then nothing else is valid), else -1.
+def sort_by_row(idx, bag_lo, bag_hi, bag_occ, rows, w, weighted):
+    """A stable sort by row of the occurrences of bags: ``(bad, occ, ws, uniq, starts,
+    lengths)``.
 
-    A counting sort over the rows when there are few rows per occurrence, else a radix sort of
-    the ids (passes of at most :data:`RADIX_BITS` bits): its cost follows the ids, not the
-    table's rows."""
-    n = ids.size
-    if rows <= 8 * n + (1 << 16):
-        start = np.zeros(rows + 1, np.int32)   # n < 2**31 (the caller checks)
-        nu = 0
-        for i in range(n):
-            r = ids[i]
+    Bag ``k`` holds the ids ``idx[bag_lo[k]:bag_hi[k]]`` (per-id weights at the same
+    positions of ``w``, when ``weighted``); each of them is an occurrence of ``bag_occ[k]``.
+    ``occ``/``ws`` are the occurrences' ``bag_occ`` and weights in row order (bag order
+    within a row), ``uniq`` the rows read (ascending) and each one's run of occurrences;
+    ``bad`` is the position in ``idx`` of an id outside ``[0, rows)`` (then nothing else is
+    valid), else -1. An occurrence of its own is a bag of one id.
+
+    A counting sort over the rows when there are few rows per occurrence, reading the ids
+    where they lie; else a radix sort of the ids (:func:`_radix_by_row`): its cost follows
+    the ids, not the table's rows."""
+    nb_ = bag_lo.size
+    n = 0
+    for k in range(nb_):
+        n += bag_hi[k] - bag_lo[k]
+    if rows > 8 * n + (1 << 16):
+        ids = np.empty(n, idx.dtype)
+        occ_in = np.empty(n, bag_occ.dtype)
+        ws_in = np.empty(n if weighted else 0, w.dtype)
+        at = 0
+        for k in range(nb_):
+            for i in range(bag_lo[k], bag_hi[k]):
+                r = idx[i]
+                if r < 0 or r >= rows:
+                    return i, bag_occ[:0], w[:0], idx[:0], idx[:0], idx[:0]
+                ids[at] = r
+                occ_in[at] = bag_occ[k]
+                if weighted:
+                    ws_in[at] = w[i]
+                at += 1
+        occ, ws, uniq, starts, lengths = _radix_by_row(ids, rows, occ_in, ws_in, weighted)
+        return -1, occ, ws, uniq, starts, lengths
+    start = np.zeros(rows + 1, np.int32)   # n < 2**31 (the caller checks)
+    nu = 0
+    for k in range(nb_):
+        for i in range(bag_lo[k], bag_hi[k]):
+            r = idx[i]
             if r < 0 or r >= rows:
-                return i, occ_in[:0], ws_in[:0], ids[:0], ids[:0], ids[:0]
+                return i, bag_occ[:0], w[:0], idx[:0], idx[:0], idx[:0]
             c = start[r + 1]
             nu += c == 0
             start[r + 1] = c + 1
-        # one pass over the rows without a branch on whether a row was read (about half of
-        # them are, at random: a branch there mispredicted its way to 1.5x this sort's time);
-        # a row not read is written at ``u`` and overwritten by the next one read
-        uniq = np.empty(nu + 1, np.int64)
-        starts = np.empty(nu + 1, np.int64)
-        lengths = np.empty(nu + 1, np.int64)
-        u = 0
-        at = 0
-        for r in range(rows):
-            c = start[r + 1]
-            start[r] = at
-            uniq[u] = r
-            starts[u] = at
-            lengths[u] = c
-            u += c > 0
-            at += c
-        uniq, starts, lengths = uniq[:nu], starts[:nu], lengths[:nu]
-        occ = np.empty(n, occ_in.dtype)
-        ws = np.empty(n if weighted else 0, ws_in.dtype)
-        for i in range(n):
-            r = ids[i]
+    # one pass over the rows without a branch on whether a row was read (about half of
+    # them are, at random: a branch there mispredicted its way to 1.5x this sort's time);
+    # a row not read is written at ``u`` and overwritten by the next one read
+    uniq = np.empty(nu + 1, np.int64)
+    starts = np.empty(nu + 1, np.int64)
+    lengths = np.empty(nu + 1, np.int64)
+    u = 0
+    at = 0
+    for r in range(rows):
+        c = start[r + 1]
+        start[r] = at
+        uniq[u] = r
+        starts[u] = at
+        lengths[u] = c
+        u += c > 0
+        at += c
+    uniq, starts, lengths = uniq[:nu], starts[:nu], lengths[:nu]
+    occ = np.empty(n, bag_occ.dtype)
+    ws = np.empty(n if weighted else 0, w.dtype)
+    for k in range(nb_):
+        o = bag_occ[k]
+        for i in range(bag_lo[k], bag_hi[k]):
+            r = idx[i]
             p = start[r]
             start[r] = p + 1
-            occ[p] = occ_in[i]
+            occ[p] = o
             if weighted:
-                ws[p] = ws_in[i]
-        return -1, occ, ws, uniq, starts, lengths
-    for i in range(n):
-        r = ids[i]
-        if r < 0 or r >= rows:
-            return i, occ_in[:0], ws_in[:0], ids[:0], ids[:0], ids[:0]
+                ws[p] = w[i]
+    return -1, occ, ws, uniq, starts, lengths
+
+
+@nb.njit(**_OPTS)
+def _radix_by_row(ids, rows, occ_in, ws_in, weighted):
+    """:func:`sort_by_row` of one-id bags by a radix sort of ``ids`` (all in ``[0, rows)``):
+    passes of at most :data:`RADIX_BITS` bits. ``(occ, ws, uniq, starts, lengths)``."""
+    n = ids.size
     bits = 1
     while (rows - 1) >> bits:
         bits += 1
@@ -740,7 +770,7 @@ def sort_by_row(ids, rows, occ_in, ws_in, weighted):
             lengths[u] = 0
             last = r
         lengths[u] += 1
-    return -1, occ, ws, uniq, starts, lengths
+    return occ, ws, uniq, starts, lengths
 
 
 @nb.njit(**_OPTS)

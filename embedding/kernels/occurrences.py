@@ -69,13 +69,12 @@ def _segments_of(layout: TableLayout, bags: Bags, grad_out: np.ndarray, weights,
     fmt = wire_format(wire)
     b, s_count = bags.batch_size, bags.num_slots
     offsets = np.asarray(bags.offsets, np.int64)
-    lengths = np.diff(offsets)
     idx = np.asarray(bags.indices, np.int64)
     w = _weights_of(bags, dtype)
-    one_each = bool((lengths == 1).all())  # one id per bag: occurrence k is gradient row k
     jit = compiled.kernels(dtype)
     # the compiled kernels read a sum slot's gradients straight from ``grad_out``
-    direct = fmt is None and grad_out.dtype == dtype and grad_out.flags.c_contiguous
+    direct = (jit is not None and fmt is None and grad_out.dtype == dtype
+              and grad_out.flags.c_contiguous)
 
     def one(t: int):
         d = layout.dims[t]
@@ -83,28 +82,33 @@ def _segments_of(layout: TableLayout, bags: Bags, grad_out: np.ndarray, weights,
                   if bags.slot_table[s] == t]
         if not blocks or b == 0:
             return None
-        if jit is not None and direct and not any(bags.slot_mean[s] or bags.slot_max[s]
-                                                  for _, s in blocks):
-            return _direct_segments(jit, layout, t, bags, blocks, idx, offsets, lengths, w,
-                                    grad_out, one_each)
+        spans = [offsets[(g * s_count + s) * b:(g * s_count + s + 1) * b + 1]
+                 for g, s in blocks]
+        if all(sp[0] == sp[-1] for sp in spans):
+            return None
+        if direct and not any(bags.slot_mean[s] or bags.slot_max[s] for _, s in blocks):
+            # each occurrence reads its bag's gradient where it lies in ``grad_out``
+            width = grad_out.shape[1]
+            bag = np.arange(b, dtype=np.int64) * width
+            occ = [bag + (g * b * width + bags.slot_col[s]) for g, s in blocks]
+            return _sorted(jit, idx, spans, occ, w, t, layout.rows[t], grad_out.reshape(-1))
         gsrc = [np.empty((len(blocks) * b, d), dtype)]
-        row_parts = []
-        at = len(blocks) * b  # rows of gsrc so far (max slots append one per occurrence)
-        for k, (g, s) in enumerate(blocks):
-            first = (g * s_count + s) * b
+        occ, at = [], len(blocks) * b  # rows of gsrc so far (max slots add one an occurrence)
+        for k, ((g, s), sp) in enumerate(zip(blocks, spans)):
             col = bags.slot_col[s]
-            ln = lengths[first:first + b]
-            lo, hi = offsets[first], offsets[first + b]
+            ln = np.diff(sp)
+            lo, hi = sp[0], sp[-1]
             grad = grad_out[g * b:(g + 1) * b, col:col + d]
             if bags.slot_max[s]:
                 if fmt is not None:
                     grad = grad.astype(dtype)
                     if inverse is not None:
                         grad *= inverse
-                gsrc.append(_max_occurrence_grads(table_view(layout, weights, t), idx,
-                                                  offsets[first:first + b], ln, w, grad, lo,
-                                                  hi))
-                row_parts.append(np.arange(at, at + hi - lo, dtype=np.int64))
+                gsrc.append(_max_occurrence_grads(table_view(layout, weights, t), idx, sp[:-1],
+                                                  ln, w, grad, lo, hi))
+                # each occurrence a bag of its own, reading its own share
+                spans[k] = np.arange(lo, hi + 1, dtype=np.int64)
+                occ.append(np.arange(at, at + hi - lo, dtype=np.int64))
                 at += hi - lo
                 continue
             dst = gsrc[0][k * b:(k + 1) * b]
@@ -113,67 +117,53 @@ def _segments_of(layout: TableLayout, bags: Bags, grad_out: np.ndarray, weights,
                 dst *= inverse
             if bags.slot_mean[s]:
                 dst *= _inverse_lengths(ln, dtype)[:, None]
-            rows = np.arange(k * b, (k + 1) * b, dtype=np.int64)
-            row_parts.append(rows if one_each else np.repeat(rows, ln))
-        ids, ws_in = _block_ids(bags, blocks, idx, offsets, w)
-        if ids.size == 0:
-            return None
+            occ.append(np.arange(k * b, (k + 1) * b, dtype=np.int64))
         gsrc = _cat(gsrc)
         if jit is not None:
-            return _sorted(jit, ids, t, layout.rows[t], gsrc.reshape(-1),
-                           _cat(row_parts) * d, ws_in)
-        if ids.min() < 0 or ids.max() >= layout.rows[t]:
-            raise _bad_id(ids, int(np.flatnonzero((ids < 0) | (ids >= layout.rows[t]))[0]), t,
-                          layout.rows[t], at=False)
-        order = stable_argsort(ids, layout.rows[t] - 1)
-        uniq, starts, lens = segments_of_sorted(ids[order])
-        ws = ws_in[order] if ws_in is not None else None
-        return gsrc, _cat(row_parts)[order], ws, uniq, starts, lens
+            return _sorted(jit, idx, spans, [o * d for o in occ], w, t, layout.rows[t],
+                           gsrc.reshape(-1))
+        return _sorted_by_numpy(idx, spans, occ, w, t, layout.rows[t], gsrc)
 
     return one
 
 
-def _block_ids(bags: Bags, blocks, idx, offsets, w):
-    """``(ids, weights)``: the ids of the bags of ``blocks`` (``(group, slot)`` pairs), block
-    after block, and their per-id weights (None without)."""
-    b, s_count = bags.batch_size, bags.num_slots
-    spans = [(offsets[(g * s_count + s) * b], offsets[(g * s_count + s + 1) * b])
-             for g, s in blocks]
-    ids = _cat([idx[lo:hi] for lo, hi in spans])
-    return ids, None if w is None else _cat([w[lo:hi] for lo, hi in spans])
+def _bags_of(spans, occ):
+    """``(lo, hi, occ)`` of each bag: ``spans[k]`` are the offsets of a run of bags (``k + 1``
+    offsets for ``k`` bags), ``occ[k]`` what each of those bags' occurrences read."""
+    return _cat([sp[:-1] for sp in spans]), _cat([sp[1:] for sp in spans]), _cat(occ)
 
 
-def _sorted(jit, ids, t: int, rows: int, src, occ, ws_in):
-    """The compiled kernels' segments of table ``t``: ``(src, occ, ws, uniq, starts, lengths)``
-    with ``src`` flat and ``occ`` each occurrence's offset in it, sorted by row (IndexError
-    naming a bad id); ``ws_in``: the occurrences' weights, or None."""
-    if ids.size >= 1 << 31:
-        raise ValueError(f"indices: {ids.size} ids of local table {t} in one batch; at most "
+def _sorted(jit, idx, spans, occ, w, t: int, rows: int, src):
+    """Table ``t``'s occurrences sorted by row by the compiled kernels, ``(src, occ, ws, uniq,
+    starts, lengths)`` (IndexError naming a bad id): the ids of the bags of ``spans`` (offsets
+    into ``idx``, :func:`_bags_of`), each occurrence of a bag reading the flat ``src`` at its
+    bag's ``occ``; ``w``: per-id weights beside ``idx``, or None."""
+    lo, hi, bag_occ = _bags_of(spans, occ)
+    n = int((hi - lo).sum())
+    if n >= 1 << 31:
+        raise ValueError(f"indices: {n} ids of local table {t} in one batch; at most "
                          f"{(1 << 31) - 1} are supported")
-    weighted = ws_in is not None
-    bad, occ, ws, uniq, starts, lens = jit.sort_by_row(ids, rows, occ,
-                                                       _none_as_empty(ws_in, src.dtype),
-                                                       weighted)
+    weighted = w is not None
+    bad, occ, ws, uniq, starts, lens = jit.sort_by_row(idx, lo, hi, bag_occ, rows,
+                                                       _none_as_empty(w, src.dtype), weighted)
     if bad >= 0:
-        raise _bad_id(ids, bad, t, rows, at=False)
+        raise _bad_id(idx, bad, t, rows, at=False)
     return src, occ, ws if weighted else None, uniq, starts, lens
 
 
-def _direct_segments(jit, layout, t: int, bags: Bags, blocks, idx, offsets, lengths, w,
-                     grad_out, one_each: bool):
-    """:func:`_segments_of` of table ``t`` when all its slots are sum-pooled and ``grad_out``
-    is plain: each occurrence reads its bag's gradient where it lies in ``grad_out``."""
-    b, s_count, width = bags.batch_size, bags.num_slots, grad_out.shape[1]
-    ids, ws_in = _block_ids(bags, blocks, idx, offsets, w)
-    if ids.size == 0:
-        return None
-    occ_parts = []
-    bag = np.arange(b, dtype=np.int64) * width
-    for g, s in blocks:
-        first = (g * s_count + s) * b
-        rows = bag + (g * b * width + bags.slot_col[s])
-        occ_parts.append(rows if one_each else np.repeat(rows, lengths[first:first + b]))
-    return _sorted(jit, ids, t, layout.rows[t], grad_out.reshape(-1), _cat(occ_parts), ws_in)
+def _sorted_by_numpy(idx, spans, occ, w, t: int, rows: int, gsrc):
+    """:func:`_sorted` by NumPy, the reference: ``occ`` counts rows of ``gsrc``
+    (``[occurrences' gradient rows, dim]``), as the result's does."""
+    lo, hi, bag_occ = _bags_of(spans, occ)
+    pos = _cat([np.arange(sp[0], sp[-1], dtype=np.int64) for sp in spans])
+    ids = idx[pos]
+    if ids.min() < 0 or ids.max() >= rows:
+        raise _bad_id(ids, int(np.flatnonzero((ids < 0) | (ids >= rows))[0]), t, rows,
+                      at=False)
+    order = stable_argsort(ids, rows - 1)
+    uniq, starts, lens = segments_of_sorted(ids[order])
+    ws = w[pos][order] if w is not None else None
+    return gsrc, np.repeat(bag_occ, hi - lo)[order], ws, uniq, starts, lens
 
 
 def _max_occurrence_grads(table, idx, starts, lengths, w, grad, lo: int, hi: int):

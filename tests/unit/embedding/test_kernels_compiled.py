@@ -203,25 +203,39 @@ def test_update_of_given_rows(monkeypatch, kind, unique):
 
 
 @pytest.mark.parametrize("rows", [50, 70_000, 1 << 20, 1 << 40])
-def test_the_row_sort_is_numpys_stable_sort(rows):
-    # a counting sort over few rows, a radix sort of 1 to 4 passes over many
+@pytest.mark.parametrize("per_bag", [1, 5])
+def test_the_row_sort_is_numpys_stable_sort(rows, per_bag):
+    # a counting sort over few rows, a radix sort of 1 to 4 passes over many; bags of ids read
+    # where they lie in ``idx`` (runs of bags with gaps between, some bags empty), each id an
+    # occurrence of its bag
     jit = compiled._load()
-    rng = np.random.default_rng(rows % 997)
+    rng = np.random.default_rng(rows % 997 + per_bag)
     pool = np.concatenate([[0, rows - 1], rng.integers(0, rows, 300)])
-    ids = pool[rng.zipf(1.3, 3000) % pool.size].astype(np.int64)
-    occ_in = rng.integers(0, 1 << 40, ids.size)
-    ws_in = rng.standard_normal(ids.size)
-    bad, occ, ws, uniq, starts, lens = jit.sort_by_row(ids, rows, occ_in, ws_in, True)
+    idx = pool[rng.zipf(1.3, 4000) % pool.size].astype(np.int64)
+    w = rng.standard_normal(idx.size)
+    lens = rng.integers(0, 2 * per_bag + 1, 600) if per_bag > 1 else np.ones(600, np.int64)
+    ends = 100 + np.cumsum(lens)            # bags from position 100 on, in two runs
+    lo = np.concatenate([[100], ends[:-1]])
+    keep = np.r_[0:250, 400:600]            # the bags of 250-399 are left out
+    lo, hi = lo[keep], ends[keep]
+    bag_occ = rng.integers(0, 1 << 40, lo.size)
+    bad, occ, ws, uniq, starts, lens_got = jit.sort_by_row(idx, lo, hi, bag_occ, rows, w, True)
+    pos = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])
+    ids, occ_in, ws_in = idx[pos], np.repeat(bag_occ, hi - lo), w[pos]
     order = np.argsort(ids, kind="stable")
     want_uniq, want_lens = np.unique(ids, return_counts=True)
     assert bad == -1
     assert np.array_equal(occ, occ_in[order]) and np.array_equal(ws, ws_in[order])
-    assert np.array_equal(uniq, want_uniq) and np.array_equal(lens, want_lens)
+    assert np.array_equal(uniq, want_uniq) and np.array_equal(lens_got, want_lens)
     assert np.array_equal(starts, np.concatenate([[0], np.cumsum(want_lens)[:-1]]))
-    for pos, wrong in ((7, rows), (3, -1)):
-        bad_ids = ids.copy()
-        bad_ids[pos] = wrong
-        assert jit.sort_by_row(bad_ids, rows, occ_in, ws_in, True)[0] == pos
+    assert jit.sort_by_row(idx, lo, hi, bag_occ, rows, w[:0], False)[2].size == 0
+    for at, wrong in ((pos[7], rows), (pos[-3], -1)):
+        bad_ids = idx.copy()
+        bad_ids[at] = wrong
+        assert jit.sort_by_row(bad_ids, lo, hi, bag_occ, rows, w, True)[0] == at
+    outside = idx.copy()
+    outside[:100] = -1                      # a bad id outside every bag is never read
+    assert jit.sort_by_row(outside, lo, hi, bag_occ, rows, w, True)[0] == -1
 
 
 def test_a_bad_id_is_named(monkeypatch):
