@@ -36,7 +36,7 @@ from embedding.sharding.qcomm import QComms
 from embedding.sharding.dedup import DedupPlan
 from embedding.types import OptimizerKind, Shard, ShardingType, TableConfig, TablePlan
 
-__all__ = ["TableWiseSharding", "SlotWiseSharding", "check_column_partition"]
+__all__ = ["TableWiseSharding", "SlotWiseSharding", "check_column_partition", "dealt_chunk"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,28 @@ def check_column_partition(table: TableConfig, plan: TablePlan, size: int) -> No
     if at != table.dim:
         raise ValueError(f"plan of table {table.name!r}: column shards cover {at} of "
                          f"{table.dim} columns")
+
+
+#: bytes of gradient rows the host's backward reorders at a time (in a core's cache)
+HOST_BAND_BYTES = 256 << 10
+
+
+def dealt_chunk(moves, dims_of, out_dim: int) -> int:
+    """The chunk width ``q`` when an output of ``out_dim`` columns is the owners' blocks
+    (``dims_of[r]`` columns each, all alike) cut into chunks of ``q`` columns and dealt in
+    turn: chunk ``k`` of owner ``r`` at output chunk ``k * owners + r``, as round-robin
+    placement of equal tables, or equal column slices of every table, gives; else 0.
+    ``moves``: :meth:`SlotWiseSharding.owner_moves`."""
+    size = len(moves)
+    widths = {w for mine in moves for _, _, w in mine}
+    if len(widths) != 1 or len(set(int(d) for d in dims_of)) != 1:
+        return 0
+    q = widths.pop()
+    n = int(dims_of[0]) // q
+    if n * q != int(dims_of[0]) or n * size * q != out_dim:
+        return 0
+    dealt = [[(k * q, (k * size + r) * q, q) for k in range(n)] for r in range(size)]
+    return q if [list(m) for m in moves] == dealt else 0
 
 
 class SlotWiseSharding(ShardingStrategy):
@@ -109,6 +131,7 @@ class SlotWiseSharding(ShardingStrategy):
         self._dims_of = np.array([sum(slots[i].shard.num_cols for i in self._by_owner[r])
                                   for r in range(size)], np.int64)
         self._moves = self.owner_moves([f.col for f in self.features])
+        self._dealt = dealt_chunk(self._moves, self._dims_of, self.out_dim)
         mine = self._by_owner[env.rank]
         cols, c = [], 0
         for i in mine:
@@ -237,9 +260,21 @@ class SlotWiseSharding(ShardingStrategy):
             yield flat[start:start + b * d_r].reshape(b, d_r), moves
             start += b * d_r
 
+    def _dealt_views(self, flat, out, b: int):
+        """``(owners' blocks, output)`` as ``[owner, B, chunks, chunk]`` and ``[B, chunks,
+        owner, chunk]`` views when the output deals the owners' chunks in turn
+        (:func:`dealt_chunk`)."""
+        q, size = self._dealt, self.env.size
+        n = int(self._dims_of[0]) // q
+        return flat.reshape(size, b, n, q), out.reshape(b, n, size, q)
+
     def _assemble(self, recv, b: int):
         """``[B, out_dim]`` from the per-owner blocks ``[B, dims of owner]``."""
         out = self.env.xp.empty((b, self.out_dim), self.env.dtype)
+        if self._dealt:   # one copy in the output's order
+            blocks, dealt = self._dealt_views(recv, out, b)
+            dealt[...] = blocks.transpose(1, 2, 0, 3)
+            return out
         for blk, moves in self._owner_blocks(recv, b):
             for c0, dst, w in moves:
                 out[:, dst:dst + w] = blk[:, c0:c0 + w]
@@ -248,6 +283,15 @@ class SlotWiseSharding(ShardingStrategy):
     def _split_grad(self, grad, b: int):
         """Send buffer of gradient columns for each owner (inverse of :meth:`_assemble`)."""
         buf = self.env.xp.empty(int(self._dims_of.sum()) * b, self.env.dtype)
+        if self._dealt:
+            blocks, dealt = self._dealt_views(buf, grad, b)
+            # on the host, a band of rows at a time: each owner's pass over the band reads
+            # it from the cache (1.2 ms against 1.6 for 2,048 rows of 1,664 float32)
+            band = b if self.env.device != "cpu" else max(1, HOST_BAND_BYTES // max(
+                1, self.out_dim * grad.itemsize))
+            for i in range(0, b, band):
+                blocks[:, i:i + band] = dealt[i:i + band].transpose(2, 0, 1, 3)
+            return buf
         for blk, moves in self._owner_blocks(buf, b):
             for c0, src, w in moves:
                 blk[:, c0:c0 + w] = grad[:, src:src + w]

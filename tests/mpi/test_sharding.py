@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from embedding.collection import ShardedEmbeddingCollection
+from embedding.sharding import table_wise
 from embedding.jagged import KeyedJagged
 from embedding.kernels.reference import bag_grads, pool_bags
 from embedding.optim import dense_reference_update, state_specs
@@ -212,10 +213,11 @@ def compare_shards(coll, ref, all_ranks, what: str, rtol: float = RTOL):
 
 
 def run_steps(world, all_ranks, mix, kind, *, weighted=False, dedup=False, steps=2,
-              pipelined=False, dtype=None, rtol=RTOL, pools=POOLS):
+              pipelined=False, dtype=None, rtol=RTOL, pools=POOLS, tables=None, plan=None):
+    """Steps of the sharded collection against :class:`Reference`; the collection."""
     group = world.world
-    tables = make_tables(kind, pools)
-    plan = make_plan(tables, mix, group)
+    tables = tables or make_tables(kind, pools)
+    plan = plan or make_plan(tables, mix, group)
     coll = ShardedEmbeddingCollection(tables, plan, group, dedup=dedup, dtype=dtype)
     rng = np.random.default_rng(1234)
     ref = Reference(tables, rng)
@@ -242,6 +244,7 @@ def run_steps(world, all_ranks, mix, kind, *, weighted=False, dedup=False, steps
         coll.backward(grad[sl], ctx)
         ref.step(bags, weights, grad)
     compare_shards(coll, ref, all_ranks, f"{mix}/{kind.value}", rtol)
+    return coll
 
 
 def latin_cases(first, second, rotated) -> list[tuple]:
@@ -273,6 +276,41 @@ def skip_if_uneven(mix: str, world) -> None:
 def test_matches_dense_reference(world, all_ranks, mix, kind):
     skip_if_uneven(mix, world)
     run_steps(world, all_ranks, mix, kind)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("kind", [OptimizerKind.SGD, OptimizerKind.ROWWISE_ADAGRAD],
+                         ids=lambda k: k.value)
+@pytest.mark.parametrize("mix", ["tw", "cw"])
+def test_equal_tables_dealt_in_turn(world, all_ranks, mix, kind, monkeypatch):
+    """Equal tables placed in turn (table-wise) or cut into equal slices, one a rank
+    (column-wise): the output is the owners' chunks dealt in turn, reassembled in one copy
+    (``dealt_chunk``), and matches the reference as the column-by-column copies do. The
+    backward reorders the gradient a band of rows at a time: here one row (SGD) or two of
+    the five (the last band one row)."""
+    size = world.world.size
+    opt = OptimizerConfig(kind, lr=0.1)
+    dim = 6 if mix == "tw" else 2 * size
+    row_bytes = 2 * size * dim * 8
+    monkeypatch.setattr(table_wise, "HOST_BAND_BYTES",
+                        1 if kind is OptimizerKind.SGD else 2 * row_bytes)
+    tables = [TableConfig(f"t{i}", 19 + i, dim, Pooling.SUM, (f"f{i}",), "float64", opt)
+              for i in range(2 * size)]
+    if mix == "tw":
+        plans = [TablePlan(t.name, ST.TABLE_WISE, (Shard(i % size, 0, t.num_rows, 0, dim),))
+                 for i, t in enumerate(tables)]
+    else:
+        plans = [TablePlan(t.name, ST.COLUMN_WISE, tuple(Shard(k, 0, t.num_rows, 2 * k, 2)
+                                                         for k in range(size)))
+                 for t in tables]
+    plan = ShardingPlan(size, len(world.world.nodes[0]), tuple(plans))
+    coll = run_steps(world, all_ranks, mix, kind, weighted=True, steps=3, tables=tables,
+                     plan=plan)
+    chunks = [getattr(s, "_dealt", None) for s in coll.strategies]
+    # one rank holds every chunk of a row: one chunk, the whole row
+    want = 2 * dim if size == 1 else (6 if mix == "tw" else 2)
+    all_ranks(chunks == [want],
+              f"{mix}: the output was not reassembled in one copy ({chunks})")
 
 
 @pytest.mark.mpi(min_size=1)
