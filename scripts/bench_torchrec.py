@@ -45,6 +45,7 @@ import torch
 
 import neocomm
 from collectives import all_reduce
+from embedding.kernels import compiled
 from embedding.kernels.compiled import RENT_S
 from embedding.planner import Hardware, TableConstraints, Workload, plan_sharding
 from embedding.torch import ShardedEmbeddingBagCollection, init_process_group
@@ -196,7 +197,8 @@ def main(argv=None) -> int:
         init_process_group("gloo")
     torch.set_num_threads(1)
     rows = []
-    warm_until = time.monotonic() + RENT_S
+    warm_until = None
+    served = set()
     for per_bag in args.ids_per_bag:
         data = batches(args, world.rank, 8, per_bag)
         for sharding in args.shardings:
@@ -204,13 +206,18 @@ def main(argv=None) -> int:
             theirs, their_shards = (torchrec_steps(args, world, sharding, data)
                                     if have_torchrec else (None, None))
             ours(2)
-            # a process's first second of embedding work runs on the NumPy kernels, then
-            # the compiled ones load (embedding.kernels.compiled.RENT_S): warm those up too,
-            # so that every timing is of the steady state
+            # a process's first second of embedding work, counted from its first call, runs
+            # on the NumPy kernels, then the compiled ones load (embedding.kernels.compiled.
+            # RENT_S): wait that second out and warm those up too, so that every timing is of
+            # the steady state
+            if warm_until is None:
+                warm_until = time.monotonic() + RENT_S
             time.sleep(max(0.0, warm_until - time.monotonic()))
             ours(2)
             if theirs is not None:
                 theirs(2)
+            # which CPU kernels the timings below run (float32 tables)
+            served.add("compiled" if compiled.kernels(np.float32) is not None else "NumPy")
             times = {"neocomm": [], "torchrec": []}
             faults = {"neocomm": [], "torchrec": []}
             for _ in range(args.repeat):
@@ -232,7 +239,7 @@ def main(argv=None) -> int:
         print(f"# {args.tables} tables x {args.rows:,} rows x dim {args.dim}, {args.batch} "
               f"samples per rank, {world.size} ranks, fused {args.optimizer}, {bags} Zipf ids "
               f"per bag, {args.threads} kernel thread(s); samples/s (median of {args.repeat} "
-              f"x {args.steps} steps)")
+              f"x {args.steps} steps); neocomm's CPU kernels: {' and '.join(sorted(served))}")
         print(f"{'ids/bag':>7} {'sharding':<20} {'neocomm':>12} {'torchrec':>12} {'ratio':>7} "
               f"{'faults/step':>13}  shards of a table")
         for per_bag, sharding, ours, theirs, shards, our_f, their_f in rows:

@@ -127,6 +127,9 @@ def test_the_torchrec_benchmark_runs_and_says_what_it_compared(tmp_path):
     assert re.search(r"^\s*1 row_wise .*(not available on CPU|torchrec not installed)",
                      out.stdout, re.M)
     assert "fused sgd, 1 Zipf ids per bag" in out.stdout, out.stdout
+    # every timing ran the compiled kernels: the warm-up waited out the first second of the
+    # process's embedding work, when the NumPy kernels serve
+    assert "neocomm's CPU kernels: compiled\n" in out.stdout, out.stdout
     # each side's page faults per step, before the cut (TorchRec's after a slash when it ran)
     faults = {m[1]: m[2] for m in re.finditer(r"^\s*1 (\w+)\s.*?([\d,]+(?: / [\d,]+)?)  \d+ x ",
                                               out.stdout, re.M)}
