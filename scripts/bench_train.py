@@ -211,14 +211,17 @@ def main(argv=None) -> int:
     world = neocomm.init()
     trainer = build(args, world)
     gb = trainer.cfg.train.batch_size
+    # every rank loads the kernels it will run now (by default a process's first second of
+    # embedding work runs the NumPy kernels, embedding.kernels.compiled.RENT_S): the timings
+    # are of the steady state on every rank, and the header names what each rank ran
+    from embedding.kernels.compiled import info
+
+    kernels = "/".join(sorted(set(world.world.comm.allgather(info()[1].split(" ")[0]))))
     if world.rank == 0:
         plan = ", ".join(f"{k} x{len(v)}" for k, v in trainer.describe_plan().items())
         packs = trainer.plan.packs
         if packs:
             plan += f" ({sum(len(p.members) for p in packs)} tables packed into {len(packs)})"
-        from embedding.kernels.compiled import info
-
-        kernels = info()[1].split(" ")[0]
         rows = (f"{args.rows_range.replace(':', '-')} rows (geometric, "
                 f"{sum(table_rows(args)):,} in all)" if args.rows_range else f"{args.rows} rows")
         print(f"bench_train: {world.size} rank(s), {args.tables} tables x {rows} x "

@@ -140,3 +140,24 @@ def test_the_torchrec_benchmark_runs_and_says_what_it_compared(tmp_path):
     assert cuts == {"table_wise": "1 x 1000x16", "row_wise": "2 x 500x16",
                     "column_wise": "2 x 1000x8", "data_parallel": "2 x 1000x16 replicas"}, \
         out.stdout
+
+
+def test_the_trainer_benchmark_times_the_compiled_kernels_on_every_rank(tmp_path):
+    """scripts/bench_train.py on a small model: every rank loads the compiled kernels before
+    the warm-up (not after its first second of embedding work), and the header says so for
+    all of them."""
+    import sys
+    from pathlib import Path
+
+    from _jobs import run_job
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_train.py"
+    out = run_job([sys.executable, str(script), "--tables", "3", "--rows", "1000", "--dim", "8",
+                   "--local-batch", "64", "--steps", "2", "--rounds", "1", "--warmup", "1"],
+                  n=2, cwd=tmp_path, timeout=JOB_TIMEOUT).check_clean()
+    assert out.returncode == 0, out.output
+    assert re.search(r"^bench_train: 2 rank\(s\), 3 tables .* compiled kernels, ", out.stdout,
+                     re.M), out.stdout
+    rates = re.findall(r"^(overlap_on|overlap_off|embedding_only)\s+([\d,]+) ", out.stdout, re.M)
+    assert [k for k, _ in rates] == ["overlap_on", "overlap_off", "embedding_only"], out.stdout
+    assert all(int(v.replace(",", "")) > 0 for _, v in rates), out.stdout
