@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from embedding.kernels.compiled import JIT_OPTIONS as _OPTS
+from embedding.kernels._rowsort import JIT_OPTIONS as _OPTS
 from embedding.kernels._rowsort import RADIX_BITS, sort_by_row, unique_inverse
 
 __all__ = ["Kernels", "FIXED_DIMS", "ANY_DIM", "for_dim", "update_for", "pool_sum_rows",

@@ -9,15 +9,18 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from embedding.kernels.compiled import JIT_OPTIONS as _OPTS
+__all__ = ["JIT_OPTIONS", "RADIX_BITS", "sort_by_row", "unique_inverse"]
 
-__all__ = ["RADIX_BITS", "sort_by_row", "unique_inverse"]
+#: how every compiled kernel is built (these and :mod:`embedding.kernels._jit`'s): the GIL
+#: released (a caller's threads run tables side by side), cached beside its module, no bounds
+#: checks, NumPy's floating-point error model
+JIT_OPTIONS = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 
 #: bits of one pass of :func:`sort_by_row`'s radix sort (its counts stay in the L1 cache)
 RADIX_BITS = 11
 
 
-@nb.njit(**_OPTS)
+@nb.njit(**JIT_OPTIONS)
 def sort_by_row(idx, bag_lo, bag_hi, bag_occ, rows, w, weighted):
     """A stable sort by row of the occurrences of bags: ``(bad, occ, ws, uniq, starts,
     lengths)``.
@@ -94,7 +97,7 @@ def sort_by_row(idx, bag_lo, bag_hi, bag_occ, rows, w, weighted):
     return -1, occ, ws, uniq, starts, lengths
 
 
-@nb.njit(**_OPTS)
+@nb.njit(**JIT_OPTIONS)
 def _radix_by_row(ids, rows, occ_in, ws_in, weighted):
     """:func:`sort_by_row` of one-id bags by a radix sort of ``ids`` (all in ``[0, rows)``):
     passes of at most :data:`RADIX_BITS` bits. ``(occ, ws, uniq, starts, lengths)``."""
@@ -151,7 +154,7 @@ def _radix_by_row(ids, rows, occ_in, ws_in, weighted):
     return occ, ws, uniq, starts, lengths
 
 
-@nb.njit(**_OPTS)
+@nb.njit(**JIT_OPTIONS)
 def unique_inverse(ids):
     """``np.unique(ids, return_inverse=True, return_counts=True)`` of int64 ``ids``: the
     distinct ids found with a hash table (Fibonacci hashing, linear probing), then only they

@@ -58,9 +58,6 @@ _why = None          # why it could not be imported
 #: seconds after a process's first call for kernels during which ``auto`` keeps to the
 #: NumPy kernels (about what loading the compiled ones costs)
 RENT_S = 1.0
-#: how every compiled kernel is compiled: the GIL released (a caller's threads run tables side
-#: by side), cached beside its module, no bounds checks, NumPy's floating-point error model
-JIT_OPTIONS = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 _first_call = None   # time.monotonic() of this process's first call in auto mode
 
 
